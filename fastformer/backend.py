@@ -1,0 +1,125 @@
+"""The one switch that chooses the kernels, and the dispatch of every fused op to Triton or the reference.
+
+`"auto"`: Triton on CUDA tensors, the plain-PyTorch reference elsewhere. `"triton"`: Triton on any device (on CPU
+tensors through Triton's interpreter, which needs TRITON_INTERPRET=1 before the kernels are imported).
+`"reference"`: plain PyTorch everywhere. Inputs the kernels do not cover fall back to the reference with a one-time
+warning. The kernel modules are imported lazily, so a machine without a working Triton can still use the reference.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from fastformer import reference
+
+BACKENDS = ("auto", "triton", "reference")
+
+# The one piece of process-wide state: which kernels run.
+_backend = "auto"
+_warned: set[tuple[str, str]] = set()
+
+
+def set_backend(name: str) -> None:
+    """Choose the kernels for every fused op in this process: "auto", "triton" or "reference"."""
+    global _backend
+    if name not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
+    _backend = name
+
+
+def get_backend() -> str:
+    return _backend
+
+
+@contextmanager
+def backend(name: str) -> Iterator[None]:
+    """`with fastformer.backend("reference"): ...` runs the block under another backend, then restores the old one."""
+    previous = _backend
+    set_backend(name)
+    try:
+        yield
+    finally:
+        set_backend(previous)
+
+
+def _use_triton(op: str, tensor: torch.Tensor, unsupported_reason) -> bool:
+    """Whether `op` runs its Triton kernel on `tensor`; `unsupported_reason()` names inputs the kernel can't take."""
+    if _backend == "reference" or (_backend == "auto" and not tensor.is_cuda):
+        return False
+    if not tensor.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(
+            f"backend 'triton' got CPU tensors for {op}: Triton runs on the CPU only in its interpreter; set "
+            "TRITON_INTERPRET=1 before importing fastformer, move the tensors to a GPU, or use backend 'reference'"
+        )
+    reason = unsupported_reason()
+    if reason is None:
+        return True
+    if (op, reason) not in _warned:
+        _warned.add((op, reason))
+        warnings.warn(f"fastformer: {op} falls back to the reference: {reason}", stacklevel=3)
+    return False
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lengths: torch.Tensor | None = None,
+              k_lengths: torch.Tensor | None = None, causal: bool = False, attn_mask: torch.Tensor | None = None,
+              dropout_p: float = 0.0) -> torch.Tensor:
+    """q: [batch, q_len, heads, head_dim], k/v: [batch, k_len, heads, head_dim] -> [batch, q_len, heads, head_dim]."""
+    def unsupported_reason() -> str | None:
+        if attn_mask is not None:
+            return "an explicit attn_mask (the kernel takes lengths and a causal flag)"
+        from triton_kernels.attention import unsupported_reason as kernel_reason
+        return kernel_reason(q, k, v)
+
+    if _use_triton("attention", q, unsupported_reason):
+        from triton_kernels.attention import flash_attention
+        return flash_attention(q, k, v, q_lengths=q_lengths, k_lengths=k_lengths, causal=causal, dropout_p=dropout_p)
+    return reference.attention(q, k, v, q_lengths=q_lengths, k_lengths=k_lengths, causal=causal,
+                               attn_mask=attn_mask, dropout_p=dropout_p)
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
+                  label_smoothing: float = 0.0, reduction: str = "mean") -> torch.Tensor:
+    """logits: [N, V], target: [N] -> loss: [] ([N] for reduction "none")."""
+    def unsupported_reason() -> str | None:
+        from triton_kernels.cross_entropy import unsupported_reason as kernel_reason
+        return kernel_reason(logits)
+
+    if _use_triton("cross_entropy", logits, unsupported_reason):
+        from triton_kernels.cross_entropy import cross_entropy as kernel
+        return kernel(logits, target, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction)
+    return reference.cross_entropy(logits, target, ignore_index=ignore_index, label_smoothing=label_smoothing,
+                                   reduction=reduction)
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                         bias: torch.Tensor | None = None, ignore_index: int = -100, label_smoothing: float = 0.0,
+                         reduction: str = "mean") -> torch.Tensor:
+    """hidden: [N, d], weight: [V, d], target: [N] -> loss of the logits hidden @ weight.T (+ bias)."""
+    def unsupported_reason() -> str | None:
+        from triton_kernels.cross_entropy import unsupported_reason as kernel_reason
+        return kernel_reason(hidden)
+
+    if _use_triton("linear_cross_entropy", hidden, unsupported_reason):
+        from triton_kernels.cross_entropy import linear_cross_entropy as kernel
+        return kernel(hidden, weight, target, bias=bias, ignore_index=ignore_index, label_smoothing=label_smoothing,
+                      reduction=reduction)
+    return reference.linear_cross_entropy(hidden, weight, target, bias=bias, ignore_index=ignore_index,
+                                          label_smoothing=label_smoothing, reduction=reduction)
+
+
+def residual_layer_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor,
+                        eps: float = 1e-5, dropout_p: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """x, residual: [..., d] -> (LayerNorm(residual + dropout(x)), residual + dropout(x))."""
+    def unsupported_reason() -> str | None:
+        from triton_kernels.layernorm_residual import unsupported_reason as kernel_reason
+        return kernel_reason(x, residual, weight, bias)
+
+    if _use_triton("residual_layer_norm", x, unsupported_reason):
+        from triton_kernels.layernorm_residual import residual_layer_norm as kernel
+        return kernel(x, residual, weight, bias, eps=eps, dropout_p=dropout_p)
+    return reference.residual_layer_norm(x, residual, weight, bias, eps=eps, dropout_p=dropout_p)

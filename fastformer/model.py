@@ -1,0 +1,240 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need", built from fastformer's drop-in modules.
+
+Parameter names follow `torch.nn.Transformer` (encoder.layers.0.self_attn.in_proj_weight, ...), so weights move
+between the two. Batches are right-padded with pad_id; the padding is carried as per-sequence lengths.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fastformer import backend, decoding
+from fastformer.config import TransformerConfig
+from fastformer.nn import MultiheadAttention, ResidualLayerNorm
+
+
+class EncoderOutput(NamedTuple):
+    memory: torch.Tensor  # [batch, src_len, d_model]
+    src_lengths: torch.Tensor  # [batch]
+
+
+def sinusoidal_positions(max_positions: int, d_model: int) -> torch.Tensor:
+    """-> [max_positions, d_model]: sin on even channels, cos on odd ones, wavelengths 2pi .. 10000*2pi."""
+    position = torch.arange(max_positions, dtype=torch.float32)[:, None]
+    inv_frequency = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    table = torch.zeros(max_positions, d_model)
+    table[:, 0::2] = torch.sin(position * inv_frequency)
+    table[:, 1::2] = torch.cos(position * inv_frequency)
+    return table
+
+
+class FeedForward(nn.Module):
+    """x: [..., d_model] -> linear2(activation(linear1(x))): [..., d_model]."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.linear1 = nn.Linear(config.d_model, config.d_ff)
+        self.linear2 = nn.Linear(config.d_ff, config.d_model)
+        self.activation = F.relu if config.activation == "relu" else F.gelu
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear2(self.activation(self.linear1(x)))
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then feed-forward, each closed by a fused residual(+dropout)+LayerNorm."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        d, p = config.d_model, config.dropout
+        self.norm_first = config.norm_first
+        self.self_attn = MultiheadAttention(d, config.n_heads, dropout=config.attention_dropout)
+        self.ffn = FeedForward(config)
+        self.norm1 = ResidualLayerNorm(d, dropout=p)
+        self.norm2 = ResidualLayerNorm(d, dropout=p)
+        self.dropout = nn.Dropout(p)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """x: [batch, len, d_model], lengths: [batch] -> [batch, len, d_model]."""
+        def attend(h: torch.Tensor) -> torch.Tensor:
+            return self.self_attn(h, h, h, query_lengths=lengths, key_lengths=lengths)[0]
+
+        if self.norm_first:
+            h, x = self.norm2(attend(self.norm1(x)), x, return_sum=True)
+            return x + self.dropout(self.ffn(h))
+        x = self.norm1(attend(x), x)
+        return self.norm2(self.ffn(x), x)
+
+
+class DecoderLayer(nn.Module):
+    """Causal self-attention, cross-attention over the encoder's memory, feed-forward; fused residual+LayerNorms."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        d, p = config.d_model, config.dropout
+        self.norm_first = config.norm_first
+        self.self_attn = MultiheadAttention(d, config.n_heads, dropout=config.attention_dropout)
+        self.multihead_attn = MultiheadAttention(d, config.n_heads, dropout=config.attention_dropout)
+        self.ffn = FeedForward(config)
+        self.norm1 = ResidualLayerNorm(d, dropout=p)
+        self.norm2 = ResidualLayerNorm(d, dropout=p)
+        self.norm3 = ResidualLayerNorm(d, dropout=p)
+        self.dropout = nn.Dropout(p)
+
+    def forward(self, x: torch.Tensor, tgt_lengths: torch.Tensor, encoder_out: EncoderOutput) -> torch.Tensor:
+        """x: [batch, tgt_len, d_model], tgt_lengths: [batch] -> [batch, tgt_len, d_model]."""
+        memory, src_lengths = encoder_out
+
+        def attend_self(h: torch.Tensor) -> torch.Tensor:
+            return self.self_attn(h, h, h, is_causal=True, query_lengths=tgt_lengths, key_lengths=tgt_lengths)[0]
+
+        def attend_source(h: torch.Tensor) -> torch.Tensor:
+            return self.multihead_attn(h, memory, memory, query_lengths=tgt_lengths, key_lengths=src_lengths)[0]
+
+        if self.norm_first:
+            h, x = self.norm2(attend_self(self.norm1(x)), x, return_sum=True)
+            h, x = self.norm3(attend_source(h), x, return_sum=True)
+            return x + self.dropout(self.ffn(h))
+        x = self.norm1(attend_self(x), x)
+        x = self.norm2(attend_source(x), x)
+        return self.norm3(self.ffn(x), x)
+
+
+class Encoder(nn.Module):
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_encoder_layers))
+        # Pre-LN leaves the residual stream unnormalized, so it ends with one more LayerNorm (post-LN does not).
+        self.norm = nn.LayerNorm(config.d_model) if config.norm_first else None
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, lengths)
+        return self.norm(x) if self.norm is not None else x
+
+
+class Decoder(nn.Module):
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.n_decoder_layers))
+        self.norm = nn.LayerNorm(config.d_model) if config.norm_first else None
+
+    def forward(self, x: torch.Tensor, tgt_lengths: torch.Tensor, encoder_out: EncoderOutput) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, tgt_lengths, encoder_out)
+        return self.norm(x) if self.norm is not None else x
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer with sinusoidal positions and a shared, sqrt(d_model)-scaled embedding."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_id)
+        self.register_buffer("positions", sinusoidal_positions(config.max_positions, config.d_model), persistent=False)
+        self.embed_dropout = nn.Dropout(config.dropout)
+        self.encoder = Encoder(config)
+        self.decoder = Decoder(config)
+        self.output_projection = (None if config.tie_embeddings
+                                  else nn.Linear(config.d_model, config.vocab_size, bias=False))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier for every matrix (as torch.nn.Transformer), N(0, d^-1/2) embeddings with a zero padding row."""
+        for name, parameter in self.named_parameters():
+            if parameter.dim() > 1 and not name.startswith("embed_tokens"):
+                nn.init.xavier_uniform_(parameter)
+        nn.init.normal_(self.embed_tokens.weight, mean=0.0, std=self.config.d_model ** -0.5)
+        with torch.no_grad():
+            self.embed_tokens.weight[self.config.pad_id].zero_()
+
+    @property
+    def output_weight(self) -> torch.Tensor:
+        """[vocab, d_model]: the tied embedding or the separate output projection."""
+        return self.embed_tokens.weight if self.output_projection is None else self.output_projection.weight
+
+    def lengths(self, tokens: torch.Tensor, name: str) -> torch.Tensor:
+        """tokens: [batch, len] right-padded ids -> lengths [batch]; rejects every malformed batch by name."""
+        if not isinstance(tokens, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(tokens).__name__}")
+        if tokens.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"{name} must hold int64 or int32 token ids, got {tokens.dtype}")
+        if tokens.dim() != 2 or tokens.shape[1] == 0:
+            raise ValueError(f"{name} must have shape [batch, len] with len >= 1, got {tuple(tokens.shape)}")
+        if tokens.shape[1] > self.config.max_positions:
+            raise ValueError(f"{name} has length {tokens.shape[1]} > max_positions={self.config.max_positions}")
+        if tokens.device != self.embed_tokens.weight.device:
+            raise ValueError(f"{name} is on {tokens.device} but the model is on {self.embed_tokens.weight.device}")
+        is_pad = tokens == self.config.pad_id
+        lengths = (~is_pad).sum(dim=1)
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        # One host sync for all checks.
+        out_of_range, not_right_padded, all_padding = torch.stack([
+            ((tokens < 0) | (tokens >= self.config.vocab_size)).any(),
+            (is_pad != (positions[None, :] >= lengths[:, None])).any(),
+            (lengths == 0).any(),
+        ]).tolist()
+        if out_of_range:
+            raise ValueError(f"{name} holds ids outside [0, vocab_size={self.config.vocab_size})")
+        if not_right_padded:
+            raise ValueError(f"{name} must be right-padded: pad_id={self.config.pad_id} only after the last real token")
+        if all_padding:
+            raise ValueError(f"{name} has a sequence that is all padding")
+        return lengths
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: [batch, len] -> dropout(embedding * sqrt(d_model) + positions): [batch, len, d_model]."""
+        x = self.embed_tokens(tokens) * math.sqrt(self.config.d_model) + self.positions[: tokens.shape[1]]
+        return self.embed_dropout(x)
+
+    def encode(self, src_tokens: torch.Tensor) -> EncoderOutput:
+        """src_tokens: [batch, src_len] -> EncoderOutput(memory [batch, src_len, d_model], src_lengths [batch])."""
+        src_lengths = self.lengths(src_tokens, "src_tokens")
+        return EncoderOutput(self.encoder(self.embed(src_tokens), src_lengths), src_lengths)
+
+    def decode_hidden(self, tgt_tokens: torch.Tensor, encoder_out: EncoderOutput) -> torch.Tensor:
+        """tgt_tokens: [batch, tgt_len] -> the decoder's last hidden states [batch, tgt_len, d_model]."""
+        tgt_lengths = self.lengths(tgt_tokens, "tgt_tokens")
+        if tgt_tokens.shape[0] != encoder_out.memory.shape[0]:
+            raise ValueError(f"tgt_tokens has batch {tgt_tokens.shape[0]} but the encoder output has "
+                             f"{encoder_out.memory.shape[0]}")
+        return self.decoder(self.embed(tgt_tokens), tgt_lengths, encoder_out)
+
+    def decode(self, tgt_tokens: torch.Tensor, encoder_out: EncoderOutput) -> torch.Tensor:
+        """tgt_tokens: [batch, tgt_len] -> logits [batch, tgt_len, vocab]."""
+        return F.linear(self.decode_hidden(tgt_tokens, encoder_out), self.output_weight)
+
+    def forward(self, src_tokens: torch.Tensor, tgt_tokens: torch.Tensor) -> torch.Tensor:
+        """src_tokens: [batch, src_len], tgt_tokens: [batch, tgt_len] -> logits [batch, tgt_len, vocab]."""
+        return self.decode(tgt_tokens, self.encode(src_tokens))
+
+    def loss(self, src_tokens: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
+             label_smoothing: float = 0.0, reduction: str = "mean") -> torch.Tensor:
+        """Teacher-forced label-smoothed cross-entropy; tgt_in = [bos, y...], tgt_out = [y..., eos], both [batch, T].
+
+        The output projection is fused into the loss, so the [batch * T, vocab] logits are never held whole.
+        Padding positions of tgt_out (pad_id) are ignored.
+        """
+        if tgt_out.shape != tgt_in.shape:
+            raise ValueError(f"tgt_out {tuple(tgt_out.shape)} must have tgt_in's shape {tuple(tgt_in.shape)}")
+        hidden = self.decode_hidden(tgt_in, self.encode(src_tokens))
+        return backend.linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), self.output_weight,
+                                            tgt_out.reshape(-1), ignore_index=self.config.pad_id,
+                                            label_smoothing=label_smoothing, reduction=reduction)
+
+    @torch.no_grad()
+    def translate(self, src_tokens: torch.Tensor, beam_size: int = 4, length_penalty: float = 0.6,
+                  max_len_a: float = 1.0, max_len_b: int = 50, min_len: int = 1,
+                  n_best: int = 1) -> list[list[decoding.Hypothesis]]:
+        """src_tokens: [batch, src_len] right-padded -> per sentence, its n_best hypotheses, best first.
+
+        Incremental beam search with a KV cache in the compiled extension; beam_size=1 is greedy search.
+        """
+        return decoding.translate(self, src_tokens, beam_size=beam_size, length_penalty=length_penalty,
+                                  max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len, n_best=n_best)

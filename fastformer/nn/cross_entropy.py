@@ -1,0 +1,38 @@
+"""Drop-in `torch.nn.CrossEntropyLoss` (with label smoothing) that runs the fused kernel through the backend switch."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fastformer import backend
+
+REDUCTIONS = ("mean", "sum", "none")
+
+
+class LabelSmoothedCrossEntropyLoss(nn.Module):
+    """`torch.nn.CrossEntropyLoss(ignore_index, label_smoothing, reduction)` for [N, C] or [B, T, C] logits.
+
+    [B, T, C] logits pair with [B, T] targets (the layout a decoder produces), and reduction "none" then returns
+    [B, T]. One deliberate difference: "mean" over targets that are all ignored is 0 (PyTorch gives NaN).
+    """
+
+    def __init__(self, ignore_index: int = -100, label_smoothing: float = 0.0, reduction: str = "mean") -> None:
+        super().__init__()
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+        if not 0.0 <= label_smoothing <= 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing!r}")
+        self.ignore_index = ignore_index
+        self.label_smoothing = label_smoothing
+        self.reduction = reduction
+
+    def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """logits: [N, C] or [B, T, C], target: [N] or [B, T] -> loss: [] (or target's shape for "none")."""
+        if logits.dim() not in (2, 3) or target.shape != logits.shape[:-1]:
+            raise ValueError(f"logits [N, C] or [B, T, C] need target [N] or [B, T]; got logits "
+                             f"{tuple(logits.shape)} and target {tuple(target.shape)}")
+        loss = backend.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
+                                     ignore_index=self.ignore_index, label_smoothing=self.label_smoothing,
+                                     reduction=self.reduction)
+        return loss.view(target.shape) if self.reduction == "none" else loss

@@ -1,0 +1,39 @@
+"""Drop-in `LayerNorm(residual + Dropout(x))` that runs the fused kernel through the backend switch."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fastformer import backend
+
+
+class ResidualLayerNorm(nn.Module):
+    """`nn.LayerNorm`'s parameters (so its state_dict loads) applied to `residual + Dropout(x)` in one kernel."""
+
+    def __init__(self, normalized_shape: int | tuple[int], eps: float = 1e-5, dropout: float = 0.0,
+                 device=None, dtype=None) -> None:
+        super().__init__()
+        if isinstance(normalized_shape, tuple):
+            if len(normalized_shape) != 1:
+                raise ValueError(f"only the last dimension can be normalized, got normalized_shape={normalized_shape}")
+            (normalized_shape,) = normalized_shape
+        self.normalized_shape = (normalized_shape,)
+        self.eps = eps
+        self.dropout = dropout
+        self.weight = nn.Parameter(torch.ones(normalized_shape, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(normalized_shape, device=device, dtype=dtype))
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                return_sum: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """x, residual: [..., d] -> LayerNorm(residual + Dropout(x)) (and the sum, for pre-LN, if return_sum).
+
+        Without a residual this is a plain LayerNorm of x: dropout belongs to the branch being added.
+        """
+        if x.shape[-1] != self.normalized_shape[0]:
+            raise ValueError(f"x's last dimension is {x.shape[-1]}, expected {self.normalized_shape[0]}")
+        if residual is not None and residual.shape != x.shape:
+            raise ValueError(f"residual {tuple(residual.shape)} and x {tuple(x.shape)} must have the same shape")
+        dropout_p = self.dropout if self.training and residual is not None else 0.0
+        y, total = backend.residual_layer_norm(x, residual, self.weight, self.bias, eps=self.eps, dropout_p=dropout_p)
+        return (y, total) if return_sum else y

@@ -1,0 +1,54 @@
+"""Builds fastformer and its extension fastformer._C against the torch already installed.
+
+Install with `pip install --no-build-isolation .`: an isolated build would install its own torch from the
+registry (the multi-gigabyte CUDA build) instead of compiling against yours.
+"""
+
+import glob
+import os
+import sys
+
+from setuptools import setup
+
+try:
+    import torch
+    from torch.utils import cpp_extension
+except ImportError:
+    sys.exit("fastformer compiles against the installed torch: install torch first, then run "
+             "`pip install --no-build-isolation .`")
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def extension():
+    """A CUDA build where torch has CUDA and nvcc is found, a C++-only build otherwise."""
+    cpp_sources = sorted(glob.glob(os.path.join("csrc", "*.cpp")))
+    cuda_sources = sorted(glob.glob(os.path.join("csrc", "*.cu")))
+    with_cuda = torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
+    cxx_flags = ["-O3", "-std=c++17"]
+    if with_cuda:
+        # Ampere and Hopper (sm_90a for Hopper-only instructions), unless the builder chose.
+        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0a")
+        return cpp_extension.CUDAExtension(
+            "fastformer._C", cpp_sources + cuda_sources,
+            include_dirs=[os.path.join(ROOT, "csrc")],
+            define_macros=[("FASTFORMER_WITH_CUDA", "1")],
+            extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "-std=c++17", "--use_fast_math"]},
+        )
+    return cpp_extension.CppExtension(
+        "fastformer._C", cpp_sources, include_dirs=[os.path.join(ROOT, "csrc")], extra_compile_args=cxx_flags,
+    )
+
+
+setup(
+    name="fastformer",
+    version="0.1.0",
+    description="The Transformer of 'Attention Is All You Need' with fused Triton kernels and a compiled beam search",
+    packages=["fastformer", "fastformer.nn", "fastformer.reference", "triton_kernels"],
+    package_data={"fastformer": ["data/corpus/*"]},
+    python_requires=">=3.10",
+    install_requires=["torch>=2.6", "triton>=3.2", "sentencepiece", "sacrebleu", "tqdm"],
+    ext_modules=[extension()],
+    cmdclass={"build_ext": cpp_extension.BuildExtension},
+    entry_points={"console_scripts": ["fastformer=fastformer.__main__:main"]},
+)

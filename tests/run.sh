@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The test command: builds a fresh venv with the pinned CPU dependencies, installs fastformer (compiling its
+# extension), checks that every CUDA source compiles with nvcc when nvcc is present, then runs pytest against the
+# installed package. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+.venv/bin/pip install -q -r requirements.txt
+.venv/bin/pip install -q --no-build-isolation .
+if command -v nvcc >/dev/null; then
+    bash csrc/compile_cuda.sh build/nvcc
+fi
+# pytest's own entry point keeps the source tree off sys.path, so the tests import the installed package.
+.venv/bin/pytest tests -q -ra "$@"
