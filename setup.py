@@ -44,7 +44,7 @@ setup(
     name="fastformer",
     version="0.1.0",
     description="The Transformer of 'Attention Is All You Need' with fused Triton kernels and a compiled beam search",
-    packages=["fastformer", "fastformer.nn", "fastformer.reference", "triton_kernels"],
+    packages=["fastformer", "fastformer.data", "fastformer.nn", "fastformer.reference", "triton_kernels"],
     package_data={"fastformer": ["data/corpus/*"]},
     python_requires=">=3.10",
     install_requires=["torch>=2.6", "triton>=3.2", "sentencepiece", "sacrebleu", "tqdm"],

@@ -1,7 +1,7 @@
 """fastformer: the Transformer of "Attention Is All You Need" with fused Triton kernels and a compiled beam search."""
 
 from fastformer import nn
-from fastformer.backend import backend, get_backend, set_backend
+from fastformer.dispatch import backend, get_backend, set_backend
 from fastformer.config import TransformerConfig
 from fastformer.model import EncoderOutput, Transformer
 

@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastformer import backend, decoding
+from fastformer import decoding
 from fastformer.config import TransformerConfig
-from fastformer.nn import MultiheadAttention, ResidualLayerNorm
+from fastformer.nn import LinearCrossEntropyLoss, MultiheadAttention, ResidualLayerNorm
 
 
 class EncoderOutput(NamedTuple):
@@ -224,9 +224,9 @@ class Transformer(nn.Module):
         if tgt_out.shape != tgt_in.shape:
             raise ValueError(f"tgt_out {tuple(tgt_out.shape)} must have tgt_in's shape {tuple(tgt_in.shape)}")
         hidden = self.decode_hidden(tgt_in, self.encode(src_tokens))
-        return backend.linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), self.output_weight,
-                                            tgt_out.reshape(-1), ignore_index=self.config.pad_id,
-                                            label_smoothing=label_smoothing, reduction=reduction)
+        criterion = LinearCrossEntropyLoss(ignore_index=self.config.pad_id, label_smoothing=label_smoothing,
+                                           reduction=reduction)
+        return criterion(hidden, self.output_weight, tgt_out)
 
     @torch.no_grad()
     def translate(self, src_tokens: torch.Tensor, beam_size: int = 4, length_penalty: float = 0.6,

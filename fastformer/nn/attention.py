@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastformer import backend
+from fastformer import dispatch
 
 
 def _suffix_lengths(key_padding_mask: torch.Tensor) -> torch.Tensor | None:
@@ -111,7 +111,7 @@ class MultiheadAttention(nn.Module):
             else:
                 mask = _merge_key_padding(mask, key_padding_mask)
 
-        out = backend.attention(q, k, v, q_lengths=query_lengths, k_lengths=key_lengths, causal=is_causal,
+        out = dispatch.attention(q, k, v, q_lengths=query_lengths, k_lengths=key_lengths, causal=is_causal,
                                 attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
         out = self.out_proj(out.reshape(batch, q_len, e))
         return (out if self.batch_first else out.transpose(0, 1)), None

@@ -5,9 +5,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fastformer import backend
+from fastformer import dispatch
 
 REDUCTIONS = ("mean", "sum", "none")
+
+
+def _check_options(label_smoothing: float, reduction: str) -> None:
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing!r}")
 
 
 class LabelSmoothedCrossEntropyLoss(nn.Module):
@@ -19,10 +26,7 @@ class LabelSmoothedCrossEntropyLoss(nn.Module):
 
     def __init__(self, ignore_index: int = -100, label_smoothing: float = 0.0, reduction: str = "mean") -> None:
         super().__init__()
-        if reduction not in REDUCTIONS:
-            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-        if not 0.0 <= label_smoothing <= 1.0:
-            raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing!r}")
+        _check_options(label_smoothing, reduction)
         self.ignore_index = ignore_index
         self.label_smoothing = label_smoothing
         self.reduction = reduction
@@ -32,7 +36,32 @@ class LabelSmoothedCrossEntropyLoss(nn.Module):
         if logits.dim() not in (2, 3) or target.shape != logits.shape[:-1]:
             raise ValueError(f"logits [N, C] or [B, T, C] need target [N] or [B, T]; got logits "
                              f"{tuple(logits.shape)} and target {tuple(target.shape)}")
-        loss = backend.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
+        loss = dispatch.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
                                      ignore_index=self.ignore_index, label_smoothing=self.label_smoothing,
                                      reduction=self.reduction)
+        return loss.view(target.shape) if self.reduction == "none" else loss
+
+
+class LinearCrossEntropyLoss(nn.Module):
+    """The output projection and `LabelSmoothedCrossEntropyLoss` in one: the [N, vocab] logits are never held whole.
+
+    Holds no parameters: the projection's weight ([vocab, d]; a tied embedding) is passed to forward.
+    """
+
+    def __init__(self, ignore_index: int = -100, label_smoothing: float = 0.0, reduction: str = "mean") -> None:
+        super().__init__()
+        _check_options(label_smoothing, reduction)
+        self.ignore_index = ignore_index
+        self.label_smoothing = label_smoothing
+        self.reduction = reduction
+
+    def forward(self, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden: [..., d], weight: [vocab, d], target: [...] -> loss of hidden @ weight.T (+ bias): [] or [...]."""
+        if target.shape != hidden.shape[:-1] or weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
+            raise ValueError(f"hidden [..., d] needs weight [vocab, d] and target [...]; got hidden "
+                             f"{tuple(hidden.shape)}, weight {tuple(weight.shape)}, target {tuple(target.shape)}")
+        loss = dispatch.linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), weight, target.reshape(-1),
+                                             bias=bias, ignore_index=self.ignore_index,
+                                             label_smoothing=self.label_smoothing, reduction=self.reduction)
         return loss.view(target.shape) if self.reduction == "none" else loss

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fastformer import backend
+from fastformer import dispatch
 
 
 class ResidualLayerNorm(nn.Module):
@@ -35,5 +35,5 @@ class ResidualLayerNorm(nn.Module):
         if residual is not None and residual.shape != x.shape:
             raise ValueError(f"residual {tuple(residual.shape)} and x {tuple(x.shape)} must have the same shape")
         dropout_p = self.dropout if self.training and residual is not None else 0.0
-        y, total = backend.residual_layer_norm(x, residual, self.weight, self.bias, eps=self.eps, dropout_p=dropout_p)
+        y, total = dispatch.residual_layer_norm(x, residual, self.weight, self.bias, eps=self.eps, dropout_p=dropout_p)
         return (y, total) if return_sum else y

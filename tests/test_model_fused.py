@@ -1,0 +1,102 @@
+"""The whole model on the Triton kernels (the interpreter on CPU) against the reference, with the same weights."""
+
+import pytest
+import torch
+
+import fastformer
+from fastformer import Transformer, TransformerConfig
+from tolerances import FP32
+
+VOCAB = 37
+
+
+def batch(lengths: list[int], seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(3, VOCAB, (len(lengths), max(lengths)), generator=generator)
+    tokens[torch.arange(max(lengths))[None, :] >= torch.tensor(lengths)[:, None]] = 0
+    return tokens
+
+
+def loss_and_grads(model: Transformer, name: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    src, tgt = batch([9, 3, 1], 1), batch([7, 1, 4], 2)
+    model.zero_grad()
+    with fastformer.backend(name):
+        loss = model.loss(src, tgt[:, :-1].contiguous(), tgt[:, 1:].contiguous(), label_smoothing=0.1)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_fused_model_matches_reference_logits_and_every_gradient(norm_first):
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig.tiny(VOCAB, norm_first=norm_first, dropout=0.0))
+    src, tgt = batch([9, 3, 1], 3), batch([6, 6, 2], 4)
+    real = tgt != 0
+    with fastformer.backend("triton"):
+        fused_logits = model(src, tgt)
+    with fastformer.backend("reference"):
+        reference_logits = model(src, tgt)
+    torch.testing.assert_close(fused_logits[real], reference_logits[real], **FP32)
+
+    fused_loss, fused_grads = loss_and_grads(model, "triton")
+    reference_loss, reference_grads = loss_and_grads(model, "reference")
+    torch.testing.assert_close(fused_loss, reference_loss, **FP32)
+    for name, grad in reference_grads.items():
+        torch.testing.assert_close(fused_grads[name], grad, **FP32, msg=name)
+
+
+def test_fused_model_under_torch_compile():
+    torch.manual_seed(1)
+    model = Transformer(TransformerConfig.tiny(VOCAB, dropout=0.0))
+    src, tgt = batch([5, 2], 5), batch([4, 3], 6)
+    with fastformer.backend("triton"):
+        eager = model.loss(src, tgt[:, :-1].contiguous(), tgt[:, 1:].contiguous())
+        compiled_loss = torch.compile(model.loss, backend="aot_eager", fullgraph=False)
+        compiled = compiled_loss(src, tgt[:, :-1].contiguous(), tgt[:, 1:].contiguous())
+        compiled.backward()
+    torch.testing.assert_close(compiled, eager, **FP32)
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
+
+
+def test_triton_backend_on_cpu_without_the_interpreter_says_so(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET")
+    model = Transformer(TransformerConfig.tiny(VOCAB))
+    with fastformer.backend("triton"), pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        model(batch([3], 7), batch([2], 8))
+
+
+def wmt_like_batch(batch_size: int, max_len: int, vocab: int, seed: int, device: str) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(5, max_len + 1, (batch_size,), generator=generator)
+    tokens = torch.randint(3, vocab, (batch_size, max_len), generator=generator)
+    tokens[torch.arange(max_len)[None, :] >= lengths[:, None]] = 0
+    return tokens.to(device)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("preset", ["base", "big"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fused_model_low_precision_on_gpu(preset, dtype):
+    from tolerances import assert_close_lowp
+
+    torch.manual_seed(0)
+    vocab = 37000
+    config = getattr(TransformerConfig, preset)(vocab, dropout=0.0)
+    model = Transformer(config).cuda()
+    src, tgt = wmt_like_batch(16, 64, vocab, 1, "cuda"), wmt_like_batch(16, 64, vocab, 2, "cuda")
+    real = tgt != 0
+    with torch.no_grad(), fastformer.backend("reference"):
+        exact = model(src, tgt)[real]
+        with torch.autocast("cuda", dtype=dtype):
+            lowp_reference = model(src, tgt)[real]
+    with torch.no_grad(), fastformer.backend("triton"), torch.autocast("cuda", dtype=dtype):
+        fused = model(src, tgt)[real]
+    assert_close_lowp(fused.float(), lowp_reference.float(), exact, name=f"{preset} {dtype} logits")
+
+    def loss(name: str) -> torch.Tensor:
+        with fastformer.backend(name), torch.autocast("cuda", dtype=dtype):
+            return model.loss(src, tgt[:, :-1].contiguous(), tgt[:, 1:].contiguous(), label_smoothing=0.1)
+
+    fused_loss, reference_loss = loss("triton"), loss("reference")
+    assert abs(fused_loss.item() - reference_loss.item()) < 1e-2 * reference_loss.item()

@@ -1,0 +1,386 @@
+"""Fused residual add (+ dropout) + LayerNorm: s = residual + dropout(x), y = LayerNorm(s) * weight + bias.
+
+Forward: each program normalizes a tile of BLOCK_ROWS rows of D elements in one pass, with fp32 statistics, and
+writes y, s (pre-LN's running sum, and what backward reads) and each row's mean and rstd.
+Backward: each program walks a contiguous run of rows, computing ds = dLayerNorm(dy) + ds_out, dresidual = ds and
+dx = ds * keep / (1 - p), while summing its rows' share of dweight and dbias in registers; a second stage adds up
+the [num_programs, D] partial sums.
+The dropout mask is never stored: both passes regenerate it with Philox from (seed, element offset in [n_rows, D]),
+so it does not depend on how rows are tiled.
+"""
+
+import functools
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_D = 8192
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Elements per program tile: one row when D is wide, several rows when D is narrow, so short rows do not leave most
+# of a program's lanes idle. 2048 measured fastest on an H100 (backward; forward is indifferent).
+TILE_ELEMENTS = 2048
+# Backward launches up to this many programs per multiprocessor, fewer for wide rows so that its partial sums of
+# dweight/dbias stay near PARTIAL_ELEMENTS_PER_SM floats per multiprocessor: more programs hide more latency, but each
+# adds a row for the second stage to sum. Both measured best on an H100 for D from 512 to 8192.
+MAX_PROGRAMS_PER_SM = 4
+PARTIAL_ELEMENTS_PER_SM = 4096
+
+
+@triton.jit
+def _dropout_keep(seed, offsets, dropout_p):
+    """offsets: [BLOCK_ROWS, BLOCK_D] element offsets -> bool keep-mask of the same shape, kept with prob. 1 - p."""
+    return tl.rand(seed, offsets) >= dropout_p
+
+
+# A fresh seed every step must not mean a fresh specialization (Triton specializes ints equal to 1, or divisible by 16).
+@triton.jit(do_not_specialize=["seed"])
+def _residual_layer_norm_fwd_kernel(
+    x_ptr,  # [n_rows, D]
+    residual_ptr,  # [n_rows, D]; not read without HAS_RESIDUAL
+    weight_ptr,  # [D]
+    bias_ptr,  # [D]
+    y_ptr,  # [n_rows, D]
+    s_ptr,  # [n_rows, D]
+    mean_ptr,  # [n_rows], fp32
+    rstd_ptr,  # [n_rows], fp32
+    n_rows,
+    n_cols,  # D
+    eps,
+    dropout_p,
+    dropout_scale,  # 1 / (1 - dropout_p)
+    seed,
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """x, residual: [n_rows, D] -> y, s: [n_rows, D], mean, rstd: [n_rows]; one [BLOCK_ROWS, BLOCK_D] tile each."""
+    # int64 so that offsets past 2**31 elements (large batches at D = 8192) do not wrap.
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    cols = tl.arange(0, BLOCK_D)
+    row_mask = rows < n_rows
+    mask = row_mask[:, None] & (cols < n_cols)[None, :]
+    offsets = rows[:, None] * n_cols + cols[None, :]
+
+    s = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    if HAS_DROPOUT:
+        s = tl.where(_dropout_keep(seed, offsets, dropout_p), s * dropout_scale, 0.0)
+    if HAS_RESIDUAL:
+        s += tl.load(residual_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    # Normalize s as stored, so that y is exactly the LayerNorm of the returned s and backward, which reloads s,
+    # differentiates the same numbers the forward normalized.
+    s = s.to(s_ptr.dtype.element_ty)
+    tl.store(s_ptr + offsets, s, mask=mask)
+    s = s.to(tl.float32)
+
+    mean = tl.sum(s, axis=1) / n_cols
+    centered = tl.where(mask, s - mean[:, None], 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(centered * centered, axis=1) / n_cols + eps)
+    weight = tl.load(weight_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+    bias = tl.load(bias_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+    y = centered * rstd[:, None] * weight[None, :] + bias[None, :]
+    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(mean_ptr + rows, mean, mask=row_mask)
+    tl.store(rstd_ptr + rows, rstd, mask=row_mask)
+
+
+@triton.jit(do_not_specialize=["seed"])
+def _residual_layer_norm_bwd_kernel(
+    dy_ptr,  # [n_rows, D]; not read without HAS_DY
+    ds_out_ptr,  # [n_rows, D]: gradient reaching s from its own use (pre-LN); not read without HAS_DS_OUT
+    s_ptr,  # [n_rows, D]
+    weight_ptr,  # [D]
+    mean_ptr,  # [n_rows], fp32
+    rstd_ptr,  # [n_rows], fp32
+    dx_ptr,  # [n_rows, D]
+    dresidual_ptr,  # [n_rows, D]; not written without HAS_RESIDUAL
+    dweight_partial_ptr,  # [num_programs, D], fp32; not written without HAS_DY
+    dbias_partial_ptr,  # [num_programs, D], fp32; not written without HAS_DY
+    n_rows,
+    n_cols,  # D
+    rows_per_program,  # a multiple of BLOCK_ROWS
+    dropout_p,
+    dropout_scale,  # 1 / (1 - dropout_p)
+    seed,
+    HAS_DY: tl.constexpr,
+    HAS_DS_OUT: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """dy, ds_out, s: [n_rows, D] -> dx, dresidual: [n_rows, D], this program's row of the dweight/dbias partials."""
+    program = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_D)
+    col_mask = cols < n_cols
+    weight = tl.load(weight_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    dweight = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    dbias = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    first_row = program * rows_per_program
+    end_row = tl.minimum(first_row + rows_per_program, n_rows)
+    for tile_start in range(first_row, end_row, BLOCK_ROWS):
+        # int64 so that offsets past 2**31 elements do not wrap.
+        rows = (tile_start + tl.arange(0, BLOCK_ROWS)).to(tl.int64)
+        row_mask = rows < end_row
+        mask = row_mask[:, None] & col_mask[None, :]
+        offsets = rows[:, None] * n_cols + cols[None, :]
+
+        ds = tl.zeros((BLOCK_ROWS, BLOCK_D), dtype=tl.float32)
+        if HAS_DY:
+            mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
+            rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
+            s = tl.load(s_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+            normalized = tl.where(mask, (s - mean[:, None]) * rstd[:, None], 0.0)
+            dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+            dnormalized = dy * weight[None, :]
+            # LayerNorm's input gradient: rstd * (dn - mean(dn) - n * mean(dn * n)), n the normalized row.
+            mean_dnormalized = tl.sum(dnormalized, axis=1) / n_cols
+            mean_dnormalized_normalized = tl.sum(dnormalized * normalized, axis=1) / n_cols
+            ds = dnormalized - mean_dnormalized[:, None] - normalized * mean_dnormalized_normalized[:, None]
+            ds = ds * rstd[:, None]
+            dweight += tl.sum(dy * normalized, axis=0)
+            dbias += tl.sum(dy, axis=0)
+        if HAS_DS_OUT:
+            ds += tl.load(ds_out_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        if HAS_RESIDUAL:
+            tl.store(dresidual_ptr + offsets, ds.to(dresidual_ptr.dtype.element_ty), mask=mask)
+        if HAS_DROPOUT:
+            ds = tl.where(_dropout_keep(seed, offsets, dropout_p), ds * dropout_scale, 0.0)
+        tl.store(dx_ptr + offsets, ds.to(dx_ptr.dtype.element_ty), mask=mask)
+
+    if HAS_DY:
+        tl.store(dweight_partial_ptr + program * n_cols + cols, dweight, mask=col_mask)
+        tl.store(dbias_partial_ptr + program * n_cols + cols, dbias, mask=col_mask)
+
+
+@triton.jit
+def _sum_partials_kernel(
+    dweight_partial_ptr,  # [num_partials, D], fp32
+    dbias_partial_ptr,  # [num_partials, D], fp32
+    dweight_ptr,  # [D]
+    dbias_ptr,  # [D]
+    num_partials,
+    n_cols,  # D
+    BLOCK_PARTIALS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """dweight/dbias partials: [num_partials, D] -> dweight, dbias: [D]; one strip of BLOCK_D columns each."""
+    cols = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
+    col_mask = cols < n_cols
+    dweight = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    dbias = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    for start in range(0, num_partials, BLOCK_PARTIALS):
+        partials = start + tl.arange(0, BLOCK_PARTIALS)
+        mask = (partials < num_partials)[:, None] & col_mask[None, :]
+        offsets = partials[:, None] * n_cols + cols[None, :]
+        dweight += tl.sum(tl.load(dweight_partial_ptr + offsets, mask=mask, other=0.0), axis=0)
+        dbias += tl.sum(tl.load(dbias_partial_ptr + offsets, mask=mask, other=0.0), axis=0)
+    tl.store(dweight_ptr + cols, dweight.to(dweight_ptr.dtype.element_ty), mask=col_mask)
+    tl.store(dbias_ptr + cols, dbias.to(dbias_ptr.dtype.element_ty), mask=col_mask)
+
+
+def _tile_config(n_cols: int) -> tuple[int, int, int]:
+    """D -> (BLOCK_D, BLOCK_ROWS, num_warps) of a program's [BLOCK_ROWS, BLOCK_D] tile."""
+    block_d = triton.next_power_of_2(n_cols)
+    block_rows = max(1, TILE_ELEMENTS // block_d)
+    num_warps = min(16, max(4, block_d * block_rows // 512))
+    return block_d, block_rows, num_warps
+
+
+@functools.lru_cache(maxsize=None)
+def _backward_program_cap(device: torch.device, block_d: int) -> int:
+    """How many programs backward launches at most on `device` for rows padded to block_d."""
+    if device.type == "cuda":
+        sm_count = torch.cuda.get_device_properties(device).multi_processor_count
+        return sm_count * min(MAX_PROGRAMS_PER_SM, max(1, PARTIAL_ELEMENTS_PER_SM // block_d))
+    # Triton's interpreter runs programs one after another, so more would only add rows to the second stage.
+    return 4
+
+
+def _output_dtype(x_dtype: torch.dtype, residual_dtype: Optional[torch.dtype]) -> torch.dtype:
+    """The dtype of y and s: that of residual + x in PyTorch (an fp32 residual stream under autocast stays fp32)."""
+    return x_dtype if residual_dtype is None else torch.promote_types(x_dtype, residual_dtype)
+
+
+def _dropout_scale(dropout_p: float) -> float:
+    """What kept elements are multiplied by, so that dropout leaves the expectation unchanged."""
+    return 1.0 / (1.0 - dropout_p)
+
+
+def _forward(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor, bias: torch.Tensor, eps: float,
+             dropout_p: float, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x, residual: [..., D] -> (y, s: [..., D], mean, rstd: [...] fp32)."""
+    n_cols = x.shape[-1]
+    x_rows = x.reshape(-1, n_cols).contiguous()
+    n_rows = x_rows.shape[0]
+    dtype = _output_dtype(x.dtype, None if residual is None else residual.dtype)
+    y = torch.empty(x_rows.shape, dtype=dtype, device=x.device)
+    s = torch.empty_like(y)
+    mean = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    rstd = torch.empty_like(mean)
+    if n_rows > 0:
+        block_d, block_rows, num_warps = _tile_config(n_cols)
+        residual_rows = x_rows if residual is None else residual.reshape(-1, n_cols).contiguous()
+        _residual_layer_norm_fwd_kernel[(triton.cdiv(n_rows, block_rows),)](
+            x_rows, residual_rows, weight.contiguous(), bias.contiguous(), y, s, mean, rstd,
+            n_rows, n_cols, eps, dropout_p, _dropout_scale(dropout_p), seed,
+            HAS_RESIDUAL=residual is not None, HAS_DROPOUT=dropout_p > 0.0,
+            BLOCK_ROWS=block_rows, BLOCK_D=block_d, num_warps=num_warps,
+        )
+    return y.view(x.shape), s.view(x.shape), mean, rstd
+
+
+def _backward(dy: Optional[torch.Tensor], ds_out: Optional[torch.Tensor], s: torch.Tensor, weight: torch.Tensor,
+              mean: torch.Tensor, rstd: torch.Tensor, dropout_p: float, seed: int, x_dtype: torch.dtype,
+              residual_dtype: Optional[torch.dtype]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dy, ds_out, s: [..., D] -> (dx, dresidual: [..., D] ([0] without a residual), dweight, dbias: [D])."""
+    n_cols = s.shape[-1]
+    s_rows = s.reshape(-1, n_cols)
+    n_rows = s_rows.shape[0]
+    dx = torch.empty(s.shape, dtype=x_dtype, device=s.device)
+    has_residual = residual_dtype is not None
+    dresidual = torch.empty(s.shape if has_residual else (0,), dtype=residual_dtype or x_dtype, device=s.device)
+    block_d, block_rows, num_warps = _tile_config(n_cols)
+    # Each program takes a contiguous run of whole tiles.
+    tiles_per_program = triton.cdiv(triton.cdiv(n_rows, block_rows), _backward_program_cap(s.device, block_d))
+    rows_per_program = max(tiles_per_program, 1) * block_rows
+    num_programs = triton.cdiv(n_rows, rows_per_program)
+    # Every program writes its row of the partial sums, so they need no zeroing.
+    dweight_partial = torch.empty((num_programs, n_cols), dtype=torch.float32, device=s.device)
+    dbias_partial = torch.empty_like(dweight_partial)
+    if n_rows > 0:
+        _residual_layer_norm_bwd_kernel[(num_programs,)](
+            s_rows if dy is None else dy.reshape(-1, n_cols).contiguous(),
+            s_rows if ds_out is None else ds_out.reshape(-1, n_cols).contiguous(),
+            s_rows, weight.contiguous(), mean, rstd, dx, dresidual if has_residual else dx,
+            dweight_partial, dbias_partial,
+            n_rows, n_cols, rows_per_program, dropout_p, _dropout_scale(dropout_p), seed,
+            HAS_DY=dy is not None, HAS_DS_OUT=ds_out is not None, HAS_RESIDUAL=has_residual,
+            HAS_DROPOUT=dropout_p > 0.0, BLOCK_ROWS=block_rows, BLOCK_D=block_d, num_warps=num_warps,
+        )
+    if dy is None:
+        return dx, dresidual, torch.zeros_like(weight), torch.zeros_like(weight)
+    dweight, dbias = torch.empty_like(weight), torch.empty_like(weight)
+    # Narrow column strips give the second stage enough programs to read the partial sums at full bandwidth.
+    block_cols = 16
+    _sum_partials_kernel[(triton.cdiv(n_cols, block_cols),)](
+        dweight_partial, dbias_partial, dweight, dbias, num_programs, n_cols, BLOCK_PARTIALS=128, BLOCK_D=block_cols,
+    )
+    return dx, dresidual, dweight, dbias
+
+
+@torch.library.custom_op("fastformer::residual_layer_norm", mutates_args=())
+def _residual_layer_norm_op(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor,
+                            bias: torch.Tensor, eps: float, dropout_p: float,
+                            seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x, residual: [..., D], weight/bias: [D] -> (y, s: [..., D], mean, rstd: [...] fp32)."""
+    return _forward(x, residual, weight, bias, eps, dropout_p, seed)
+
+
+@_residual_layer_norm_op.register_fake
+def _(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor, bias: torch.Tensor, eps: float,
+      dropout_p: float, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    y = x.new_empty(x.shape, dtype=_output_dtype(x.dtype, None if residual is None else residual.dtype))
+    mean = x.new_empty(x.shape[:-1], dtype=torch.float32)
+    return y, torch.empty_like(y), mean, torch.empty_like(mean)
+
+
+@torch.library.custom_op("fastformer::residual_layer_norm_backward", mutates_args=())
+def _residual_layer_norm_backward_op(
+        dy: Optional[torch.Tensor], ds_out: Optional[torch.Tensor], s: torch.Tensor, weight: torch.Tensor,
+        mean: torch.Tensor, rstd: torch.Tensor, dropout_p: float, seed: int, x_dtype: torch.dtype,
+        residual_dtype: Optional[torch.dtype]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dy, ds_out, s: [..., D] -> (dx, dresidual: [..., D] ([0] without a residual), dweight, dbias: [D])."""
+    return _backward(dy, ds_out, s, weight, mean, rstd, dropout_p, seed, x_dtype, residual_dtype)
+
+
+@_residual_layer_norm_backward_op.register_fake
+def _(dy: Optional[torch.Tensor], ds_out: Optional[torch.Tensor], s: torch.Tensor, weight: torch.Tensor,
+      mean: torch.Tensor, rstd: torch.Tensor, dropout_p: float, seed: int, x_dtype: torch.dtype,
+      residual_dtype: Optional[torch.dtype]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    dresidual_shape = s.shape if residual_dtype is not None else (0,)
+    dresidual = s.new_empty(dresidual_shape, dtype=residual_dtype or x_dtype)
+    return s.new_empty(s.shape, dtype=x_dtype), dresidual, torch.empty_like(weight), torch.empty_like(weight)
+
+
+def _setup_context(ctx, inputs: tuple, output: tuple) -> None:
+    x, residual, weight, _, _, dropout_p, seed = inputs
+    _, s, mean, rstd = output
+    ctx.mark_non_differentiable(mean, rstd)
+    # A gradient that never arrives (y unused, or s unused as in post-LN) stays None rather than a tensor of zeros,
+    # so the kernel skips reading it.
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(s, weight, mean, rstd)
+    ctx.dropout_p, ctx.seed = dropout_p, seed
+    ctx.x_dtype, ctx.residual_dtype = x.dtype, None if residual is None else residual.dtype
+
+
+def _backward_autograd(ctx, dy: Optional[torch.Tensor], ds_out: Optional[torch.Tensor], *_stats_grads) -> tuple:
+    if dy is None and ds_out is None:
+        return (None,) * 7
+    s, weight, mean, rstd = ctx.saved_tensors
+    dx, dresidual, dweight, dbias = _residual_layer_norm_backward_op(
+        dy, ds_out, s, weight, mean, rstd, ctx.dropout_p, ctx.seed, ctx.x_dtype, ctx.residual_dtype)
+    return dx, None if ctx.residual_dtype is None else dresidual, dweight, dbias, None, None, None
+
+
+_residual_layer_norm_op.register_autograd(_backward_autograd, setup_context=_setup_context)
+
+
+def unsupported_reason(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor,
+                       bias: torch.Tensor) -> Optional[str]:
+    """Why the kernel cannot take these (well-formed) inputs, or None if it can."""
+    for name, tensor in (("x", x), ("residual", residual), ("weight", weight), ("bias", bias)):
+        if tensor is not None and tensor.dtype not in SUPPORTED_DTYPES:
+            return f"{name} has dtype {tensor.dtype}; the kernel takes float32, float16 and bfloat16"
+    if x.shape[-1] > MAX_D:
+        return f"x's last dimension is {x.shape[-1]}; the kernel normalizes rows of at most {MAX_D}"
+    return None
+
+
+def _validate(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor, bias: torch.Tensor,
+              eps: float, dropout_p: float) -> None:
+    for name, tensor in (("x", x), ("weight", weight), ("bias", bias)):
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if residual is not None and not isinstance(residual, torch.Tensor):
+        raise TypeError(f"residual must be a torch.Tensor or None, got {type(residual).__name__}")
+    if x.dim() == 0 or x.shape[-1] == 0:
+        raise ValueError(f"x must have a non-empty last dimension to normalize, got shape {tuple(x.shape)}")
+    reason = unsupported_reason(x, residual, weight, bias)
+    if reason is not None:
+        raise ValueError(f"residual_layer_norm: {reason}")
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f"residual {tuple(residual.shape)} and x {tuple(x.shape)} must have the same shape")
+    n_cols = x.shape[-1]
+    for name, tensor in (("weight", weight), ("bias", bias)):
+        if tuple(tensor.shape) != (n_cols,):
+            raise ValueError(f"{name} must have shape ({n_cols},) to match x's last dimension, got "
+                             f"{tuple(tensor.shape)}")
+    if weight.dtype != bias.dtype:
+        raise TypeError(f"weight ({weight.dtype}) and bias ({bias.dtype}) must have the same dtype")
+    for name, tensor in (("residual", residual), ("weight", weight), ("bias", bias)):
+        if tensor is not None and tensor.device != x.device:
+            raise ValueError(f"{name} is on {tensor.device} but x is on {x.device}")
+    if not eps > 0.0:
+        raise ValueError(f"eps must be positive, got {eps}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+
+
+def residual_layer_norm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor, bias: torch.Tensor,
+                        eps: float = 1e-5, dropout_p: float = 0.0,
+                        seed: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x, residual: [..., D], weight/bias: [D] -> (y, s): [..., D] in the dtype of residual + x.
+
+    s = residual + dropout(x) (dropout(x) alone without a residual), y = LayerNorm(s) * weight + bias; differentiable
+    with respect to x, residual, weight and bias. The dropout mask is a function of `seed` (drawn from torch's
+    default generator when None) and the element's position.
+    """
+    _validate(x, residual, weight, bias, eps, dropout_p)
+    if seed is None:
+        seed = int(torch.randint(0, 2**31 - 1, (1,)).item()) if dropout_p > 0.0 else 0
+    y, s, _, _ = _residual_layer_norm_op(x, residual, weight, bias, float(eps), float(dropout_p), int(seed))
+    return y, s
