@@ -1,0 +1,409 @@
+"""Fused FlashAttention-style kernel: forward and dq/dk/dv against the reference and torch's
+scaled_dot_product_attention, on the masks the Transformer needs and strided (fused-QKV) inputs.
+
+The kernel tests run on the GPU when there is one, else in Triton's interpreter on the CPU (fp32 and fp16 only: its
+bf16 arithmetic is wrong); the bf16 and realistic-shape checks are the `gpu` tests at the bottom.
+"""
+
+import math
+import warnings
+from collections.abc import Callable
+from typing import NamedTuple
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import fastformer
+from fastformer import dispatch
+from fastformer.nn import MultiheadAttention
+from fastformer.reference.attention import attention as reference_attention
+from tolerances import FP32, assert_close_lowp
+from triton_kernels.attention import attention_dropout_mask, flash_attention, unsupported_reason
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+# Without CUDA, conftest.py has switched Triton to its interpreter, which runs kernels on CPU tensors.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class Case(NamedTuple):
+    batch: int
+    q_len: int
+    k_len: int
+    heads: int
+    head_dim: int
+    q_lengths: list[int] | None
+    k_lengths: list[int] | None
+    causal: bool
+
+
+# Small shapes that cross the interpreter's 16-wide blocks at odd places.
+CASES = {
+    "full": Case(2, 20, 20, 2, 32, None, None, False),
+    "padded, lengths 1 and not block multiples": Case(3, 37, 37, 2, 32, [37, 17, 1], [37, 17, 1], False),
+    "causal with padding": Case(3, 37, 37, 2, 32, [37, 17, 1], [37, 17, 1], True),
+    "causal, no padding": Case(2, 33, 33, 1, 64, None, None, True),
+    "cross, q_len < k_len": Case(2, 19, 45, 2, 32, [19, 4], [45, 7], False),
+    "causal cross, q_len > k_len": Case(2, 40, 23, 1, 32, [40, 30], [23, 5], True),
+    "one key": Case(2, 18, 1, 2, 32, None, None, False),
+    "all but one key padded": Case(2, 17, 33, 2, 64, None, [1, 33], False),
+    "one query": Case(2, 1, 30, 2, 32, [1, 1], [30, 3], False),
+}
+
+
+def lengths_tensor(lengths: list[int] | None, device: str) -> torch.Tensor | None:
+    return None if lengths is None else torch.tensor(lengths, device=device)
+
+
+def random_problem(case: Case, device: str = DEVICE, seed: int = 0) -> dict[str, torch.Tensor]:
+    """-> q, dout: [batch, q_len, heads, head_dim], k, v: [batch, k_len, heads, head_dim], fp32."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(length: int) -> torch.Tensor:
+        return torch.randn(case.batch, length, case.heads, case.head_dim, generator=generator, device=device)
+
+    # q scaled up so that the softmax is far from uniform.
+    return {"q": 2.0 * randn(case.q_len), "k": randn(case.k_len), "v": randn(case.k_len), "dout": randn(case.q_len)}
+
+
+def fused_projection_views(q: torch.Tensor, k: torch.Tensor,
+                           v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The strided views a fused projection produces, as nn.MultiheadAttention makes them: q/k/v of one
+    [batch, len, 3, heads, head_dim] buffer for self-attention, else k/v of one [batch, k_len, 2, ...] buffer and q
+    in a heads-major buffer."""
+    if q.shape == k.shape:
+        views = torch.stack([q, k, v], dim=2).unbind(dim=2)
+    else:
+        views = (q.transpose(1, 2).contiguous().transpose(1, 2), *torch.stack([k, v], dim=2).unbind(dim=2))
+    assert not any(view.is_contiguous() for view in views)
+    return views
+
+
+def outputs_and_grads(fn: Callable, problem: dict[str, torch.Tensor], dtype: torch.dtype, case: Case,
+                      strided: bool = False, **kwargs) -> dict[str, torch.Tensor]:
+    """Runs fn(q, k, v, q_lengths=, k_lengths=, causal=) on fresh leaves of `dtype` and backpropagates dout
+    -> {"out", "dq", "dk", "dv"}."""
+    leaves = [problem[name].to(dtype).detach().requires_grad_() for name in ("q", "k", "v")]
+    q, k, v = fused_projection_views(*leaves) if strided else leaves
+    device = problem["q"].device.type
+    out = fn(q, k, v, q_lengths=lengths_tensor(case.q_lengths, device),
+             k_lengths=lengths_tensor(case.k_lengths, device), causal=case.causal, **kwargs)
+    grads = torch.autograd.grad(out, leaves, problem["dout"].to(dtype))
+    return {"out": out.detach(), "dq": grads[0], "dk": grads[1], "dv": grads[2]}
+
+
+def visible_keys(q_len: int, k_len: int, k_lengths: torch.Tensor | None, causal: bool, batch: int,
+                 device: str) -> torch.Tensor:
+    """-> [batch, 1, q_len, k_len] bool, True where a query sees a key (scaled_dot_product_attention's convention)."""
+    keys = torch.arange(k_len, device=device)
+    visible = torch.ones(batch, 1, q_len, k_len, dtype=torch.bool, device=device)
+    if k_lengths is not None:
+        visible = visible & (keys[None, :] < k_lengths[:, None])[:, None, None, :]
+    if causal:
+        visible = visible & (keys[None, :] <= torch.arange(q_len, device=device)[:, None])
+    return visible
+
+
+def zero_padded_queries(out: torch.Tensor, q_lengths: torch.Tensor | None) -> torch.Tensor:
+    """out: [batch, q_len, ...] -> out with the rows at or past q_lengths zeroed (no gradient flows to them)."""
+    if q_lengths is None:
+        return out
+    padded = torch.arange(out.shape[1], device=out.device)[None, :] >= q_lengths[:, None]
+    return out.masked_fill(padded.view(*padded.shape, *(1,) * (out.dim() - 2)), 0.0)
+
+
+def torch_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lengths: torch.Tensor | None,
+               k_lengths: torch.Tensor | None, causal: bool) -> torch.Tensor:
+    """torch's own attention with the equivalent boolean mask (no row is fully masked: key 0 is always visible).
+    Its math backend, so that fp32 stays fp32 on the GPU too."""
+    mask = visible_keys(q.shape[1], k.shape[1], k_lengths, causal, q.shape[0], q.device.type)
+    with sdpa_kernel(SDPBackend.MATH):
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
+    return zero_padded_queries(out.transpose(1, 2), q_lengths)
+
+
+def lowp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lengths: torch.Tensor | None,
+                   k_lengths: torch.Tensor | None, causal: bool, dropout_p: float = 0.0,
+                   dropout_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Plain PyTorch attention computed in the inputs' own (low) precision: the baseline of the 2x rule.
+    dropout_mask: [batch, heads, q_len, k_len] bool (True = keep) applied to the probabilities."""
+    mask = visible_keys(q.shape[1], k.shape[1], k_lengths, causal, q.shape[0], q.device.type)
+    scores = q.transpose(1, 2) @ k.permute(0, 2, 3, 1) / math.sqrt(q.shape[-1])
+    probabilities = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    if dropout_mask is not None:
+        probabilities = probabilities * dropout_mask / (1.0 - dropout_p)
+    return zero_padded_queries((probabilities @ v.transpose(1, 2)).transpose(1, 2), q_lengths)
+
+
+def assert_all_close(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], **tolerance) -> None:
+    assert actual.keys() == expected.keys()
+    for name in actual:
+        assert actual[name].dtype == expected[name].dtype, name
+        torch.testing.assert_close(actual[name], expected[name], msg=lambda m: f"{name}: {m}", **tolerance)
+
+
+def check_kernel(case: Case, dtype: torch.dtype, strided: bool = False, device: str = DEVICE) -> None:
+    """The kernel's output and gradients: against the reference and torch's SDPA in fp32, the 2x rule in fp16/bf16."""
+    problem = random_problem(case, device)
+    fused = outputs_and_grads(flash_attention, problem, dtype, case, strided)
+    if dtype == torch.float32:
+        assert_all_close(fused, outputs_and_grads(reference_attention, problem, dtype, case), **FP32)
+        assert_all_close(fused, outputs_and_grads(torch_sdpa, problem, dtype, case), **FP32)
+        return
+    # Inputs rounded to the low precision first, so that the reference does not charge their rounding to anyone.
+    rounded = {name: t.to(dtype) for name, t in problem.items()}
+    exact = outputs_and_grads(reference_attention, rounded, torch.float64, case)
+    lowp_torch = outputs_and_grads(lowp_attention, problem, dtype, case)
+    for name in fused:
+        assert fused[name].dtype == dtype, name
+        if exact[name].any():
+            assert_close_lowp(fused[name], lowp_torch[name], exact[name], name)
+        else:
+            # dq and dk over a single visible key are zero in exact arithmetic (a softmax over one key is constant),
+            # and plain PyTorch hits that zero exactly. The kernel, like FlashAttention, takes delta = rowsum(dout *
+            # out) from the rounded out, which leaves a residue of out's rounding: allow one unit of roundoff of the
+            # gradients' scale.
+            bound = torch.finfo(dtype).eps * exact["dv"].abs().max().item()
+            assert fused[name].abs().max().item() <= bound, name
+
+
+# ---- the kernel against the reference and torch ----------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("name", CASES)
+def test_kernel_matches_reference_and_torch(name, dtype):
+    check_kernel(CASES[name], dtype)
+
+
+@pytest.mark.parametrize("name", ["full", "causal with padding", "cross, q_len < k_len"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_kernel_reads_fused_projection_views(name, dtype):
+    check_kernel(CASES[name], dtype, strided=True)
+
+
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+def test_kernel_head_dims(head_dim):
+    check_kernel(Case(2, 21, 21, 2, head_dim, [21, 6], [21, 6], True), torch.float32, strided=True)
+
+
+def test_padded_positions_are_never_read_and_padded_gradients_are_zero():
+    """Garbage (NaN) at padded positions of q, k, v and in the gradient of padded query rows cannot reach any result:
+    padded rows come out exactly zero, and so do the gradients of padded queries and keys."""
+    case = CASES["causal with padding"]
+    problem = random_problem(case)
+    q_lengths, k_lengths = (lengths_tensor(lengths, DEVICE) for lengths in (case.q_lengths, case.k_lengths))
+    padded_q = (torch.arange(case.q_len, device=DEVICE)[None, :] >= q_lengths[:, None])[:, :, None, None]
+    padded_k = (torch.arange(case.k_len, device=DEVICE)[None, :] >= k_lengths[:, None])[:, :, None, None]
+    garbage = {"q": problem["q"].masked_fill(padded_q, float("nan")),
+               "k": problem["k"].masked_fill(padded_k, float("nan")),
+               "v": problem["v"].masked_fill(padded_k, float("nan")),
+               "dout": problem["dout"].masked_fill(padded_q, float("nan"))}
+    fused = outputs_and_grads(flash_attention, garbage, torch.float32, case)
+    clean = {name: t.masked_fill(padded_q if name in ("q", "dout") else padded_k, 0.0) for name, t in garbage.items()}
+    assert_all_close(fused, outputs_and_grads(reference_attention, clean, torch.float32, case), **FP32)
+    for name, padded in (("out", padded_q), ("dq", padded_q), ("dk", padded_k), ("dv", padded_k)):
+        assert torch.all(fused[name].masked_select(padded) == 0.0), name
+
+
+def test_empty_batch_and_no_queries():
+    for case in (Case(0, 5, 5, 2, 32, None, None, False), Case(2, 0, 5, 2, 32, None, None, True)):
+        problem = random_problem(case)
+        assert_all_close(outputs_and_grads(flash_attention, problem, torch.float32, case),
+                         outputs_and_grads(reference_attention, problem, torch.float32, case), atol=0.0, rtol=0.0)
+
+
+# ---- bad input -------------------------------------------------------------------------------------------------
+
+def test_kernel_rejects_bad_input():
+    q = torch.randn(2, 5, 2, 32, device=DEVICE)
+    k = torch.randn(2, 7, 2, 32, device=DEVICE)
+    lengths = torch.tensor([5, 3], device=DEVICE)
+    with pytest.raises(ValueError, match="q must be 4-D"):
+        flash_attention(q[0], k, k)
+    with pytest.raises(ValueError, match="v"):
+        flash_attention(q, k, k[:, :6])
+    with pytest.raises(ValueError, match="batch, heads and head_dim"):
+        flash_attention(q, k[:, :, :1], k[:, :, :1])
+    with pytest.raises(ValueError, match="no key"):
+        flash_attention(q, k[:, :0], k[:, :0])
+    with pytest.raises(ValueError, match="float64"):
+        flash_attention(q.double(), k.double(), k.double())
+    with pytest.raises(ValueError, match="k has dtype"):
+        flash_attention(q, k.half(), k)
+    with pytest.raises(ValueError, match="head_dim is 16"):
+        flash_attention(q[..., :16], k[..., :16], k[..., :16])
+    with pytest.raises(TypeError, match="v must be a torch.Tensor"):
+        flash_attention(q, k, k.tolist())
+    with pytest.raises(TypeError, match="q_lengths"):
+        flash_attention(q, k, k, q_lengths=lengths.float())
+    with pytest.raises(TypeError, match="k_lengths"):
+        flash_attention(q, k, k, k_lengths=[7, 7])
+    with pytest.raises(ValueError, match="k_lengths must have shape"):
+        flash_attention(q, k, k, k_lengths=lengths[:1])
+    with pytest.raises(ValueError, match=r"q_lengths must lie in \[0, 5\]"):
+        flash_attention(q, k, k, q_lengths=torch.tensor([6, 3], device=DEVICE))
+    with pytest.raises(ValueError, match="q_lengths must lie"):
+        flash_attention(q, k, k, q_lengths=torch.tensor([-1, 3], device=DEVICE))
+    with pytest.raises(ValueError, match=r"k_lengths must lie in \[1, 7\]"):
+        flash_attention(q, k, k, k_lengths=torch.tensor([8, 3], device=DEVICE))
+    with pytest.raises(ValueError, match="k_lengths has a 0"):
+        flash_attention(q, k, k, k_lengths=torch.tensor([0, 3], device=DEVICE))
+    with pytest.raises(ValueError, match="dropout_p"):
+        flash_attention(q, k, k, dropout_p=1.0)
+
+
+def test_unsupported_reason():
+    q = torch.randn(1, 3, 2, 64)
+    assert unsupported_reason(q, q, q) is None
+    assert unsupported_reason(q.half(), q.half(), q.half()) is None
+    assert "float64" in unsupported_reason(q.double(), q.double(), q.double())
+    assert "head_dim is 48" in unsupported_reason(q[..., :48], q[..., :48], q[..., :48])
+    assert "v has dtype" in unsupported_reason(q, q, q.half())
+
+
+# ---- dropout ---------------------------------------------------------------------------------------------------
+
+def test_dropout_same_seed_same_result():
+    case = CASES["causal with padding"]
+    problem = random_problem(case)
+    first = outputs_and_grads(flash_attention, problem, torch.float32, case, dropout_p=0.3, seed=7)
+    again = outputs_and_grads(flash_attention, problem, torch.float32, case, dropout_p=0.3, seed=7)
+    other = outputs_and_grads(flash_attention, problem, torch.float32, case, dropout_p=0.3, seed=8)
+    assert_all_close(first, again, atol=0.0, rtol=0.0)
+    assert not torch.equal(first["out"], other["out"])
+    # seed=None draws from torch's default generator, so torch.manual_seed makes it reproducible.
+    torch.manual_seed(3)
+    drawn = outputs_and_grads(flash_attention, problem, torch.float32, case, dropout_p=0.3)
+    torch.manual_seed(3)
+    assert_all_close(drawn, outputs_and_grads(flash_attention, problem, torch.float32, case, dropout_p=0.3),
+                     atol=0.0, rtol=0.0)
+
+
+@pytest.mark.parametrize("dropout_p", [0.1, 0.5])
+def test_dropout_keep_rate(dropout_p):
+    keep = attention_dropout_mask(11, 2, 4, 64, 96, dropout_p, device=DEVICE)
+    sigma = math.sqrt(dropout_p * (1 - dropout_p) / keep.numel())
+    assert abs(keep.float().mean().item() - (1 - dropout_p)) < 5 * sigma
+    # Neighbouring rows and heads must not repeat one another's draws.
+    assert not torch.equal(keep[:, :, 0], keep[:, :, 1]) and not torch.equal(keep[:, 0], keep[:, 1])
+
+
+def check_dropout_consistency(case: Case, dtype: torch.dtype, device: str = DEVICE) -> None:
+    """Forward and gradients of the kernel with dropout equal the reference given the kernel's own mask."""
+    dropout_p, seed = 0.2, 1234
+    keep = attention_dropout_mask(seed, case.batch, case.heads, case.q_len, case.k_len, dropout_p, device=device)
+    problem = random_problem(case, device)
+    fused = outputs_and_grads(flash_attention, problem, dtype, case, dropout_p=dropout_p, seed=seed)
+    if dtype == torch.float32:
+        expected = outputs_and_grads(reference_attention, problem, dtype, case, dropout_p=dropout_p, dropout_mask=keep)
+        assert_all_close(fused, expected, **FP32)
+        return
+    rounded = {name: t.to(dtype) for name, t in problem.items()}
+    masked = dict(dropout_p=dropout_p, dropout_mask=keep)
+    exact = outputs_and_grads(reference_attention, rounded, torch.float64, case, **masked)
+    lowp_torch = outputs_and_grads(lowp_attention, problem, dtype, case, **masked)
+    for name in fused:
+        assert_close_lowp(fused[name], lowp_torch[name], exact[name], name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("name", ["causal with padding", "cross, q_len < k_len"])
+def test_dropout_forward_and_backward_match_reference_with_its_mask(name, dtype):
+    check_dropout_consistency(CASES[name], dtype)
+
+
+# ---- torch.compile, custom op, dispatch ------------------------------------------------------------------------
+
+def test_torch_compile_matches_eager():
+    case = CASES["causal with padding"]
+
+    def layer(q, k, v, q_lengths, k_lengths, causal):
+        return flash_attention(q, k, v, q_lengths, k_lengths, causal, dropout_p=0.1, seed=5)
+
+    problem = random_problem(case)
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+    assert_all_close(outputs_and_grads(compiled, problem, torch.float32, case, strided=True),
+                     outputs_and_grads(layer, problem, torch.float32, case, strided=True), atol=0.0, rtol=0.0)
+
+
+def test_custom_op_registration():
+    """PyTorch's own checks of the schema, the fake (meta) function and the autograd registration."""
+    case = CASES["cross, q_len < k_len"]
+    problem = random_problem(case)
+    q, k, v = (problem[name].requires_grad_() for name in ("q", "k", "v"))
+    q_lengths, k_lengths = (lengths_tensor(lengths, DEVICE) for lengths in (case.q_lengths, case.k_lengths))
+    torch.library.opcheck(torch.ops.fastformer.flash_attention.default, (q, k, v, q_lengths, k_lengths, True, 0.1, 5))
+
+
+def test_multihead_attention_module_runs_the_kernel_through_dispatch():
+    """nn.MultiheadAttention under the "triton" backend (fused QKV views into the kernel) equals the reference."""
+    torch.manual_seed(0)
+    module = MultiheadAttention(64, 2, batch_first=True).to(DEVICE)
+    x = torch.randn(2, 9, 64, device=DEVICE)
+    lengths = torch.tensor([9, 4], device=DEVICE)
+    results = {}
+    for backend in ("triton", "reference"):
+        module.zero_grad()
+        with fastformer.backend(backend), warnings.catch_warnings():
+            # A fallback to the reference would make this comparison vacuous.
+            warnings.simplefilter("error")
+            out = module(x, x, x, is_causal=True, query_lengths=lengths, key_lengths=lengths)[0]
+        out.backward(torch.cos(out.detach()))
+        results[backend] = [out.detach()] + [p.grad.clone() for p in module.parameters()]
+    for fused, expected in zip(results["triton"], results["reference"]):
+        torch.testing.assert_close(fused, expected, **FP32)
+
+
+def test_dispatch_falls_back_for_an_explicit_mask():
+    q = torch.randn(1, 4, 2, 32, device=DEVICE)
+    mask = torch.tensor([False, True, False, False], device=DEVICE)
+    with fastformer.backend("triton"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = dispatch.attention(q, q, q, attn_mask=mask)
+    torch.testing.assert_close(out, reference_attention(q, q, q, attn_mask=mask), atol=0.0, rtol=0.0)
+
+
+# ---- GPU: bf16/fp16 at realistic shapes ------------------------------------------------------------------------
+
+def wmt_like_case(heads: int, kind: str, seed: int = 0) -> Case:
+    """Batch 32 with random sentence lengths 5..100 (the longest exactly 100): causal or padded self-attention, or
+    cross-attention from target to source lengths."""
+    generator = torch.Generator().manual_seed(seed)
+    src, tgt = (torch.randint(5, 101, (32,), generator=generator) for _ in range(2))
+    src[0], tgt[1] = 100, 100
+    src, tgt = src.tolist(), tgt.tolist()
+    if kind == "cross":
+        return Case(32, 100, 100, heads, 64, tgt, src, False)
+    return Case(32, 100, 100, heads, 64, tgt, tgt, kind == "causal")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads", [8, 16])
+@pytest.mark.parametrize("kind", ["causal", "padded", "cross"])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_kernel_matches_reference(dtype, heads, kind):
+    check_kernel(wmt_like_case(heads, kind), dtype, strided=True, device="cuda")
+
+
+# Each new (head_dim, causal) autotunes the kernels afresh, so a few pairs rather than all six.
+@pytest.mark.parametrize(("head_dim", "causal"), [(32, True), (64, False), (128, True)])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_fp32_is_tight(head_dim, causal):
+    case = wmt_like_case(8, "causal" if causal else "padded")._replace(head_dim=head_dim)
+    check_kernel(case, torch.float32, strided=True, device="cuda")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_dropout_consistent_with_forward(dtype):
+    check_dropout_consistency(wmt_like_case(8, "causal"), dtype, device="cuda")
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_long_sequences_cross_many_blocks():
+    check_kernel(Case(2, 700, 1000, 4, 64, [700, 333], [1000, 517], True), torch.bfloat16, device="cuda")

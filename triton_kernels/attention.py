@@ -1,0 +1,715 @@
+"""Fused scaled-dot-product attention, FlashAttention-2 style: softmax(q k^T / sqrt(head_dim) + masks) v.
+
+Layout: q/k/v/out are [batch, len, heads, head_dim] read and written through their strides, so the views that a
+fused QKV projection produces (`.view(batch, len, 3, heads, head_dim).unbind(2)`) need no transpose or copy.
+Masks: key padding given as per-sequence lengths, causal (query i sees keys j <= i, top-left aligned like torch's
+is_causal), both together, and q_len != k_len. Query rows past a sequence's length output zero.
+
+Forward: each program owns BLOCK_M query rows of one (batch, head) and walks the key blocks with an online softmax
+in fp32, saving each row's log-sum-exp (base 2) instead of the [q_len, k_len] probabilities. Key blocks past the
+sequence's key length, or above the causal diagonal, are never visited (the loop stops there); only the blocks that
+straddle a boundary pay for the mask. A query block past the sequence's query length visits no key at all.
+Backward recomputes the probabilities from the saved log-sum-exp: a preprocess kernel computes
+delta = rowsum(dout * out), one kernel per key block accumulates dk and dv over the query blocks, and one per query
+block accumulates dq over the key blocks, so no program writes where another does (no atomics).
+Dropout of the probabilities uses Philox keyed by (seed, flat index in [batch, heads, q_len, k_len]), so the mask
+does not depend on block sizes, is regenerated identically in backward, and `attention_dropout_mask` can rebuild it.
+"""
+
+import math
+import os
+from collections.abc import Callable
+from typing import NamedTuple, Optional
+
+import torch
+import triton
+import triton.language as tl
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+SUPPORTED_HEAD_DIMS = (32, 64, 128)
+LENGTH_DTYPES = (torch.int32, torch.int64)
+LOG2_E = 1.4426950408889634
+# Triton's interpreter runs programs one after another: one small fixed tile keeps it quick (autotuning there would
+# run every config), and makes the CPU tests cross many block boundaries with short sequences.
+INTERPRETER_BLOCK = 16
+# Rows per program of the delta = rowsum(dout * out) preprocess on the GPU.
+PREPROCESS_BLOCK_M = 64
+
+
+@triton.jit
+def _dropout_keep(seed, offsets, dropout_p):
+    """offsets: int64 flat indices into [batch, heads, q_len, k_len] -> bool keep-mask, kept with prob. 1 - p."""
+    return tl.rand(seed, offsets) >= dropout_p
+
+
+@triton.jit
+def _sequence_lengths(q_lengths_ptr, k_lengths_ptr, batch_index, q_len, k_len,
+                      HAS_Q_LENGTHS: tl.constexpr, HAS_K_LENGTHS: tl.constexpr):
+    """-> (queries, keys) of sequence batch_index that are not padding, as int32 scalars."""
+    seq_q = q_len + 0 * batch_index
+    seq_k = k_len + 0 * batch_index
+    if HAS_Q_LENGTHS:
+        seq_q = tl.load(q_lengths_ptr + batch_index).to(tl.int32)
+    if HAS_K_LENGTHS:
+        seq_k = tl.load(k_lengths_ptr + batch_index).to(tl.int32)
+    return seq_q, seq_k
+
+
+@triton.jit
+def _contiguous_offsets(batch_index, head, positions, offs_d, length, heads, HEAD_DIM: tl.constexpr):
+    """-> [len(positions), HEAD_DIM] int64 offsets of those rows of (batch_index, head) in a contiguous
+    [batch, length, heads, HEAD_DIM] tensor."""
+    return ((batch_index.to(tl.int64) * length + positions[:, None]) * heads + head) * HEAD_DIM + offs_d[None, :]
+
+
+@triton.jit
+def _key_block_bounds(query_start, seq_q, seq_k, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr):
+    """Queries [query_start, query_start + BLOCK_M) -> (unmasked_end, key_end): key blocks in [0, unmasked_end)
+    are fully visible to every row; those in [unmasked_end, key_end) need the mask; later ones are never visited."""
+    key_end = tl.where(query_start < seq_q, seq_k, 0)
+    unmasked_end = seq_k // BLOCK_N * BLOCK_N
+    if CAUSAL:
+        key_end = tl.minimum(key_end, tl.minimum(query_start + BLOCK_M, seq_q))
+        # A key block [n, n + BLOCK_N) is visible to all rows when its last key n + BLOCK_N - 1 <= query_start.
+        unmasked_end = tl.minimum(unmasked_end, (query_start + 1) // BLOCK_N * BLOCK_N)
+    return tl.minimum(unmasked_end, key_end), key_end
+
+
+@triton.jit
+def _forward_key_blocks(acc, row_sum, row_max, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                        queries, offs_n, offs_d, seq_k, key_start, key_end, qk_scale, rng_rows, dropout_p, seed,
+                        CAUSAL: tl.constexpr, MASKED: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+                        DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Online softmax over the key blocks [key_start, key_end) -> updated (acc, row_sum, row_max)."""
+    for start_n in range(key_start, key_end, BLOCK_N):
+        keys = start_n + offs_n
+        key_valid = keys < seq_k
+        if MASKED:
+            k_t = tl.load(k_base + keys[None, :] * stride_kn + offs_d[:, None] * stride_kd, mask=key_valid[None, :],
+                          other=0.0)
+        else:
+            k_t = tl.load(k_base + keys[None, :] * stride_kn + offs_d[:, None] * stride_kd)
+        scores = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
+        if MASKED:
+            visible = key_valid[None, :]
+            if CAUSAL:
+                visible = visible & (keys[None, :] <= queries[:, None])
+            scores = tl.where(visible, scores, float("-inf"))
+        # Every row's first block holds key 0, which it always sees, so row_max is finite from then on.
+        new_max = tl.maximum(row_max, tl.max(scores, 1))
+        p = tl.math.exp2(scores - new_max[:, None])
+        correction = tl.math.exp2(row_max - new_max)
+        row_sum = row_sum * correction + tl.sum(p, 1)
+        acc = acc * correction[:, None]
+        if HAS_DROPOUT:
+            # The normalizer sums the kept and the dropped probabilities alike: dropout acts after the softmax.
+            p = tl.where(_dropout_keep(seed, rng_rows[:, None] + keys[None, :], dropout_p), p, 0.0)
+        if MASKED:
+            v = tl.load(v_base + keys[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=key_valid[:, None],
+                        other=0.0)
+        else:
+            v = tl.load(v_base + keys[:, None] * stride_vn + offs_d[None, :] * stride_vd)
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        row_max = new_max
+    return acc, row_sum, row_max
+
+
+@triton.jit(do_not_specialize=["heads", "q_len", "k_len", "seed"])
+def _flash_attention_fwd_kernel(
+    q_ptr,  # [batch, q_len, heads, HEAD_DIM], any strides
+    k_ptr,  # [batch, k_len, heads, HEAD_DIM], any strides
+    v_ptr,  # [batch, k_len, heads, HEAD_DIM], any strides
+    q_lengths_ptr,  # [batch] ints; not read without HAS_Q_LENGTHS
+    k_lengths_ptr,  # [batch] ints; not read without HAS_K_LENGTHS
+    out_ptr,  # [batch, q_len, heads, HEAD_DIM], any strides
+    lse_ptr,  # [batch, heads, q_len], fp32: log2 of each row's sum of 2^scores; +inf on padded rows
+    stride_qb, stride_qm, stride_qh, stride_qd,
+    stride_kb, stride_kn, stride_kh, stride_kd,
+    stride_vb, stride_vn, stride_vh, stride_vd,
+    stride_ob, stride_om, stride_oh, stride_od,
+    heads,
+    q_len,
+    k_len,
+    qk_scale,  # log2(e) / sqrt(HEAD_DIM)
+    dropout_p,
+    dropout_scale,  # 1 / (1 - dropout_p)
+    seed,
+    HEAD_DIM: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_Q_LENGTHS: tl.constexpr,
+    HAS_K_LENGTHS: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """q: [batch, q_len, heads, D], k/v: [batch, k_len, heads, D] -> out, lse; BLOCK_M rows of one (batch, head)."""
+    batch_head = tl.program_id(0)
+    query_start = tl.program_id(1) * BLOCK_M
+    batch_index = batch_head // heads
+    head = batch_head % heads
+    seq_q, seq_k = _sequence_lengths(q_lengths_ptr, k_lengths_ptr, batch_index, q_len, k_len, HAS_Q_LENGTHS,
+                                     HAS_K_LENGTHS)
+    queries = query_start + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_valid = queries < seq_q
+    q_base = q_ptr + batch_index.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
+    k_base = k_ptr + batch_index.to(tl.int64) * stride_kb + head.to(tl.int64) * stride_kh
+    v_base = v_ptr + batch_index.to(tl.int64) * stride_vb + head.to(tl.int64) * stride_vh
+    q = tl.load(q_base + queries[:, None] * stride_qm + offs_d[None, :] * stride_qd, mask=row_valid[:, None],
+                other=0.0)
+    rng_rows = (batch_head * q_len + queries).to(tl.int64) * k_len
+
+    acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
+    row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    row_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    unmasked_end, key_end = _key_block_bounds(query_start, seq_q, seq_k, CAUSAL, BLOCK_M, BLOCK_N)
+    acc, row_sum, row_max = _forward_key_blocks(
+        acc, row_sum, row_max, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, queries, offs_n,
+        offs_d, seq_k, 0, unmasked_end, qk_scale, rng_rows, dropout_p, seed,
+        CAUSAL, False, HAS_DROPOUT, DOT_PRECISION, BLOCK_N)
+    acc, row_sum, row_max = _forward_key_blocks(
+        acc, row_sum, row_max, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, queries, offs_n,
+        offs_d, seq_k, unmasked_end, key_end, qk_scale, rng_rows, dropout_p, seed,
+        CAUSAL, True, HAS_DROPOUT, DOT_PRECISION, BLOCK_N)
+
+    # Only a block past the query length visited no key (row_sum 0); its rows are zeroed below anyway.
+    row_sum = tl.where(row_sum > 0.0, row_sum, 1.0)
+    out_scale = 1.0 / row_sum
+    if HAS_DROPOUT:
+        out_scale = out_scale * dropout_scale
+    out = tl.where(row_valid[:, None], acc * out_scale[:, None], 0.0)
+    in_tensor = queries < q_len
+    out_base = out_ptr + batch_index.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
+    tl.store(out_base + queries[:, None] * stride_om + offs_d[None, :] * stride_od, out.to(out_ptr.dtype.element_ty),
+             mask=in_tensor[:, None])
+    lse = tl.where(row_valid, row_max + tl.math.log2(row_sum), float("inf"))
+    tl.store(lse_ptr + batch_head.to(tl.int64) * q_len + queries, lse, mask=in_tensor)
+
+
+@triton.jit(do_not_specialize=["heads", "q_len"])
+def _flash_attention_bwd_preprocess_kernel(
+    out_ptr,  # [batch, q_len, heads, HEAD_DIM], any strides
+    dout_ptr,  # [batch, q_len, heads, HEAD_DIM], any strides
+    delta_ptr,  # [batch, heads, q_len], fp32
+    stride_ob, stride_om, stride_oh, stride_od,
+    stride_dob, stride_dom, stride_doh, stride_dod,
+    heads,
+    q_len,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    """out, dout: [batch, q_len, heads, D] -> delta = rowsum(dout * out): [batch, heads, q_len]."""
+    batch_head = tl.program_id(0)
+    queries = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    batch_index = (batch_head // heads).to(tl.int64)
+    head = (batch_head % heads).to(tl.int64)
+    offs_d = tl.arange(0, HEAD_DIM)
+    in_tensor = queries < q_len
+    out = tl.load(out_ptr + batch_index * stride_ob + head * stride_oh + queries[:, None] * stride_om
+                  + offs_d[None, :] * stride_od, mask=in_tensor[:, None], other=0.0).to(tl.float32)
+    dout = tl.load(dout_ptr + batch_index * stride_dob + head * stride_doh + queries[:, None] * stride_dom
+                   + offs_d[None, :] * stride_dod, mask=in_tensor[:, None], other=0.0).to(tl.float32)
+    # Padded rows have out == 0, so their delta is 0 whatever gradient reaches them.
+    tl.store(delta_ptr + batch_head.to(tl.int64) * q_len + queries, tl.sum(out * dout, axis=1), mask=in_tensor)
+
+
+@triton.jit
+def _dkdv_query_blocks(dk, dv, k, v, q_base, dout_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom,
+                       stride_dod, keys, offs_m, offs_d, seq_q, query_start, query_end, qk_scale, rng_base, k_len,
+                       dropout_p, dropout_scale, seed, MASKED: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+                       DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Adds the query blocks [query_start, query_end) to one key block's (dk, dv); MASKED applies the causal mask.
+
+    Rows past the query length read lse = +inf (p = 0) and dout = 0, so they add nothing without a mask.
+    """
+    for start_m in range(query_start, query_end, BLOCK_M):
+        queries = start_m + offs_m
+        row_valid = queries < seq_q
+        q = tl.load(q_base + queries[:, None] * stride_qm + offs_d[None, :] * stride_qd, mask=row_valid[:, None],
+                    other=0.0)
+        dout = tl.load(dout_base + queries[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+                       mask=row_valid[:, None], other=0.0)
+        lse = tl.load(lse_base + queries, mask=row_valid, other=float("inf"))
+        delta = tl.load(delta_base + queries, mask=row_valid, other=0.0)
+        scores_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_N, BLOCK_M]
+        p_t = tl.math.exp2(scores_t - lse[None, :])
+        if MASKED:
+            p_t = tl.where(queries[None, :] >= keys[:, None], p_t, 0.0)
+        dp_t = tl.dot(v, tl.trans(dout), input_precision=DOT_PRECISION)
+        if HAS_DROPOUT:
+            keep_t = _dropout_keep(seed, rng_base + queries[None, :].to(tl.int64) * k_len + keys[:, None], dropout_p)
+            dv = tl.dot(tl.where(keep_t, p_t * dropout_scale, 0.0).to(dout.dtype), dout, dv,
+                        input_precision=DOT_PRECISION)
+            dp_t = tl.where(keep_t, dp_t * dropout_scale, 0.0)
+        else:
+            dv = tl.dot(p_t.to(dout.dtype), dout, dv, input_precision=DOT_PRECISION)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
+    return dk, dv
+
+
+@triton.jit(do_not_specialize=["heads", "q_len", "k_len", "seed"])
+def _flash_attention_bwd_dkdv_kernel(
+    q_ptr,  # [batch, q_len, heads, HEAD_DIM], any strides
+    k_ptr,  # [batch, k_len, heads, HEAD_DIM], any strides
+    v_ptr,  # [batch, k_len, heads, HEAD_DIM], any strides
+    dout_ptr,  # [batch, q_len, heads, HEAD_DIM], any strides
+    lse_ptr,  # [batch, heads, q_len], fp32, from the forward
+    delta_ptr,  # [batch, heads, q_len], fp32
+    q_lengths_ptr,  # [batch] ints; not read without HAS_Q_LENGTHS
+    k_lengths_ptr,  # [batch] ints; not read without HAS_K_LENGTHS
+    dk_ptr,  # [batch, k_len, heads, HEAD_DIM], contiguous
+    dv_ptr,  # [batch, k_len, heads, HEAD_DIM], contiguous
+    stride_qb, stride_qm, stride_qh, stride_qd,
+    stride_kb, stride_kn, stride_kh, stride_kd,
+    stride_vb, stride_vn, stride_vh, stride_vd,
+    stride_dob, stride_dom, stride_doh, stride_dod,
+    heads,
+    q_len,
+    k_len,
+    qk_scale,  # log2(e) / sqrt(HEAD_DIM)
+    sm_scale,  # 1 / sqrt(HEAD_DIM)
+    dropout_p,
+    dropout_scale,  # 1 / (1 - dropout_p)
+    seed,
+    HEAD_DIM: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_Q_LENGTHS: tl.constexpr,
+    HAS_K_LENGTHS: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """dk, dv of BLOCK_N keys of one (batch, head), summed over the query blocks that see them."""
+    batch_head = tl.program_id(0)
+    key_start = tl.program_id(1) * BLOCK_N
+    batch_index = batch_head // heads
+    head = batch_head % heads
+    seq_q, seq_k = _sequence_lengths(q_lengths_ptr, k_lengths_ptr, batch_index, q_len, k_len, HAS_Q_LENGTHS,
+                                     HAS_K_LENGTHS)
+    keys = key_start + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    key_valid = keys < seq_k
+    k_base = k_ptr + batch_index.to(tl.int64) * stride_kb + head.to(tl.int64) * stride_kh
+    v_base = v_ptr + batch_index.to(tl.int64) * stride_vb + head.to(tl.int64) * stride_vh
+    k = tl.load(k_base + keys[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=key_valid[:, None], other=0.0)
+    v = tl.load(v_base + keys[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=key_valid[:, None], other=0.0)
+    q_base = q_ptr + batch_index.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
+    dout_base = dout_ptr + batch_index.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
+    lse_base = lse_ptr + batch_head.to(tl.int64) * q_len
+    delta_base = delta_ptr + batch_head.to(tl.int64) * q_len
+    rng_base = batch_head.to(tl.int64) * q_len * k_len
+
+    dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
+    dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
+    # A key block past the key length visits no query.
+    query_end = tl.where(key_start < seq_k, seq_q, 0)
+    unmasked_start = 0
+    if CAUSAL:
+        # Query i sees key j only when i >= j: start at the block holding query key_start; blocks from the first one
+        # starting at or after the last key on need no mask.
+        first_block = key_start // BLOCK_M * BLOCK_M
+        unmasked_start = tl.minimum((key_start + BLOCK_N - 1 + BLOCK_M - 1) // BLOCK_M * BLOCK_M, query_end)
+        dk, dv = _dkdv_query_blocks(
+            dk, dv, k, v, q_base, dout_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
+            keys, offs_m, offs_d, seq_q, first_block, unmasked_start, qk_scale, rng_base, k_len, dropout_p,
+            dropout_scale, seed, True, HAS_DROPOUT, DOT_PRECISION, BLOCK_M)
+    dk, dv = _dkdv_query_blocks(
+        dk, dv, k, v, q_base, dout_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
+        keys, offs_m, offs_d, seq_q, unmasked_start, query_end, qk_scale, rng_base, k_len, dropout_p,
+        dropout_scale, seed, False, HAS_DROPOUT, DOT_PRECISION, BLOCK_M)
+
+    # Padded keys were read as zeros and picked up stray values; their gradient is zero.
+    dk = tl.where(key_valid[:, None], dk * sm_scale, 0.0)
+    dv = tl.where(key_valid[:, None], dv, 0.0)
+    offsets = _contiguous_offsets(batch_index, head, keys, offs_d, k_len, heads, HEAD_DIM)
+    in_tensor = (keys < k_len)[:, None]
+    tl.store(dk_ptr + offsets, dk.to(dk_ptr.dtype.element_ty), mask=in_tensor)
+    tl.store(dv_ptr + offsets, dv.to(dv_ptr.dtype.element_ty), mask=in_tensor)
+
+
+@triton.jit
+def _dq_key_blocks(dq, q, dout, lse, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, queries,
+                   offs_n, offs_d, seq_k, key_start, key_end, qk_scale, rng_rows, dropout_p, dropout_scale, seed,
+                   CAUSAL: tl.constexpr, MASKED: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Adds the key blocks [key_start, key_end) to one query block's dq (in units of the scaled scores)."""
+    for start_n in range(key_start, key_end, BLOCK_N):
+        keys = start_n + offs_n
+        key_valid = keys < seq_k
+        if MASKED:
+            k_t = tl.load(k_base + keys[None, :] * stride_kn + offs_d[:, None] * stride_kd, mask=key_valid[None, :],
+                          other=0.0)
+            v_t = tl.load(v_base + keys[None, :] * stride_vn + offs_d[:, None] * stride_vd, mask=key_valid[None, :],
+                          other=0.0)
+        else:
+            k_t = tl.load(k_base + keys[None, :] * stride_kn + offs_d[:, None] * stride_kd)
+            v_t = tl.load(v_base + keys[None, :] * stride_vn + offs_d[:, None] * stride_vd)
+        scores = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
+        p = tl.math.exp2(scores - lse[:, None])
+        if MASKED:
+            visible = key_valid[None, :]
+            if CAUSAL:
+                visible = visible & (keys[None, :] <= queries[:, None])
+            p = tl.where(visible, p, 0.0)
+        dp = tl.dot(dout, v_t, input_precision=DOT_PRECISION)
+        if HAS_DROPOUT:
+            keep = _dropout_keep(seed, rng_rows[:, None] + keys[None, :], dropout_p)
+            dp = tl.where(keep, dp * dropout_scale, 0.0)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k_t.dtype), tl.trans(k_t), dq, input_precision=DOT_PRECISION)
+    return dq
+
+
+@triton.jit(do_not_specialize=["heads", "q_len", "k_len", "seed"])
+def _flash_attention_bwd_dq_kernel(
+    q_ptr,  # [batch, q_len, heads, HEAD_DIM], any strides
+    k_ptr,  # [batch, k_len, heads, HEAD_DIM], any strides
+    v_ptr,  # [batch, k_len, heads, HEAD_DIM], any strides
+    dout_ptr,  # [batch, q_len, heads, HEAD_DIM], any strides
+    lse_ptr,  # [batch, heads, q_len], fp32, from the forward
+    delta_ptr,  # [batch, heads, q_len], fp32
+    q_lengths_ptr,  # [batch] ints; not read without HAS_Q_LENGTHS
+    k_lengths_ptr,  # [batch] ints; not read without HAS_K_LENGTHS
+    dq_ptr,  # [batch, q_len, heads, HEAD_DIM], contiguous
+    stride_qb, stride_qm, stride_qh, stride_qd,
+    stride_kb, stride_kn, stride_kh, stride_kd,
+    stride_vb, stride_vn, stride_vh, stride_vd,
+    stride_dob, stride_dom, stride_doh, stride_dod,
+    heads,
+    q_len,
+    k_len,
+    qk_scale,  # log2(e) / sqrt(HEAD_DIM)
+    sm_scale,  # 1 / sqrt(HEAD_DIM)
+    dropout_p,
+    dropout_scale,  # 1 / (1 - dropout_p)
+    seed,
+    HEAD_DIM: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_Q_LENGTHS: tl.constexpr,
+    HAS_K_LENGTHS: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """dq of BLOCK_M queries of one (batch, head), summed over the key blocks they see."""
+    batch_head = tl.program_id(0)
+    query_start = tl.program_id(1) * BLOCK_M
+    batch_index = batch_head // heads
+    head = batch_head % heads
+    seq_q, seq_k = _sequence_lengths(q_lengths_ptr, k_lengths_ptr, batch_index, q_len, k_len, HAS_Q_LENGTHS,
+                                     HAS_K_LENGTHS)
+    queries = query_start + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_valid = queries < seq_q
+    q_base = q_ptr + batch_index.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
+    dout_base = dout_ptr + batch_index.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
+    k_base = k_ptr + batch_index.to(tl.int64) * stride_kb + head.to(tl.int64) * stride_kh
+    v_base = v_ptr + batch_index.to(tl.int64) * stride_vb + head.to(tl.int64) * stride_vh
+    q = tl.load(q_base + queries[:, None] * stride_qm + offs_d[None, :] * stride_qd, mask=row_valid[:, None],
+                other=0.0)
+    # Padded rows: lse = +inf makes p = 0 and dout = delta = 0, so their dq is exactly zero.
+    dout = tl.load(dout_base + queries[:, None] * stride_dom + offs_d[None, :] * stride_dod, mask=row_valid[:, None],
+                   other=0.0)
+    lse = tl.load(lse_ptr + batch_head.to(tl.int64) * q_len + queries, mask=row_valid, other=float("inf"))
+    delta = tl.load(delta_ptr + batch_head.to(tl.int64) * q_len + queries, mask=row_valid, other=0.0)
+    rng_rows = (batch_head * q_len + queries).to(tl.int64) * k_len
+
+    dq = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
+    unmasked_end, key_end = _key_block_bounds(query_start, seq_q, seq_k, CAUSAL, BLOCK_M, BLOCK_N)
+    dq = _dq_key_blocks(dq, q, dout, lse, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, queries,
+                        offs_n, offs_d, seq_k, 0, unmasked_end, qk_scale, rng_rows, dropout_p, dropout_scale, seed,
+                        CAUSAL, False, HAS_DROPOUT, DOT_PRECISION, BLOCK_N)
+    dq = _dq_key_blocks(dq, q, dout, lse, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, queries,
+                        offs_n, offs_d, seq_k, unmasked_end, key_end, qk_scale, rng_rows, dropout_p, dropout_scale,
+                        seed, CAUSAL, True, HAS_DROPOUT, DOT_PRECISION, BLOCK_N)
+
+    offsets = _contiguous_offsets(batch_index, head, queries, offs_d, q_len, heads, HEAD_DIM)
+    tl.store(dq_ptr + offsets, (dq * sm_scale).to(dq_ptr.dtype.element_ty), mask=(queries < q_len)[:, None])
+
+
+@triton.jit(do_not_specialize=["seed"])
+def _dropout_mask_kernel(
+    keep_ptr,  # [batch, heads, q_len, k_len] uint8 (0/1), contiguous
+    n_elements,
+    dropout_p,
+    seed,
+    BLOCK: tl.constexpr,
+):
+    """-> the keep-mask the attention kernels draw, whose flat index is their Philox offset."""
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(keep_ptr + offsets, _dropout_keep(seed, offsets, dropout_p).to(tl.uint8), mask=offsets < n_elements)
+
+
+# Triton adds the tensors' dtypes to the key.
+_TUNING_KEY = ["HEAD_DIM", "CAUSAL", "HAS_DROPOUT"]
+
+
+class _Launch(NamedTuple):
+    """How one kernel runs: the kernel, its autotuned wrapper for fp16/bf16 on the GPU, its one tile for fp32 on the
+    GPU, and which block size tiles the grid's second axis."""
+    kernel: Callable
+    tuned: Callable
+    fp32_config: triton.Config
+    grid_block: str
+
+
+def _plan(kernel, tuned_configs: list[triton.Config], fp32_config: triton.Config, grid_block: str) -> _Launch:
+    return _Launch(kernel, triton.autotune(tuned_configs, key=_TUNING_KEY)(kernel), fp32_config, grid_block)
+
+
+def _config(block_m: int, block_n: int, num_warps: int, num_stages: int) -> triton.Config:
+    return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=num_warps, num_stages=num_stages)
+
+
+# fp16/bf16 are autotuned once per (head_dim, causal, dropout, dtype) over a few tiles. fp32 is the accuracy path, not
+# the speed path: one small tile, which compiles fast and fits fp32 operands at head_dim 128 (larger fp32 tiles
+# take minutes to compile and up to all of an H100's shared memory).
+_LAUNCHES = {
+    "forward": _plan(_flash_attention_fwd_kernel, [_config(128, 64, 4, 3), _config(128, 64, 8, 3),
+                                                   _config(64, 64, 4, 3)], _config(64, 32, 4, 2), "BLOCK_M"),
+    # dk/dv programs hold a tall key block and stream short query blocks; dq programs the other way round.
+    "dkdv": _plan(_flash_attention_bwd_dkdv_kernel, [_config(32, 128, 8, 3), _config(32, 64, 4, 3)],
+                  _config(16, 64, 4, 2), "BLOCK_N"),
+    "dq": _plan(_flash_attention_bwd_dq_kernel, [_config(128, 32, 8, 3), _config(64, 32, 4, 3)],
+                _config(64, 16, 4, 2), "BLOCK_M"),
+}
+
+
+def _interpreted(device: torch.device) -> bool:
+    return device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _launch(name: str, q: torch.Tensor, batch_heads: int, length: int, *args, **kwargs) -> None:
+    """Runs kernel `name` over (batch_heads, blocks of `length`): one fixed small tile in the interpreter, one fixed
+    tile for fp32 on the GPU, else autotuned."""
+    launch = _LAUNCHES[name]
+    kernel = launch.kernel
+    if _interpreted(q.device):
+        kernel[(batch_heads, triton.cdiv(length, INTERPRETER_BLOCK))](
+            *args, **kwargs, BLOCK_M=INTERPRETER_BLOCK, BLOCK_N=INTERPRETER_BLOCK)
+    elif q.dtype == torch.float32:
+        config = launch.fp32_config
+        kernel[(batch_heads, triton.cdiv(length, config.kwargs[launch.grid_block]))](
+            *args, **kwargs, **config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
+    else:
+        launch.tuned[lambda meta: (batch_heads, triton.cdiv(length, meta[launch.grid_block]))](*args, **kwargs)
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    """fp32 products in full precision (not TF32); the choice is moot for fp16/bf16 operands."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _dropout_scale(dropout_p: float) -> float:
+    """What kept probabilities are multiplied by, so that dropout leaves the expectation unchanged."""
+    return 1.0 / (1.0 - dropout_p)
+
+
+def _strides(t: torch.Tensor) -> tuple[int, ...]:
+    return tuple(t.stride())
+
+
+def _check_length_values(q_lengths: Optional[torch.Tensor], k_lengths: Optional[torch.Tensor], q_len: int,
+                         k_len: int) -> None:
+    """Lengths must lie in [0, q_len] for queries and [1, k_len] for keys (one host sync for both)."""
+    named = [(name, t) for name, t in (("q_lengths", q_lengths), ("k_lengths", k_lengths)) if t is not None]
+    if not named or named[0][1].numel() == 0:
+        return
+    bounds = torch.stack([torch.stack([t.min(), t.max()]).to(torch.int64) for _, t in named]).tolist()
+    for (name, _), (low, high) in zip(named, bounds):
+        lowest, highest = (0, q_len) if name == "q_lengths" else (1, k_len)
+        if name == "k_lengths" and low == 0:
+            raise ValueError("k_lengths has a 0: attention over no key is undefined")
+        if low < lowest or high > highest:
+            raise ValueError(f"{name} must lie in [{lowest}, {highest}], got values in [{low}, {high}]")
+
+
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lengths: Optional[torch.Tensor],
+             k_lengths: Optional[torch.Tensor], causal: bool, dropout_p: float,
+             seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """q: [batch, q_len, heads, D], k/v: [batch, k_len, heads, D] -> (out: like q, lse: [batch, heads, q_len] fp32)."""
+    batch, q_len, heads, head_dim = q.shape
+    k_len = k.shape[1]
+    _check_length_values(q_lengths, k_lengths, q_len, k_len)
+    out = torch.empty((batch, q_len, heads, head_dim), dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, heads, q_len), dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        return out, lse
+    _launch("forward", q, batch * heads, q_len,
+            q, k, v, q if q_lengths is None else q_lengths, q if k_lengths is None else k_lengths, out, lse,
+            *_strides(q), *_strides(k), *_strides(v), *_strides(out), heads, q_len, k_len,
+            LOG2_E / math.sqrt(head_dim), dropout_p, _dropout_scale(dropout_p), seed,
+            HEAD_DIM=head_dim, CAUSAL=causal, HAS_Q_LENGTHS=q_lengths is not None,
+            HAS_K_LENGTHS=k_lengths is not None, HAS_DROPOUT=dropout_p > 0.0, DOT_PRECISION=_dot_precision(q.dtype))
+    return out, lse
+
+
+def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+              lse: torch.Tensor, q_lengths: Optional[torch.Tensor], k_lengths: Optional[torch.Tensor], causal: bool,
+              dropout_p: float, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dout: [batch, q_len, heads, D] -> (dq, dk, dv) shaped like q, k, v (contiguous)."""
+    batch, q_len, heads, head_dim = q.shape
+    k_len = k.shape[1]
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    if batch * heads == 0 or k_len == 0:
+        return dq, dk, dv
+    if q_len == 0:
+        return dq, dk.zero_(), dv.zero_()
+    delta = torch.empty_like(lse)
+    preprocess_block = INTERPRETER_BLOCK if _interpreted(q.device) else PREPROCESS_BLOCK_M
+    _flash_attention_bwd_preprocess_kernel[(batch * heads, triton.cdiv(q_len, preprocess_block))](
+        out, dout, delta, *_strides(out), *_strides(dout), heads, q_len, HEAD_DIM=head_dim, BLOCK_M=preprocess_block)
+    common = (q, k, v, dout, lse, delta, q if q_lengths is None else q_lengths, q if k_lengths is None else k_lengths)
+    scalars = (*_strides(q), *_strides(k), *_strides(v), *_strides(dout), heads, q_len, k_len,
+               LOG2_E / math.sqrt(head_dim), 1.0 / math.sqrt(head_dim), dropout_p, _dropout_scale(dropout_p), seed)
+    flags = dict(HEAD_DIM=head_dim, CAUSAL=causal, HAS_Q_LENGTHS=q_lengths is not None,
+                 HAS_K_LENGTHS=k_lengths is not None, HAS_DROPOUT=dropout_p > 0.0,
+                 DOT_PRECISION=_dot_precision(q.dtype))
+    _launch("dkdv", q, batch * heads, k_len,
+            *common, dk, dv, *scalars, **flags)
+    _launch("dq", q, batch * heads, q_len,
+            *common, dq, *scalars, **flags)
+    return dq, dk, dv
+
+
+@torch.library.custom_op("fastformer::flash_attention", mutates_args=())
+def _flash_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lengths: Optional[torch.Tensor],
+                        k_lengths: Optional[torch.Tensor], causal: bool, dropout_p: float,
+                        seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """q: [batch, q_len, heads, D], k/v: [batch, k_len, heads, D] -> (out: [batch, q_len, heads, D],
+    lse: [batch, heads, q_len] fp32)."""
+    return _forward(q, k, v, q_lengths, k_lengths, causal, dropout_p, seed)
+
+
+@_flash_attention_op.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lengths: Optional[torch.Tensor],
+      k_lengths: Optional[torch.Tensor], causal: bool, dropout_p: float,
+      seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    batch, q_len, heads, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((batch, heads, q_len), dtype=torch.float32)
+
+
+@torch.library.custom_op("fastformer::flash_attention_backward", mutates_args=())
+def _flash_attention_backward_op(
+        dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+        q_lengths: Optional[torch.Tensor], k_lengths: Optional[torch.Tensor], causal: bool, dropout_p: float,
+        seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dout: [batch, q_len, heads, D] -> (dq, dk, dv) shaped like q, k, v."""
+    return _backward(dout, q, k, v, out, lse, q_lengths, k_lengths, causal, dropout_p, seed)
+
+
+@_flash_attention_backward_op.register_fake
+def _(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+      q_lengths: Optional[torch.Tensor], k_lengths: Optional[torch.Tensor], causal: bool, dropout_p: float,
+      seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs: tuple, output: tuple) -> None:
+    q, k, v, q_lengths, k_lengths, causal, dropout_p, seed = inputs
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, out, lse, q_lengths, k_lengths)
+    ctx.causal, ctx.dropout_p, ctx.seed = causal, dropout_p, seed
+
+
+def _backward_autograd(ctx, dout: torch.Tensor, _lse_grad: Optional[torch.Tensor]) -> tuple:
+    q, k, v, out, lse, q_lengths, k_lengths = ctx.saved_tensors
+    dq, dk, dv = _flash_attention_backward_op(dout, q, k, v, out, lse, q_lengths, k_lengths, ctx.causal,
+                                              ctx.dropout_p, ctx.seed)
+    return dq, dk, dv, None, None, None, None, None
+
+
+_flash_attention_op.register_autograd(_backward_autograd, setup_context=_setup_context)
+
+
+def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
+    """Why the kernel cannot take these (well-formed, 4-D) inputs, or None if it can."""
+    if q.dtype not in SUPPORTED_DTYPES:
+        return f"q has dtype {q.dtype}; the kernel takes float32, float16 and bfloat16"
+    for name, tensor in (("k", k), ("v", v)):
+        if tensor.dtype != q.dtype:
+            return f"{name} has dtype {tensor.dtype} but q has {q.dtype}; the kernel needs one dtype"
+        if tensor.device != q.device:
+            return f"{name} is on {tensor.device} but q is on {q.device}"
+    if q.shape[-1] not in SUPPORTED_HEAD_DIMS:
+        return f"head_dim is {q.shape[-1]}; the kernel takes {', '.join(map(str, SUPPORTED_HEAD_DIMS))}"
+    return None
+
+
+def _validate_lengths(name: str, lengths: Optional[torch.Tensor], q: torch.Tensor) -> None:
+    if lengths is None:
+        return
+    if not isinstance(lengths, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(lengths).__name__}")
+    if lengths.dtype not in LENGTH_DTYPES:
+        raise TypeError(f"{name} must have dtype torch.int32 or torch.int64, got {lengths.dtype}")
+    if tuple(lengths.shape) != (q.shape[0],):
+        raise ValueError(f"{name} must have shape ({q.shape[0]},) (one length per batch element), got "
+                         f"{tuple(lengths.shape)}")
+    if lengths.device != q.device:
+        raise ValueError(f"{name} is on {lengths.device} but q is on {q.device}")
+
+
+def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lengths: Optional[torch.Tensor],
+              k_lengths: Optional[torch.Tensor], dropout_p: float) -> None:
+    """Checks shapes, dtypes and devices; the length values are checked where the kernel runs (see _forward)."""
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.dim() != 4:
+            raise ValueError(f"{name} must be 4-D [batch, len, heads, head_dim], got shape {tuple(tensor.shape)}")
+    if k.shape != v.shape:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
+    if (k.shape[0], k.shape[2], k.shape[3]) != (q.shape[0], q.shape[2], q.shape[3]):
+        raise ValueError(f"k {tuple(k.shape)} must match q {tuple(q.shape)} in batch, heads and head_dim")
+    if k.shape[1] == 0:
+        raise ValueError("k has no key (k_len 0): attention over no key is undefined")
+    reason = unsupported_reason(q, k, v)
+    if reason is not None:
+        raise ValueError(f"flash_attention: {reason}")
+    _validate_lengths("q_lengths", q_lengths, q)
+    _validate_lengths("k_lengths", k_lengths, q)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lengths: Optional[torch.Tensor] = None,
+                    k_lengths: Optional[torch.Tensor] = None, causal: bool = False, dropout_p: float = 0.0,
+                    seed: Optional[int] = None) -> torch.Tensor:
+    """q: [batch, q_len, heads, D], k/v: [batch, k_len, heads, D] (any strides) -> [batch, q_len, heads, D].
+
+    softmax(q k^T / sqrt(D)) v with keys at or past k_lengths[b] ignored, query rows at or past q_lengths[b] output
+    as zeros (lengths: int [batch] tensors, None = full), and `causal` letting query i see keys j <= i.
+    Differentiable with respect to q, k and v. The dropout mask of the probabilities is a function of `seed` (drawn
+    from torch's default generator when None) and the element's position: `attention_dropout_mask` rebuilds it.
+    Checking the length values costs one host sync when lengths are given.
+    """
+    _validate(q, k, v, q_lengths, k_lengths, dropout_p)
+    if seed is None:
+        seed = int(torch.randint(0, 2**31 - 1, (1,)).item()) if dropout_p > 0.0 else 0
+    out, _ = _flash_attention_op(q, k, v, q_lengths, k_lengths, bool(causal), float(dropout_p), int(seed))
+    return out
+
+
+def attention_dropout_mask(seed: int, batch: int, heads: int, q_len: int, k_len: int, dropout_p: float,
+                           device: torch.device | str = "cpu") -> torch.Tensor:
+    """-> keep: [batch, heads, q_len, k_len] bool, the mask flash_attention(..., dropout_p, seed) applies to
+    inputs of these sizes (True = kept)."""
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    keep = torch.empty((batch, heads, q_len, k_len), dtype=torch.uint8, device=device)
+    if keep.numel() > 0:
+        block = 1024
+        _dropout_mask_kernel[(triton.cdiv(keep.numel(), block),)](keep, keep.numel(), dropout_p, seed, BLOCK=block)
+    return keep.view(torch.bool)
