@@ -1,16 +1,112 @@
-"""Beam search (placeholder while the compiled decoder is being written; replaced in the beam-search work)."""
+"""Beam search for `Transformer.translate`: the incremental decoder and the search loop of the extension fastformer._C.
+
+The whole loop runs in C++ (csrc/decoder.cpp): a KV cache preallocated once per call, the encoder's keys/values
+computed once per layer, fused single-query attention and beam-step ops, and sentences dropped from the batch as
+they finish. The scoring rules are those of fastformer/reference/beam_search.py, the oracle this is tested against.
+Dropout is never applied here: translation is inference.
+"""
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
+from fastformer.reference.beam_search import Hypothesis, check_search_arguments, max_target_lengths
 
-class Hypothesis(NamedTuple):
-    tokens: list[int]  # without BOS/EOS
-    score: float
+__all__ = ["Hypothesis", "translate", "cached_decoder", "decoder_weights"]
+
+# Limits of the CUDA kernels (csrc/beam_ops_cuda.h, csrc/beam_ops.cu).
+MAX_CUDA_BEAM_SIZE = 32
+MAX_CUDA_HEAD_DIM = 128
+MAX_CUDA_KEY_LENGTH = 8192
 
 
-def translate(model, src_tokens: torch.Tensor, **kwargs) -> list[list[Hypothesis]]:
-    raise NotImplementedError("translate is being written")
+def _extension():
+    try:
+        from fastformer import _C
+    except ImportError as error:
+        raise RuntimeError("fastformer._C is not built: install with `pip install --no-build-isolation .` (or run "
+                           "`python setup.py build_ext --inplace` in a source checkout)") from error
+    return _C
+
+
+def translate(model, src_tokens: torch.Tensor, beam_size: int = 4, length_penalty: float = 0.6,
+              max_len_a: float = 1.0, max_len_b: int = 50, min_len: int = 1,
+              n_best: int = 1) -> list[list[Hypothesis]]:
+    """src_tokens: [batch, src_len] right-padded -> per sentence, up to n_best hypotheses, best first."""
+    check_search_arguments(beam_size, length_penalty, max_len_a, max_len_b, min_len, n_best)
+    config = model.config
+    with torch.no_grad():
+        memory, src_lengths = model.encode(src_tokens)
+        if memory.shape[0] == 0:
+            return []
+        max_lens = max_target_lengths(src_lengths, max_len_a, max_len_b, config.max_positions)
+        weights, norm_eps = decoder_weights(model, memory.dtype)
+        _check_cuda_limits(memory, beam_size, config.head_dim, max(max_lens) + 1)
+        results = _extension().beam_search(
+            memory.to(weights[0].dtype).contiguous(), src_lengths, weights, n_heads=config.n_heads,
+            norm_first=config.norm_first, gelu=config.activation == "gelu", norm_eps=norm_eps, beam_size=beam_size,
+            length_penalty=float(length_penalty), max_lens=max_lens, min_len=min_len, n_best=n_best,
+            pad_id=config.pad_id, bos_id=config.bos_id, eos_id=config.eos_id)
+    return [[Hypothesis(list(tokens), score) for tokens, score in sentence] for sentence in results]
+
+
+def cached_decoder(model, encoder_out, beam_size: int, cache_len: int):
+    """The extension's incremental decoder over `encoder_out` (a batch's EncoderOutput) with beam_size slots per
+    sentence and room for cache_len positions: `.step(tokens [n_rows], row_slots [n_rows] int32, indirection
+    [n_slots, cache_len] int32, step) -> logits [n_rows, vocab]`."""
+    weights, norm_eps = decoder_weights(model, encoder_out.memory.dtype)
+    config = model.config
+    return _extension().CachedDecoder(encoder_out.memory.to(weights[0].dtype).contiguous(), encoder_out.src_lengths,
+                                      weights, n_heads=config.n_heads, norm_first=config.norm_first,
+                                      gelu=config.activation == "gelu", norm_eps=norm_eps, beam_size=beam_size,
+                                      cache_len=cache_len)
+
+
+def decoder_weights(model, dtype: torch.dtype) -> tuple[list[torch.Tensor], list[float]]:
+    """The decoder's tensors in the order of csrc/decoder.h (20 per layer, then embedding, positions, output weight,
+    final norm) and the LayerNorms' eps. The CPU kernels compute in fp32, so a CPU model in fp16/bf16 is widened."""
+    if dtype != torch.float32 and model.output_weight.device.type == "cpu":
+        dtype = torch.float32
+    d = model.config.d_model
+    weights: list[torch.Tensor] = []
+    norm_eps: list[float] = []
+    for layer in model.decoder.layers:
+        self_attn, cross_attn = layer.self_attn, layer.multihead_attn
+        self_bias, cross_bias = _in_proj_bias(self_attn), _in_proj_bias(cross_attn)
+        weights += [self_attn.in_proj_weight, self_bias, self_attn.out_proj.weight, _out_proj_bias(self_attn),
+                    cross_attn.in_proj_weight[:d], cross_bias[:d], cross_attn.in_proj_weight[d:], cross_bias[d:],
+                    cross_attn.out_proj.weight, _out_proj_bias(cross_attn),
+                    layer.ffn.linear1.weight, layer.ffn.linear1.bias, layer.ffn.linear2.weight, layer.ffn.linear2.bias]
+        for norm in (layer.norm1, layer.norm2, layer.norm3):
+            weights += [norm.weight, norm.bias]
+            norm_eps.append(float(norm.eps))
+    final_norm = model.decoder.norm
+    empty = model.output_weight.new_empty(0)
+    weights += [model.embed_tokens.weight, model.positions, model.output_weight,
+                final_norm.weight if final_norm is not None else empty,
+                final_norm.bias if final_norm is not None else empty]
+    norm_eps.append(float(final_norm.eps) if final_norm is not None else 0.0)
+    return [w.detach().to(dtype).contiguous() for w in weights], norm_eps
+
+
+def _in_proj_bias(attention) -> torch.Tensor:
+    """[3 * d_model]: the attention's q|k|v bias, zeros where it has none (bias=False)."""
+    weight = attention.in_proj_weight
+    return attention.in_proj_bias if attention.in_proj_bias is not None else weight.new_zeros(weight.shape[0])
+
+
+def _out_proj_bias(attention) -> torch.Tensor:
+    """[d_model]: the attention's output bias, zeros where it has none (bias=False)."""
+    out_proj = attention.out_proj
+    return out_proj.bias if out_proj.bias is not None else out_proj.weight.new_zeros(out_proj.weight.shape[0])
+
+
+def _check_cuda_limits(memory: torch.Tensor, beam_size: int, head_dim: int, cache_len: int) -> None:
+    if not memory.is_cuda:
+        return
+    if beam_size > MAX_CUDA_BEAM_SIZE:
+        raise ValueError(f"beam_size must be <= {MAX_CUDA_BEAM_SIZE} on CUDA, got {beam_size}")
+    if head_dim > MAX_CUDA_HEAD_DIM:
+        raise ValueError(f"the CUDA decoder takes head_dim <= {MAX_CUDA_HEAD_DIM}, the model has {head_dim}")
+    if max(memory.shape[1], cache_len) > MAX_CUDA_KEY_LENGTH:
+        raise ValueError(f"the CUDA decoder takes sources and targets of at most {MAX_CUDA_KEY_LENGTH} tokens")

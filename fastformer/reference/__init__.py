@@ -4,7 +4,8 @@ The reference of the whole model is `fastformer.Transformer` run under `fastform
 """
 
 from fastformer.reference.attention import attention
+from fastformer.reference.beam_search import Hypothesis, beam_search
 from fastformer.reference.cross_entropy import cross_entropy, linear_cross_entropy
 from fastformer.reference.layernorm import residual_layer_norm
 
-__all__ = ["attention", "cross_entropy", "linear_cross_entropy", "residual_layer_norm"]
+__all__ = ["Hypothesis", "attention", "beam_search", "cross_entropy", "linear_cross_entropy", "residual_layer_norm"]

@@ -1,0 +1,151 @@
+// The fused ops of the incremental beam search, on raw pointers and free of torch headers, so that CMake/ctest
+// build the CPU versions without libtorch and nvcc compiles the CUDA ones standalone.
+//
+// Layout shared by every op. A batch of n_sentences sentences has n_slots = n_sentences * beam_size hypothesis
+// slots; slot s * beam_size + j holds beam j of sentence s for the whole search. Each step only the sentences still
+// searching ("active") are computed: compact row a * beam_size + j is slot active[a] * beam_size + j, and
+// row_slots maps rows to slots. Beams are reordered through the cache indirection (no key/value moves):
+// indirection[slot][p] is the beam of the slot's sentence whose cache slot holds position p of this hypothesis.
+//
+// The scoring rules are those of fastformer/reference/beam_search.py.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define FASTFORMER_HOST_DEVICE __host__ __device__
+#else
+#define FASTFORMER_HOST_DEVICE
+#endif
+
+namespace fastformer {
+
+// Single-query self-attention over the cache. Appends the row's key/value (position `step`) to its own slot first.
+struct SelfAttentionArgs {
+  const void* qkv;              // [n_rows, 3 * heads * head_dim]: q | k | v of position `step`, heads-major
+  void* k_cache;                // [n_slots, heads, cache_len, head_dim]
+  void* v_cache;                // [n_slots, heads, cache_len, head_dim]
+  const int32_t* indirection;   // [n_slots, cache_len]
+  const int32_t* row_slots;     // [n_rows]
+  void* out;                    // [n_rows, heads * head_dim]
+  int n_rows, heads, head_dim, cache_len, beam_size, step;
+};
+
+// Single-query cross-attention over the encoder's keys/values, shared by the beams of a sentence.
+struct CrossAttentionArgs {
+  const void* q;                // [n_rows, heads * head_dim]
+  const void* k;                // [n_sentences, heads, src_len, head_dim]
+  const void* v;                // [n_sentences, heads, src_len, head_dim]
+  const int32_t* src_lengths;   // [n_sentences]: keys at or past the length are padding
+  const int32_t* row_slots;     // [n_rows]
+  void* out;                    // [n_rows, heads * head_dim]
+  int n_rows, heads, head_dim, src_len, beam_size;
+};
+
+// One step of the search for every active sentence: log-softmax, running sums, masks, top-2k candidates,
+// finished-hypothesis bookkeeping, the next beams (tokens, sums, history, cache indirection).
+struct BeamStepArgs {
+  const void* logits;           // [n_active * beam_size, vocab]
+  const int32_t* active;        // [n_active]: sentence of each active row block
+  const int32_t* max_lens;      // [n_sentences]: EOS is forced at step max_lens[s]
+  float* sums;                  // [n_slots]: running sums of log-probabilities; -inf marks an empty slot
+  int32_t* tokens;              // [n_slots] out: each slot's next input token
+  const int32_t* indirection_in;   // [n_slots, cache_len]
+  int32_t* indirection_out;        // [n_slots, cache_len] out (a different buffer)
+  int32_t* history_tokens;      // [cache_len, n_slots] out at row `step`: each new beam's token
+  int32_t* history_beams;       // [cache_len, n_slots] out at row `step`: each new beam's parent beam
+  int32_t* finished_count;      // [n_sentences]
+  double* finished_scores;      // [n_sentences, 2 * beam_size]: length-penalized scores
+  int32_t* finished_steps;      // [n_sentences, 2 * beam_size]: the step that emitted EOS (= real tokens)
+  int32_t* finished_beams;      // [n_sentences, 2 * beam_size]: the beam that emitted EOS
+  int32_t* done;                // [n_sentences] out: 1 once the sentence's search is over
+  float* candidate_scores;      // [n_active * beam_size, 2 * beam_size] workspace (CUDA only)
+  int32_t* candidate_ids;       // [n_active * beam_size, 2 * beam_size] workspace (CUDA only)
+  int n_sentences, n_active, vocab, beam_size, cache_len, step, min_len, pad_id, bos_id, eos_id;
+  double length_penalty;
+};
+
+// A candidate of a sentence's step: id = beam * vocab + token.
+struct Candidate {
+  float score;
+  int32_t id;
+};
+
+// The search's order: higher running sum first, ties to the lower (beam, token) index.
+FASTFORMER_HOST_DEVICE inline bool ranks_before(Candidate a, Candidate b) {
+  return a.score > b.score || (a.score == b.score && a.id < b.id);
+}
+
+// Whether `token` may follow a hypothesis of `step` real tokens (forcing EOS wins over barring it).
+FASTFORMER_HOST_DEVICE inline bool token_allowed(const BeamStepArgs& args, int token, int max_len) {
+  if (token == args.pad_id || token == args.bos_id) return false;
+  if (args.step >= max_len) return token == args.eos_id;
+  return token != args.eos_id || args.step >= args.min_len;
+}
+
+// GNMT's ((5 + length) / 6) ** length_penalty, length counting EOS.
+FASTFORMER_HOST_DEVICE inline double length_penalty_divisor(int length, double length_penalty) {
+  return pow((5.0 + length) / 6.0, length_penalty);
+}
+
+// The next beams of one sentence from its best 2k candidates (`ranked`, best first; -inf or NaN past the finite
+// ones): records finished hypotheses, marks the sentence done, and fills next_* for the n_alive kept beams.
+// Returns n_alive.
+FASTFORMER_HOST_DEVICE inline int select_next_beams(const BeamStepArgs& args, int sentence, const Candidate* ranked,
+                                                    int* next_parents, int* next_tokens, float* next_sums) {
+  const int k = args.beam_size;
+  int n_finished = args.finished_count[sentence];
+  int n_alive = 0;
+  for (int rank = 0; rank < 2 * k; ++rank) {
+    const Candidate c = ranked[rank];
+    if (!(c.score > -INFINITY)) break;  // also stops at NaN
+    const int beam = c.id / args.vocab, token = c.id % args.vocab;
+    if (token == args.eos_id) {
+      if (rank < k) {
+        const int at = sentence * 2 * k + n_finished++;
+        args.finished_scores[at] = c.score / length_penalty_divisor(args.step + 1, args.length_penalty);
+        args.finished_steps[at] = args.step;
+        args.finished_beams[at] = beam;
+      }
+    } else if (n_alive < k) {
+      next_parents[n_alive] = beam;
+      next_tokens[n_alive] = token;
+      next_sums[n_alive] = c.score;
+      ++n_alive;
+    }
+  }
+  args.finished_count[sentence] = n_finished;
+  args.done[sentence] = n_finished >= k || n_alive == 0;
+  return n_alive;
+}
+
+// Writes beam j of `sentence` for the next step: its sum, token, history and cache indirection (positions
+// first_position, first_position + position_stride, ... so that CUDA threads can share the copy). Beams past
+// n_alive become empty slots (sum -inf) that keep a valid indirection.
+FASTFORMER_HOST_DEVICE inline void write_next_beam(const BeamStepArgs& args, int sentence, int j, int n_alive,
+                                                   const int* next_parents, const int* next_tokens,
+                                                   const float* next_sums, int first_position, int position_stride) {
+  const int k = args.beam_size;
+  const int64_t slot = static_cast<int64_t>(sentence) * k + j;
+  const bool alive = j < n_alive;
+  const int parent = alive ? next_parents[j] : j;
+  if (first_position == 0) {
+    const int64_t history_at = static_cast<int64_t>(args.step) * args.n_sentences * k + slot;
+    args.sums[slot] = alive ? next_sums[j] : -INFINITY;
+    args.tokens[slot] = alive ? next_tokens[j] : args.eos_id;
+    args.history_tokens[history_at] = alive ? next_tokens[j] : -1;
+    args.history_beams[history_at] = alive ? parent : -1;
+  }
+  const int32_t* from = args.indirection_in + (static_cast<int64_t>(sentence) * k + parent) * args.cache_len;
+  int32_t* to = args.indirection_out + slot * args.cache_len;
+  for (int p = first_position; p <= args.step && p < args.cache_len; p += position_stride) to[p] = from[p];
+  if (first_position == 0 && args.step + 1 < args.cache_len) to[args.step + 1] = j;
+}
+
+// fp32 CPU implementations.
+void self_attention_step_cpu(const SelfAttentionArgs& args);
+void cross_attention_cpu(const CrossAttentionArgs& args);
+void beam_step_cpu(const BeamStepArgs& args);
+
+}  // namespace fastformer

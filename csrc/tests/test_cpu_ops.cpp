@@ -1,0 +1,264 @@
+// ctest: the CPU beam-search ops against brute-force loops in double precision (no torch).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "beam_ops.h"
+
+namespace {
+
+int failures = 0;
+
+void expect(bool condition, const char* what, int line) {
+  if (!condition) {
+    std::fprintf(stderr, "line %d: FAILED %s\n", line, what);
+    ++failures;
+  }
+}
+#define EXPECT(condition) expect((condition), #condition, __LINE__)
+
+std::mt19937 rng(1234);
+
+std::vector<float> random_floats(size_t n, float scale = 1.0f) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+// softmax(q . k_p / sqrt(d)) @ v in double, over the given key/value vectors.
+std::vector<double> naive_attention(const float* q, const std::vector<const float*>& keys,
+                                    const std::vector<const float*>& values, int head_dim) {
+  std::vector<double> scores;
+  for (const float* key : keys) {
+    double dot = 0;
+    for (int d = 0; d < head_dim; ++d) dot += double(q[d]) * key[d];
+    scores.push_back(dot / std::sqrt(double(head_dim)));
+  }
+  const double top = *std::max_element(scores.begin(), scores.end());
+  double total = 0;
+  for (double& s : scores) total += (s = std::exp(s - top));
+  std::vector<double> out(head_dim, 0.0);
+  for (size_t p = 0; p < keys.size(); ++p) {
+    for (int d = 0; d < head_dim; ++d) out[d] += scores[p] / total * values[p][d];
+  }
+  return out;
+}
+
+void test_self_attention_step() {
+  const int n_sentences = 2, beam = 3, heads = 2, head_dim = 8, cache_len = 6, step = 4;
+  const int n_slots = n_sentences * beam, d_model = heads * head_dim;
+  const size_t cache_size = size_t(n_slots) * heads * cache_len * head_dim;
+  std::vector<float> k_cache = random_floats(cache_size), v_cache = random_floats(cache_size);
+  std::vector<int32_t> indirection(n_slots * cache_len);
+  std::uniform_int_distribution<int> any_beam(0, beam - 1);
+  for (int32_t& b : indirection) b = any_beam(rng);
+  // Rows: beams 2 and 0 of sentence 1, beam 1 of sentence 0 (any subset and order of slots).
+  const std::vector<int32_t> row_slots = {5, 3, 1};
+  const int n_rows = int(row_slots.size());
+  const std::vector<float> qkv = random_floats(size_t(n_rows) * 3 * d_model);
+  const std::vector<float> k_before = k_cache, v_before = v_cache;
+  std::vector<float> out(size_t(n_rows) * d_model);
+  fastformer::self_attention_step_cpu({qkv.data(), k_cache.data(), v_cache.data(), indirection.data(),
+                                       row_slots.data(), out.data(), n_rows, heads, head_dim, cache_len, beam, step});
+  auto at = [&](int slot, int h, int p) { return (size_t(slot * heads + h) * cache_len + p) * head_dim; };
+  for (int row = 0; row < n_rows; ++row) {
+    const int slot = row_slots[row], first = slot - slot % beam;
+    for (int h = 0; h < heads; ++h) {
+      const float* q = qkv.data() + size_t(row) * 3 * d_model + h * head_dim;
+      std::vector<const float*> keys, values;
+      for (int p = 0; p < step; ++p) {
+        const int source = first + indirection[slot * cache_len + p];
+        keys.push_back(k_before.data() + at(source, h, p));
+        values.push_back(v_before.data() + at(source, h, p));
+      }
+      keys.push_back(q + d_model);
+      values.push_back(q + 2 * d_model);
+      const std::vector<double> expected = naive_attention(q, keys, values, head_dim);
+      for (int d = 0; d < head_dim; ++d) {
+        EXPECT(std::fabs(out[size_t(row) * d_model + h * head_dim + d] - expected[d]) < 1e-5);
+        EXPECT(k_cache[at(slot, h, step) + d] == q[d_model + d]);
+        EXPECT(v_cache[at(slot, h, step) + d] == q[2 * d_model + d]);
+      }
+    }
+  }
+  size_t changed = 0;
+  for (size_t i = 0; i < cache_size; ++i) changed += k_cache[i] != k_before[i];
+  EXPECT(changed == size_t(n_rows) * heads * head_dim);  // only the appended position moved
+}
+
+void test_cross_attention() {
+  const int n_sentences = 3, beam = 2, heads = 2, head_dim = 4, src_len = 5;
+  const int d_model = heads * head_dim;
+  const size_t size = size_t(n_sentences) * heads * src_len * head_dim;
+  const std::vector<float> k = random_floats(size), v = random_floats(size);
+  const std::vector<int32_t> src_lengths = {5, 1, 3};
+  const std::vector<int32_t> row_slots = {0, 1, 2, 3, 4, 5};
+  const int n_rows = int(row_slots.size());
+  const std::vector<float> q = random_floats(size_t(n_rows) * d_model);
+  std::vector<float> out(size_t(n_rows) * d_model);
+  fastformer::cross_attention_cpu({q.data(), k.data(), v.data(), src_lengths.data(), row_slots.data(), out.data(),
+                                   n_rows, heads, head_dim, src_len, beam});
+  for (int row = 0; row < n_rows; ++row) {
+    const int sentence = row_slots[row] / beam;
+    for (int h = 0; h < heads; ++h) {
+      std::vector<const float*> keys, values;
+      for (int p = 0; p < src_lengths[sentence]; ++p) {
+        const size_t offset = (size_t(sentence * heads + h) * src_len + p) * head_dim;
+        keys.push_back(k.data() + offset);
+        values.push_back(v.data() + offset);
+      }
+      const std::vector<double> expected =
+          naive_attention(q.data() + size_t(row) * d_model + h * head_dim, keys, values, head_dim);
+      for (int d = 0; d < head_dim; ++d) {
+        EXPECT(std::fabs(out[size_t(row) * d_model + h * head_dim + d] - expected[d]) < 1e-5);
+      }
+    }
+  }
+}
+
+struct Expected {
+  std::vector<int> parents, tokens;
+  std::vector<double> sums;
+  std::vector<double> finished_scores;
+  std::vector<int> finished_beams;
+};
+
+// The rules of one step for one sentence, spelled out over every candidate in double precision.
+Expected brute_force_step(const float* logits, const float* sums, int beam, int vocab, int step, int min_len,
+                          int max_len, int pad, int bos, int eos, double length_penalty) {
+  struct Scored {
+    double score;
+    int beam, token;
+  };
+  std::vector<Scored> all;
+  for (int j = 0; j < beam; ++j) {
+    const float* row = logits + size_t(j) * vocab;
+    double total = 0;
+    for (int t = 0; t < vocab; ++t) total += std::exp(double(row[t]));
+    for (int t = 0; t < vocab; ++t) {
+      const bool allowed = t != pad && t != bos && (step == max_len ? t == eos : (t != eos || step >= min_len));
+      if (allowed && std::isfinite(sums[j])) all.push_back({sums[j] + row[t] - std::log(total), j, t});
+    }
+  }
+  std::stable_sort(all.begin(), all.end(), [](const Scored& a, const Scored& b) { return a.score > b.score; });
+  Expected e;
+  for (int rank = 0; rank < std::min<int>(2 * beam, int(all.size())); ++rank) {
+    const Scored& c = all[rank];
+    if (c.token == eos) {
+      if (rank < beam) {
+        e.finished_scores.push_back(c.score / std::pow((5.0 + step + 1) / 6.0, length_penalty));
+        e.finished_beams.push_back(c.beam);
+      }
+    } else if (int(e.parents.size()) < beam) {
+      e.parents.push_back(c.beam);
+      e.tokens.push_back(c.token);
+      e.sums.push_back(c.score);
+    }
+  }
+  return e;
+}
+
+void test_beam_step(int beam, int vocab, int step, int min_len, int max_len) {
+  const int n_sentences = 3, pad = 0, bos = 1, eos = 2, cache_len = step + 2;
+  const int n_slots = n_sentences * beam;
+  const double length_penalty = 0.6;
+  const std::vector<int32_t> active = {2, 0};  // sentence 1 already done
+  const int n_active = int(active.size());
+  // A few large logits make EOS and repeated beams likely, so that finishing and reordering both happen.
+  std::vector<float> logits = random_floats(size_t(n_active) * beam * vocab, 2.0f);
+  std::vector<float> sums = random_floats(n_slots, 3.0f);
+  sums[2 * beam + beam - 1] = -std::numeric_limits<float>::infinity();  // an empty slot
+  const std::vector<float> sums_before = sums;
+  std::vector<int32_t> tokens(n_slots, -7), indirection_in(n_slots * cache_len), indirection_out(n_slots * cache_len);
+  for (int slot = 0; slot < n_slots; ++slot) {
+    for (int p = 0; p < cache_len; ++p) indirection_in[slot * cache_len + p] = (slot + p) % beam;
+  }
+  std::vector<int32_t> history_tokens(cache_len * n_slots, -7), history_beams(cache_len * n_slots, -7);
+  std::vector<int32_t> finished_count = {1, 0, 0}, finished_steps(n_sentences * 2 * beam, -7);
+  std::vector<int32_t> finished_beams(n_sentences * 2 * beam, -7), done(n_sentences, 0);
+  std::vector<double> finished_scores(n_sentences * 2 * beam, 0.0);
+  const std::vector<int32_t> max_lens = {max_len, max_len, max_len};
+  fastformer::BeamStepArgs args{};
+  args.logits = logits.data();
+  args.active = active.data();
+  args.max_lens = max_lens.data();
+  args.sums = sums.data();
+  args.tokens = tokens.data();
+  args.indirection_in = indirection_in.data();
+  args.indirection_out = indirection_out.data();
+  args.history_tokens = history_tokens.data();
+  args.history_beams = history_beams.data();
+  args.finished_count = finished_count.data();
+  args.finished_scores = finished_scores.data();
+  args.finished_steps = finished_steps.data();
+  args.finished_beams = finished_beams.data();
+  args.done = done.data();
+  args.n_sentences = n_sentences;
+  args.n_active = n_active;
+  args.vocab = vocab;
+  args.beam_size = beam;
+  args.cache_len = cache_len;
+  args.step = step;
+  args.min_len = min_len;
+  args.pad_id = pad;
+  args.bos_id = bos;
+  args.eos_id = eos;
+  args.length_penalty = length_penalty;
+  fastformer::beam_step_cpu(args);
+
+  EXPECT(finished_count[1] == 0 && done[1] == 0 && tokens[beam] == -7);  // the inactive sentence is untouched
+  for (int a = 0; a < n_active; ++a) {
+    const int s = active[a];
+    const int already = s == 0 ? 1 : 0;
+    const Expected e = brute_force_step(logits.data() + size_t(a) * beam * vocab, sums_before.data() + s * beam,
+                                        beam, vocab, step, min_len, max_len, pad, bos, eos, length_penalty);
+    const int n_alive = int(e.parents.size()), n_finished = int(e.finished_scores.size());
+    EXPECT(finished_count[s] == already + n_finished);
+    EXPECT(done[s] == (already + n_finished >= beam || n_alive == 0));
+    for (int i = 0; i < n_finished; ++i) {
+      EXPECT(std::fabs(finished_scores[s * 2 * beam + already + i] - e.finished_scores[i]) < 1e-4);
+      EXPECT(finished_beams[s * 2 * beam + already + i] == e.finished_beams[i]);
+      EXPECT(finished_steps[s * 2 * beam + already + i] == step);
+    }
+    for (int j = 0; j < beam; ++j) {
+      const int slot = s * beam + j;
+      const int32_t* indirection = indirection_out.data() + slot * cache_len;
+      if (j < n_alive) {
+        EXPECT(tokens[slot] == e.tokens[j]);
+        EXPECT(std::fabs(sums[slot] - e.sums[j]) < 1e-4);
+        EXPECT(history_tokens[step * n_slots + slot] == e.tokens[j]);
+        EXPECT(history_beams[step * n_slots + slot] == e.parents[j]);
+        const int parent = s * beam + e.parents[j];
+        for (int p = 0; p <= step; ++p) EXPECT(indirection[p] == indirection_in[parent * cache_len + p]);
+      } else {
+        EXPECT(std::isinf(sums[slot]) && sums[slot] < 0);
+        EXPECT(history_tokens[step * n_slots + slot] == -1);
+      }
+      EXPECT(indirection[step + 1] == j);
+    }
+  }
+}
+
+}  // namespace
+
+int main() {
+  test_self_attention_step();
+  test_cross_attention();
+  for (int beam : {1, 2, 4, 5}) {
+    test_beam_step(beam, 9, 3, 1, 10);   // EOS allowed
+    test_beam_step(beam, 9, 3, 5, 10);   // EOS barred (min_len)
+    test_beam_step(beam, 9, 3, 1, 3);    // EOS forced (max_len)
+    test_beam_step(beam, 40, 0, 0, 10);  // a larger vocabulary, the first step
+  }
+  if (failures) {
+    std::fprintf(stderr, "%d check(s) failed\n", failures);
+    return EXIT_FAILURE;
+  }
+  std::printf("all CPU op checks passed\n");
+  return EXIT_SUCCESS;
+}

@@ -1,0 +1,123 @@
+"""Beam search that recomputes the decoder over the whole prefix at every step: the oracle of the compiled decoder.
+
+The scoring rules (issue 5; fairseq's candidate rule) that every beam search in fastformer follows exactly:
+- score(Y) = sum of the log-probabilities of Y's tokens including the final EOS, divided by the GNMT length penalty
+  ((5 + |Y|) / 6) ** length_penalty with |Y| counting EOS; log-probabilities are the fp32 log-softmax over the
+  whole vocabulary.
+- PAD and BOS are never emitted. EOS is barred while a hypothesis has fewer than `min_len` real tokens, and forced
+  once it has max_len = min(floor(max_len_a * src_len + max_len_b), max_positions - 1) of them (src_len counts the
+  source's real tokens, its EOS included); forcing wins over barring.
+- Each step ranks, per sentence, every candidate (alive hypothesis, next token) by its running sum of
+  log-probabilities, best first, ties to the lower (beam, token) index, and keeps the first 2 * beam_size finite
+  ones. EOS candidates among the first beam_size finish a hypothesis (all of them: a sentence can hold up to
+  2 * beam_size - 1 finished ones); the first beam_size non-EOS candidates stay alive.
+- A sentence is done once beam_size hypotheses have finished or none is alive. Its hypotheses are returned best
+  score first (ties in the order they finished), at most n_best of them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+
+class Hypothesis(NamedTuple):
+    tokens: list[int]  # without BOS/EOS
+    score: float  # sum of log-probabilities (EOS included) / length_penalty_divisor(len(tokens) + 1)
+
+
+def length_penalty_divisor(length: int, length_penalty: float) -> float:
+    """GNMT's ((5 + length) / 6) ** length_penalty, length counting EOS."""
+    return ((5.0 + length) / 6.0) ** length_penalty
+
+
+def check_search_arguments(beam_size: int, length_penalty: float, max_len_a: float, max_len_b: int, min_len: int,
+                           n_best: int) -> None:
+    """Raises a ValueError/TypeError naming the first bad argument of a beam search."""
+    for name, value in (("beam_size", beam_size), ("max_len_b", max_len_b), ("min_len", min_len),
+                        ("n_best", n_best)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    for name, value in (("length_penalty", length_penalty), ("max_len_a", max_len_a)):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+    if not 1 <= n_best <= beam_size:
+        raise ValueError(f"n_best must be in [1, beam_size={beam_size}], got {n_best}")
+    if min_len < 0:
+        raise ValueError(f"min_len must be >= 0, got {min_len}")
+    if max_len_a < 0 or max_len_b < 0:
+        raise ValueError(f"max_len_a and max_len_b must be >= 0, got {max_len_a} and {max_len_b}")
+
+
+def max_target_lengths(src_lengths: torch.Tensor, max_len_a: float, max_len_b: int, max_positions: int) -> list[int]:
+    """src_lengths: [batch] -> per sentence, the most real target tokens before EOS is forced."""
+    # The decoder's input at the forced step is [BOS, max_len tokens], which must fit the position table.
+    return [min(math.floor(max_len_a * n + max_len_b), max_positions - 1) for n in src_lengths.tolist()]
+
+
+def beam_search(model, src_tokens: torch.Tensor, beam_size: int = 4, length_penalty: float = 0.6,
+                max_len_a: float = 1.0, max_len_b: int = 50, min_len: int = 1,
+                n_best: int = 1) -> list[list[Hypothesis]]:
+    """src_tokens: [batch, src_len] right-padded -> per sentence, up to n_best hypotheses, best first.
+
+    `model` is a fastformer.Transformer; each sentence is searched on its own with `model.decode` over the whole
+    prefix at every step (no cache), which is slow and obviously faithful to the rules above.
+    """
+    check_search_arguments(beam_size, length_penalty, max_len_a, max_len_b, min_len, n_best)
+    with torch.no_grad():
+        encoder_out = model.encode(src_tokens)
+        max_lens = max_target_lengths(encoder_out.src_lengths, max_len_a, max_len_b, model.config.max_positions)
+        return [_search_sentence(model, encoder_out, i, beam_size, length_penalty, max_lens[i], min_len)[:n_best]
+                for i in range(src_tokens.shape[0])]
+
+
+def _search_sentence(model, encoder_out, sentence: int, beam_size: int, length_penalty: float, max_len: int,
+                     min_len: int) -> list[Hypothesis]:
+    """encoder_out: the whole batch's EncoderOutput; searches one sentence -> its finished hypotheses, best first."""
+    config = model.config
+    memory, src_lengths = encoder_out
+    device = memory.device
+    alive: list[list[int]] = [[]]
+    alive_sums = torch.zeros(1, dtype=torch.float32, device=device)
+    finished: list[Hypothesis] = []
+    for step in range(max_len + 1):
+        n_alive = len(alive)
+        prefixes = torch.tensor([[config.bos_id] + tokens for tokens in alive], device=device)
+        # The sentence's memory row of the padded batch, so that the compiled decoder sees the very same numbers.
+        beams_out = encoder_out._replace(memory=memory[sentence:sentence + 1].expand(n_alive, -1, -1),
+                                         src_lengths=src_lengths[sentence:sentence + 1].expand(n_alive))
+        log_probs = F.log_softmax(model.decode(prefixes, beams_out)[:, -1].float(), dim=-1)
+        log_probs[:, [config.pad_id, config.bos_id]] = float("-inf")
+        if step == max_len:
+            eos_column = log_probs[:, config.eos_id].clone()
+            log_probs.fill_(float("-inf"))
+            log_probs[:, config.eos_id] = eos_column
+        elif step < min_len:
+            log_probs[:, config.eos_id] = float("-inf")
+        candidates = (alive_sums[:, None] + log_probs).flatten()
+        ranked_sums, ranked = torch.sort(candidates, descending=True, stable=True)
+        next_alive, next_sums = [], []
+        vocab = log_probs.shape[1]
+        for rank, (running_sum, index) in enumerate(zip(ranked_sums[:2 * beam_size].tolist(),
+                                                       ranked[:2 * beam_size].tolist())):
+            if running_sum == float("-inf"):
+                break
+            beam, token = divmod(index, vocab)
+            if token == config.eos_id:
+                if rank < beam_size:
+                    finished.append(Hypothesis(alive[beam], running_sum
+                                               / length_penalty_divisor(step + 1, length_penalty)))
+            elif len(next_alive) < beam_size:
+                next_alive.append(alive[beam] + [token])
+                next_sums.append(running_sum)
+        if len(finished) >= beam_size or not next_alive:
+            break
+        alive = next_alive
+        alive_sums = torch.tensor(next_sums, dtype=torch.float32, device=memory.device)
+    return sorted(finished, key=lambda hypothesis: -hypothesis.score)
+

@@ -1,0 +1,314 @@
+"""Beam search: the reference against brute force, and translate (the compiled decoder) against the reference."""
+
+import itertools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fastformer
+from fastformer import Transformer, TransformerConfig
+from fastformer.reference.beam_search import Hypothesis, beam_search, length_penalty_divisor
+
+VOCAB = 24
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The models are tiny: one intra-op thread is faster, and far faster on a busy 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def make_model(norm_first: bool = False, vocab: int = VOCAB, seed: int = 0, eos_scale: float = 1.0,
+               **overrides) -> Transformer:
+    """A tiny random model; eos_scale > 1 scales EOS's (tied) embedding, so that EOS wins at varied steps instead of
+    every hypothesis running to max_len."""
+    torch.manual_seed(seed)
+    model = Transformer(TransformerConfig.tiny(vocab, norm_first=norm_first, dropout=0.0, **overrides)).eval()
+    with torch.no_grad():
+        model.embed_tokens.weight[model.config.eos_id].mul_(eos_scale)
+    return model
+
+
+def padded_sources(model: Transformer, lengths: list[int], seed: int = 1) -> torch.Tensor:
+    """-> [len(lengths), max(lengths)] right-padded random sources, each ending with EOS."""
+    config = model.config
+    generator = torch.Generator().manual_seed(seed)
+    src = torch.full((len(lengths), max(lengths)), config.pad_id)
+    for row, length in enumerate(lengths):
+        src[row, :length - 1] = torch.randint(3, config.vocab_size, (length - 1,), generator=generator)
+        src[row, length - 1] = config.eos_id
+    return src
+
+
+def brute_force(model: Transformer, src: torch.Tensor, max_len: int, min_len: int,
+                length_penalty: float) -> list[Hypothesis]:
+    """src: [1, src_len] -> every target of min_len..max_len real tokens, scored by teacher forcing, best first."""
+    config = model.config
+    real_tokens = [t for t in range(config.vocab_size) if t not in (config.pad_id, config.bos_id, config.eos_id)]
+    encoder_out = model.encode(src)
+    hypotheses = []
+    for length in range(min_len, max_len + 1):
+        for tokens in itertools.product(real_tokens, repeat=length):
+            tgt_in = torch.tensor([[config.bos_id, *tokens]])
+            tgt_out = torch.tensor([*tokens, config.eos_id])
+            log_probs = F.log_softmax(model.decode(tgt_in, encoder_out)[0].float(), dim=-1)
+            total = log_probs[torch.arange(length + 1), tgt_out].sum().item()
+            hypotheses.append(Hypothesis(list(tokens), total / length_penalty_divisor(length + 1, length_penalty)))
+    return sorted(hypotheses, key=lambda h: -h.score)
+
+
+def assert_same_hypotheses(got: list[list[Hypothesis]], expected: list[list[Hypothesis]], atol: float = 1e-5) -> None:
+    assert len(got) == len(expected)
+    for sentence, (got_hyps, expected_hyps) in enumerate(zip(got, expected)):
+        assert [h.tokens for h in got_hyps] == [h.tokens for h in expected_hyps], f"sentence {sentence}"
+        for g, e in zip(got_hyps, expected_hyps):
+            assert g.score == pytest.approx(e.score, abs=atol, rel=0), f"sentence {sentence}: {g} vs {e}"
+
+
+@pytest.mark.parametrize("min_len,length_penalty", [(1, 0.6), (0, 1.0), (2, 0.0)])
+def test_reference_finds_the_exact_optimum_with_a_large_beam(min_len, length_penalty):
+    # 3 real tokens and at most 3 of them: at most 36 candidates a step, so a beam of 40 is exhaustive.
+    model = make_model(vocab=6)
+    src = padded_sources(model, [4])
+    expected = brute_force(model, src, max_len=3, min_len=min_len, length_penalty=length_penalty)
+    got = beam_search(model, src, beam_size=40, length_penalty=length_penalty, max_len_a=0.0, max_len_b=3,
+                      min_len=min_len, n_best=len(expected))
+    assert_same_hypotheses(got, [expected])
+
+
+@pytest.mark.parametrize("search", ["reference", "translate"])
+def test_beam_one_is_greedy_search(search):
+    model = make_model()
+    src = padded_sources(model, [7, 4, 9])
+    encoder_out = model.encode(src)
+    config = model.config
+    kwargs = dict(beam_size=1, max_len_a=0.0, max_len_b=12, min_len=2, length_penalty=0.6)
+    got = beam_search(model, src, **kwargs) if search == "reference" else model.translate(src, **kwargs)
+    for sentence in range(src.shape[0]):
+        tokens, total = [], 0.0
+        one = encoder_out._replace(memory=encoder_out.memory[sentence:sentence + 1],
+                                   src_lengths=encoder_out.src_lengths[sentence:sentence + 1])
+        while True:
+            log_probs = F.log_softmax(model.decode(torch.tensor([[config.bos_id, *tokens]]), one)[0, -1], dim=-1)
+            log_probs[[config.pad_id, config.bos_id]] = float("-inf")
+            if len(tokens) < 2:
+                log_probs[config.eos_id] = float("-inf")
+            token = config.eos_id if len(tokens) == 12 else int(log_probs.argmax())
+            total += log_probs[token].item()
+            if token == config.eos_id:
+                break
+            tokens.append(token)
+        assert got[sentence][0].tokens == tokens
+        assert got[sentence][0].score == pytest.approx(total / length_penalty_divisor(len(tokens) + 1, 0.6),
+                                                       abs=1e-5)
+
+
+# translate: the compiled decoder against the reference (full recompute each step).
+
+SEARCHES = [
+    # (beam_size, n_best, min_len, max_len_a, max_len_b, length_penalty)
+    *[(beam, beam, 1, 1.0, 8, 0.6) for beam in range(1, 9)],
+    (3, 1, 4, 1.0, 8, 0.6),
+    (4, 2, 0, 0.5, 3, 1.0),
+    (5, 3, 2, 2.0, 0, 0.0),
+    (6, 6, 1, 0.0, 2, 0.6),
+]
+
+
+def assert_translate_matches_reference(model: Transformer, src: torch.Tensor, **search) -> None:
+    expected = beam_search(model, src, **search)
+    got = model.translate(src, **search)
+    assert all(isinstance(h, Hypothesis) for hyps in got for h in hyps)
+    assert_same_hypotheses(got, expected)
+
+
+@pytest.mark.parametrize("beam_size,n_best,min_len,max_len_a,max_len_b,length_penalty", SEARCHES)
+@pytest.mark.parametrize("norm_first,activation", [(False, "relu"), (True, "gelu")])
+def test_translate_matches_reference(norm_first, activation, beam_size, n_best, min_len, max_len_a, max_len_b,
+                                     length_penalty):
+    model = make_model(norm_first, activation=activation, eos_scale=8.0)
+    src = padded_sources(model, [7, 2, 5, 1, 4, 9], seed=beam_size)
+    assert_translate_matches_reference(model, src, beam_size=beam_size, n_best=n_best, min_len=min_len,
+                                       max_len_a=max_len_a, max_len_b=max_len_b, length_penalty=length_penalty)
+
+
+def test_translate_matches_reference_when_every_hypothesis_runs_to_max_len():
+    # With no boost EOS hardly ever wins before it is forced: the batch shrinks only by max_len.
+    model = make_model(seed=3)
+    src = padded_sources(model, [9, 3, 6, 2, 8, 5], seed=7)
+    assert_translate_matches_reference(model, src, beam_size=4, n_best=4, max_len_a=1.0, max_len_b=4)
+
+
+def test_translate_caps_max_len_at_max_positions():
+    model = make_model(max_positions=8)
+    src = padded_sources(model, [6, 3])
+    got = model.translate(src, beam_size=3, n_best=3, max_len_a=0.0, max_len_b=50)
+    assert_same_hypotheses(got, beam_search(model, src, beam_size=3, n_best=3, max_len_a=0.0, max_len_b=50))
+    assert max(len(h.tokens) for hyps in got for h in hyps) <= 7
+
+
+def test_translate_finds_the_exact_optimum_with_a_large_beam():
+    model = make_model(vocab=6, norm_first=True)
+    src = padded_sources(model, [3])
+    expected = brute_force(model, src, max_len=3, min_len=1, length_penalty=0.6)
+    got = model.translate(src, beam_size=40, length_penalty=0.6, max_len_a=0.0, max_len_b=3, min_len=1,
+                          n_best=len(expected))
+    assert_same_hypotheses(got, [expected])
+
+
+def test_translate_of_an_empty_batch_is_empty():
+    model = make_model()
+    assert model.translate(torch.zeros(0, 4, dtype=torch.long)) == []
+
+
+@pytest.mark.parametrize("kwargs,error", [
+    (dict(beam_size=0), ValueError),
+    (dict(beam_size=2, n_best=3), ValueError),
+    (dict(n_best=0), ValueError),
+    (dict(min_len=-1), ValueError),
+    (dict(max_len_a=-1.0), ValueError),
+    (dict(max_len_b=-2), ValueError),
+    (dict(length_penalty=float("nan")), ValueError),
+    (dict(beam_size=2.0), TypeError),
+])
+def test_translate_rejects_bad_arguments(kwargs, error):
+    model = make_model()
+    with pytest.raises(error):
+        model.translate(padded_sources(model, [3]), **kwargs)
+
+
+@pytest.mark.parametrize("src,match", [
+    (torch.zeros(2, 0, dtype=torch.long), "len >= 1"),
+    (torch.tensor([[5, 2], [0, 0]]), "all padding"),
+    (torch.tensor([[5.0, 2.0]]), "int64 or int32"),
+    (torch.tensor([[5, VOCAB]]), "outside"),
+])
+def test_translate_rejects_bad_sources(src, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        make_model().translate(src)
+
+
+# The incremental decoder step by step against the full recompute.
+
+@pytest.mark.parametrize("norm_first,activation", [(False, "relu"), (True, "gelu")])
+def test_cached_decoder_logits_match_full_recompute(norm_first, activation):
+    from fastformer.decoding import cached_decoder
+    from tolerances import FP32
+
+    model = make_model(norm_first, activation=activation)
+    config = model.config
+    beam_size, length = 3, 6
+    src = padded_sources(model, [5, 2, 7])
+    encoder_out = model.encode(src)
+    n_slots = src.shape[0] * beam_size
+    # Every slot decodes its own random target: [BOS, y1 .. y5].
+    targets = torch.randint(3, config.vocab_size, (n_slots, length), generator=torch.Generator().manual_seed(2))
+    targets[:, 0] = config.bos_id
+    decoder = cached_decoder(model, encoder_out, beam_size, cache_len=length)
+    row_slots = torch.arange(n_slots, dtype=torch.int32)
+    indirection = (row_slots % beam_size)[:, None].expand(n_slots, length).contiguous()
+    beams_out = encoder_out._replace(memory=encoder_out.memory.repeat_interleave(beam_size, dim=0),
+                                     src_lengths=encoder_out.src_lengths.repeat_interleave(beam_size))
+    expected = model.decode(targets, beams_out)  # [n_slots, length, vocab]
+    for step in range(length):
+        logits = decoder.step(targets[:, step], row_slots, indirection, step)
+        torch.testing.assert_close(logits, expected[:, step], **FP32)
+    # A subset of the rows (as after sentences finish) still reads its own cache.
+    fresh = cached_decoder(model, encoder_out, beam_size, cache_len=length)
+    subset = torch.tensor([7, 8, 0], dtype=torch.int32)
+    for step in range(length):
+        logits = fresh.step(targets[subset.long(), step], subset, indirection, step)
+        torch.testing.assert_close(logits, expected[subset.long(), step], **FP32)
+
+
+# GPU: the CUDA kernels. The reference runs under the "reference" backend (plain PyTorch fp32, no TF32 Triton dots).
+
+def cuda_model(norm_first: bool = False, **kwargs) -> Transformer:
+    return make_model(norm_first, **kwargs).cuda()
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("beam_size,n_best,min_len,max_len_a,max_len_b,length_penalty", SEARCHES)
+@pytest.mark.parametrize("norm_first,activation", [(False, "relu"), (True, "gelu")])
+def test_cuda_translate_matches_reference(norm_first, activation, beam_size, n_best, min_len, max_len_a, max_len_b,
+                                          length_penalty):
+    model = cuda_model(norm_first, activation=activation, eos_scale=8.0)
+    src = padded_sources(model, [7, 2, 5, 1, 4, 9], seed=beam_size).cuda()
+    search = dict(beam_size=beam_size, n_best=n_best, min_len=min_len, max_len_a=max_len_a, max_len_b=max_len_b,
+                  length_penalty=length_penalty)
+    with fastformer.backend("reference"):
+        assert_same_hypotheses(model.translate(src, **search), beam_search(model, src, **search), atol=1e-4)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("beam_size", [8, 32])
+def test_cuda_translate_matches_reference_with_a_large_vocabulary(beam_size):
+    # Many candidates per thread of the beam-step kernel, and its largest candidate lists.
+    model = cuda_model(vocab=3000, eos_scale=8.0)
+    src = padded_sources(model, [12, 3, 8, 20], seed=11).cuda()
+    search = dict(beam_size=beam_size, n_best=4, max_len_a=0.5, max_len_b=6)
+    with fastformer.backend("reference"):
+        assert_same_hypotheses(model.translate(src, **search), beam_search(model, src, **search), atol=1e-4)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_cuda_translate_rejects_a_beam_over_the_kernel_limit():
+    model = cuda_model()
+    with pytest.raises(ValueError, match="beam_size must be <= 32"):
+        model.translate(padded_sources(model, [4]).cuda(), beam_size=33)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_cuda_cached_decoder_logits_match_full_recompute(norm_first):
+    from fastformer.decoding import cached_decoder
+    from tolerances import FP32
+
+    model = cuda_model(norm_first)
+    beam_size, length = 2, 8
+    src = padded_sources(model, [6, 3, 9]).cuda()
+    with fastformer.backend("reference"):
+        encoder_out = model.encode(src)
+        n_slots = src.shape[0] * beam_size
+        targets = torch.randint(3, VOCAB, (n_slots, length), generator=torch.Generator().manual_seed(2)).cuda()
+        targets[:, 0] = model.config.bos_id
+        beams_out = encoder_out._replace(memory=encoder_out.memory.repeat_interleave(beam_size, dim=0),
+                                         src_lengths=encoder_out.src_lengths.repeat_interleave(beam_size))
+        expected = model.decode(targets, beams_out)
+    decoder = cached_decoder(model, encoder_out, beam_size, cache_len=length)
+    row_slots = torch.arange(n_slots, dtype=torch.int32, device="cuda")
+    indirection = (row_slots % beam_size)[:, None].expand(n_slots, length).contiguous()
+    for step in range(length):
+        torch.testing.assert_close(decoder.step(targets[:, step], row_slots, indirection, step), expected[:, step],
+                                   **FP32)
+
+
+# Low precision: the best hypothesis of an fp16/bf16 model against the same model in fp32 (both compiled; fp32 is
+# checked against the reference above). Near-ties may flip a few sentences, so only most must be identical.
+LOWP_TOLERANCES = [(torch.float16, 0.05, 0.75), (torch.bfloat16, 0.2, 0.5)]
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("dtype,score_tolerance,min_identical", LOWP_TOLERANCES)
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_cuda_translate_low_precision(norm_first, dtype, score_tolerance, min_identical):
+    model = cuda_model(norm_first, eos_scale=8.0)
+    lengths = torch.randint(1, 15, (24,), generator=torch.Generator().manual_seed(3)).tolist()
+    src = padded_sources(model, lengths, seed=4).cuda()
+    expected = model.translate(src, beam_size=4, max_len_b=10)
+    got = model.to(dtype).translate(src, beam_size=4, max_len_b=10)
+    identical = sum(g[0].tokens == e[0].tokens for g, e in zip(got, expected)) / len(expected)
+    assert identical >= min_identical, f"only {identical:.0%} of the best hypotheses are those of fp32"
+    for g, e in zip(got, expected):
+        assert math.isfinite(g[0].score) and abs(g[0].score - e[0].score) <= score_tolerance, (g, e)

@@ -1,0 +1,135 @@
+"""The extension fastformer._C: its torch ops against the reference attention, the torch.library checks, and (on a
+GPU) its CUDA kernels against the CPU ones and the reference."""
+
+import math
+
+import pytest
+import torch
+
+from fastformer.reference.attention import attention
+from tolerances import FP32, assert_close_lowp
+
+_C = pytest.importorskip("fastformer._C", reason="fastformer._C is not built")
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+HEADS, HEAD_DIM = 2, 32
+
+
+def self_attention_problem(device: str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0):
+    """A random cache of 3 sentences x beam 2, a random cache indirection, and 4 rows at step 4 (a subset of slots)."""
+    generator = torch.Generator().manual_seed(seed)
+    n_slots, beam, cache_len, step = 6, 2, 7, 4
+    k_cache = torch.randn(n_slots, HEADS, cache_len, HEAD_DIM, generator=generator)
+    v_cache = torch.randn(n_slots, HEADS, cache_len, HEAD_DIM, generator=generator)
+    indirection = torch.randint(0, beam, (n_slots, cache_len), generator=generator, dtype=torch.int32)
+    row_slots = torch.tensor([5, 0, 3, 2], dtype=torch.int32)
+    qkv = torch.randn(len(row_slots), 3 * HEADS * HEAD_DIM, generator=generator)
+    tensors = [t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device)
+               for t in (qkv, k_cache, v_cache, indirection, row_slots)]
+    return (*tensors, beam, step)
+
+
+def self_attention_expected(qkv, k_cache, v_cache, indirection, row_slots, beam, step,
+                            attend=attention) -> torch.Tensor:
+    """`attend` (the reference attention) over each row's keys, gathered through the indirection (own slot at
+    `step`)."""
+    d = HEADS * HEAD_DIM
+    outputs = []
+    for row, slot in enumerate(row_slots.tolist()):
+        sources = [slot - slot % beam + b for b in indirection[slot, :step].tolist()]
+        keys = torch.stack([k_cache[source, :, p] for p, source in enumerate(sources)]
+                           + [qkv[row, d:2 * d].view(HEADS, HEAD_DIM)])
+        values = torch.stack([v_cache[source, :, p] for p, source in enumerate(sources)]
+                             + [qkv[row, 2 * d:].view(HEADS, HEAD_DIM)])
+        q = qkv[row, :d].view(1, 1, HEADS, HEAD_DIM)
+        outputs.append(attend(q, keys[None], values[None]).reshape(d))
+    return torch.stack(outputs)
+
+
+def cross_attention_problem(device: str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    n_sentences, beam, src_len = 3, 2, 5
+    k = torch.randn(n_sentences, HEADS, src_len, HEAD_DIM, generator=generator)
+    v = torch.randn(n_sentences, HEADS, src_len, HEAD_DIM, generator=generator)
+    src_lengths = torch.tensor([5, 1, 3], dtype=torch.int32)
+    row_slots = torch.tensor([4, 5, 0, 3], dtype=torch.int32)
+    q = torch.randn(len(row_slots), HEADS * HEAD_DIM, generator=generator)
+    tensors = [t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device)
+               for t in (q, k, v, src_lengths, row_slots)]
+    return (*tensors, beam)
+
+
+def cross_attention_expected(q, k, v, src_lengths, row_slots, beam, attend=attention) -> torch.Tensor:
+    """`attend` (the reference attention) of each row over its sentence's keys."""
+    sentences = row_slots.long() // beam
+    out = attend(q.view(-1, 1, HEADS, HEAD_DIM), k[sentences].transpose(1, 2), v[sentences].transpose(1, 2),
+                    k_lengths=src_lengths[sentences])
+    return out.reshape(q.shape)
+
+
+def test_self_attention_op_matches_the_reference():
+    qkv, k_cache, v_cache, indirection, row_slots, beam, step = self_attention_problem()
+    expected = self_attention_expected(qkv, k_cache, v_cache, indirection, row_slots, beam, step)
+    out = torch.ops.fastformer.self_attention_step(qkv, k_cache, v_cache, indirection, row_slots, beam, step)
+    torch.testing.assert_close(out, expected, **FP32)
+    d = HEADS * HEAD_DIM
+    for row, slot in enumerate(row_slots.tolist()):  # the step's key/value were appended in place
+        torch.testing.assert_close(k_cache[slot, :, step], qkv[row, d:2 * d].view(HEADS, HEAD_DIM), rtol=0, atol=0)
+        torch.testing.assert_close(v_cache[slot, :, step], qkv[row, 2 * d:].view(HEADS, HEAD_DIM), rtol=0, atol=0)
+
+
+def test_cross_attention_op_matches_the_reference():
+    problem = cross_attention_problem()
+    out = torch.ops.fastformer.cross_attention(*problem)
+    torch.testing.assert_close(out, cross_attention_expected(*problem), **FP32)
+
+
+def test_ops_pass_torch_library_checks():
+    # Schema (the declared mutations), fake/meta kernels and dispatcher registration, as torch.compile needs them.
+    for op, args in ((torch.ops.fastformer.self_attention_step.default, self_attention_problem()),
+                     (torch.ops.fastformer.cross_attention.default, cross_attention_problem())):
+        torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
+
+
+def test_ops_reject_bad_inputs():
+    qkv, k_cache, v_cache, indirection, row_slots, beam, step = self_attention_problem()
+    with pytest.raises(RuntimeError, match="step must be in"):
+        torch.ops.fastformer.self_attention_step(qkv, k_cache, v_cache, indirection, row_slots, beam, 7)
+    with pytest.raises(RuntimeError, match="indirection must be int32"):
+        torch.ops.fastformer.self_attention_step(qkv, k_cache, v_cache, indirection.long(), row_slots, beam, step)
+    q, k, v, src_lengths, row_slots, beam = cross_attention_problem()
+    with pytest.raises(RuntimeError, match="float32"):
+        torch.ops.fastformer.cross_attention(q.double(), k.double(), v.double(), src_lengths, row_slots, beam)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_cuda_attention_ops_match_cpu_fp32():
+    for make, op in ((self_attention_problem, torch.ops.fastformer.self_attention_step),
+                     (cross_attention_problem, torch.ops.fastformer.cross_attention)):
+        cpu_problem, cuda_problem = make(), make("cuda")
+        torch.testing.assert_close(op(*cuda_problem).cpu(), op(*cpu_problem), **FP32)
+        torch.testing.assert_close(cuda_problem[1].cpu(), cpu_problem[1], rtol=0, atol=0)  # same cache writes
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_attention_ops_low_precision(dtype):
+    for make, op, expected_of in ((self_attention_problem, torch.ops.fastformer.self_attention_step,
+                                   self_attention_expected),
+                                  (cross_attention_problem, torch.ops.fastformer.cross_attention,
+                                   cross_attention_expected)):
+        reference = expected_of(*make())  # fp32 CPU
+        fused = op(*make("cuda", dtype)).float().cpu()
+        plain = expected_of(*make("cuda", dtype), attend=plain_attention).float().cpu()
+        assert_close_lowp(fused, plain, reference, name=f"{op} {dtype}")
+
+
+def plain_attention(q, k, v, k_lengths=None) -> torch.Tensor:
+    """Attention in plain PyTorch in q's own (low) precision: [batch, q_len, heads, head_dim] like the reference."""
+    scores = q.transpose(1, 2) @ k.transpose(1, 2).transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if k_lengths is not None:
+        hidden = torch.arange(k.shape[1], device=k.device)[None, :] >= k_lengths[:, None]
+        scores = scores.masked_fill(hidden[:, None, None, :], float("-inf"))
+    return (torch.softmax(scores, dim=-1) @ v.transpose(1, 2)).transpose(1, 2)
