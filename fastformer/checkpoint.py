@@ -29,6 +29,8 @@ def save_checkpoint(state: dict, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        # mkstemp creates the file private (0600); a checkpoint gets the permissions of any file the user writes.
+        os.chmod(temp_name, 0o666 & ~_umask())
         with os.fdopen(descriptor, "wb") as file:
             torch.save({**state, "format": FORMAT, "version": VERSION}, file)
             file.flush()
@@ -43,6 +45,12 @@ def save_checkpoint(state: dict, path: Path) -> None:
         os.fsync(directory)
     finally:
         os.close(directory)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict:

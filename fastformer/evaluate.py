@@ -18,9 +18,12 @@ def load_model(path: Path, device: str | torch.device = "cpu") -> tuple[Transfor
     state = checkpoint.load_checkpoint(path)
     if "tokenizer" not in state:
         raise ValueError(f"{path} holds no tokenizer: it was not written by `fastformer train`")
-    model = Transformer(TransformerConfig(**state["config"]))
-    model.load_state_dict(state["model"])
-    tokenizer = Tokenizer(state["tokenizer"].numpy().tobytes())
+    try:
+        model = Transformer(TransformerConfig(**state["config"]))
+        model.load_state_dict(state["model"])
+        tokenizer = Tokenizer(state["tokenizer"].numpy().tobytes())
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise ValueError(f"{path} does not hold a usable model: {error}") from None
     return model.to(device).eval(), tokenizer
 
 
@@ -71,5 +74,6 @@ def bleu(hypotheses: list[str], references: list[str]) -> list[tuple[float, str]
     for tokenize in ("13a", "intl"):
         metric = sacrebleu.metrics.BLEU(tokenize=tokenize)
         score = metric.corpus_score(hypotheses, [references])
-        results.append((score.score, f"{score} | {metric.get_signature()}"))
+        # sacreBLEU's own text format: "BLEU|nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:... = 27.3 ...".
+        results.append((score.score, score.format(signature=str(metric.get_signature()))))
     return results

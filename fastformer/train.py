@@ -12,6 +12,7 @@ import math
 import os
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from fastformer.model import Transformer
 
 PRESETS = {"tiny": TransformerConfig.tiny, "base": TransformerConfig.base, "big": TransformerConfig.big}
 TOKENIZER_FILE = "spm.model"
+DEFAULT_BUNDLED_VOCAB = 1000
 
 
 @dataclass
@@ -70,6 +72,8 @@ class TrainOptions:
         for name in ("valid_every", "save_every", "valid_bleu_sentences", "max_minutes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.vocab_size is not None and self.vocab_size < 8:
+            raise ValueError(f"vocab_size must be at least 8, got {self.vocab_size}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
 
@@ -83,10 +87,14 @@ class TrainResult:
     valid: dict = field(default_factory=dict)
 
 
-def inverse_sqrt_lr(step: int, d_model: int, warmup: int, scale: float = 1.0) -> float:
-    """The paper's schedule: scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), steps counted from 1."""
-    step = max(step, 1)
-    return scale * d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+def inverse_sqrt_schedule(optimizer: torch.optim.Optimizer, warmup: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """The paper's schedule: the optimizer's lr (scale * d_model^-0.5) times min(step^-0.5, step * warmup^-1.5), with
+    optimizer steps counted from 1; call scheduler.step() after each optimizer.step()."""
+    def factor(index: int) -> float:
+        step = index + 1
+        return min(step ** -0.5, step * warmup ** -1.5)
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 class _LossModule(nn.Module):
@@ -117,9 +125,10 @@ class _Distributed:
             dist.barrier()
 
     def sum(self, values: list[float]) -> list[float]:
+        if self.world_size == 1:
+            return list(values)
         tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
-        if self.world_size > 1:
-            dist.all_reduce(tensor)
+        dist.all_reduce(tensor)
         return tensor.tolist()
 
     def gather(self, value: object) -> list[object]:
@@ -148,11 +157,11 @@ def _setup_distributed(device_option: str) -> _Distributed:
     return _Distributed(rank, world_size, device)
 
 
-def _prepare_tokenizer(options: TrainOptions, train_pairs: list[tuple[str, str]], env: _Distributed) -> Tokenizer:
-    """The run's shared vocabulary: trained once by rank 0 into out_dir, then read by every rank."""
+def _train_shared_tokenizer(options: TrainOptions, train_pairs: list[tuple[str, str]], env: _Distributed) -> Tokenizer:
+    """A fresh run's shared vocabulary: trained by rank 0 into out_dir, then read by every rank."""
     path = Path(options.out_dir) / TOKENIZER_FILE
-    if env.is_main and not path.exists():
-        vocab_size = options.vocab_size or (1000 if options.data_dir is None else 37000)
+    if env.is_main:
+        vocab_size = options.vocab_size or (DEFAULT_BUNDLED_VOCAB if options.data_dir is None else 37000)
         tokenizer = train_tokenizer((sentence for pair in train_pairs for sentence in pair), vocab_size=vocab_size)
         temp = path.with_name(path.name + ".tmp")
         tokenizer.save(temp)
@@ -161,18 +170,19 @@ def _prepare_tokenizer(options: TrainOptions, train_pairs: list[tuple[str, str]]
     return Tokenizer.load(path)
 
 
-def _rng_state() -> dict:
+def _rng_state(device: torch.device) -> dict:
+    """This process's generators; on a GPU only its own device's (touching the others would open a context there)."""
     state = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def _set_rng_state(state: dict) -> None:
+def _set_rng_state(state: dict, device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 class _BatchStream:
@@ -203,63 +213,85 @@ class Trainer:
         fastformer.set_backend(options.backend)
         out_dir = Path(options.out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
+        resumed = self._newest_checkpoint() if options.resume else None
         data_dir = None if options.data_dir is None else Path(options.data_dir)
         train_files = find_split(data_dir, "train", options.src_lang, options.tgt_lang)
         train_pairs = read_parallel(train_files.src, train_files.tgt)
-        self.tokenizer = _prepare_tokenizer(options, train_pairs, self.env)
+        # A resumed run keeps the vocabulary its checkpoint was trained with.
+        self.tokenizer = (Tokenizer(resumed[1]["tokenizer"].numpy().tobytes()) if resumed is not None
+                          else _train_shared_tokenizer(options, train_pairs, self.env))
         length_filter = LengthFilter(options.min_len, options.max_len, options.max_ratio)
         self.train_data = TokenizedCorpus.encode(self.tokenizer, train_pairs, length_filter)
+        if len(self.train_data) == 0:
+            raise ValueError(f"no training pair of {train_files.src} + {train_files.tgt} passes the length filter "
+                             f"{length_filter}")
         valid_files = find_split(data_dir, "valid", options.src_lang, options.tgt_lang)
         self.valid_pairs = read_parallel(valid_files.src, valid_files.tgt)
         self.valid_data = TokenizedCorpus.encode(self.tokenizer, self.valid_pairs)
 
         overrides = {} if options.dropout is None else {"dropout": options.dropout}
         self.config = PRESETS[options.preset](self.tokenizer.vocab_size, **overrides)
+        if options.max_len + 1 > self.config.max_positions:
+            raise ValueError(f"max_len={options.max_len} tokens plus BOS/EOS exceed the {options.preset} preset's "
+                             f"max_positions={self.config.max_positions}")
+        # The same seed on every rank gives every rank the same initial weights (DDP also broadcasts rank 0's).
         torch.manual_seed(options.seed)
         self.model = Transformer(self.config).to(self.env.device)
-        # Every rank starts from the same weights but draws its own dropout masks.
+        # Every rank draws its own dropout masks.
         torch.manual_seed(options.seed + 1 + self.env.rank)
         self.loss_module: nn.Module = _LossModule(self.model, options.label_smoothing)
         if self.env.world_size > 1:
             device_ids = [self.env.device.index] if self.env.device.type == "cuda" else None
             self.loss_module = nn.parallel.DistributedDataParallel(self.loss_module, device_ids=device_ids)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=options.lr_scale * self.config.d_model ** -0.5,
+                                          betas=(0.9, 0.98), eps=1e-9)
+        self.scheduler = inverse_sqrt_schedule(self.optimizer, options.warmup)
         self.accumulation = max(1, round(options.update_tokens / (options.batch_tokens * self.env.world_size)))
         sampler = TokenBatchSampler(self.train_data.src_lengths, self.train_data.tgt_lengths, options.batch_tokens,
                                     seed=options.seed, rank=self.env.rank, world_size=self.env.world_size)
         self.step = 0
         position = {"epoch": 0, "index": 0}
-        if options.resume:
-            position = self._resume()
+        if resumed is not None:
+            position = self._restore(*resumed)
         self.stream = _BatchStream(sampler, position["epoch"], position["index"])
 
-    def _resume(self) -> dict:
-        """Restores model, optimizer, step, RNG and data position from the newest checkpoint in out_dir."""
+    def _newest_checkpoint(self) -> tuple[Path, dict]:
+        """--resume: (path, state) of the newest checkpoint in out_dir, loaded on the CPU (RNG states must be)."""
         found = checkpoint.list_checkpoints(Path(self.options.out_dir))
         if not found:
             raise FileNotFoundError(f"--resume: no checkpoint_*.pt in {self.options.out_dir}")
-        path = found[-1]
-        state = checkpoint.load_checkpoint(path, map_location=self.env.device)
+        state = checkpoint.load_checkpoint(found[-1], map_location="cpu")
+        for key in ("optimizer", "schedule", "rng", "data", "tokenizer", "step"):
+            if key not in state:
+                raise ValueError(f"{found[-1]} has no {key!r} (an averaged checkpoint?): it cannot be resumed")
+        return found[-1], state
+
+    def _restore(self, path: Path, state: dict) -> dict:
+        """Restores model, optimizer, schedule, step and RNG from a checkpoint -> its data position."""
         if state["config"] != self.config.to_dict():
             raise ValueError(f"{path} was trained with model config {state['config']}, this run builds "
                              f"{self.config.to_dict()}")
-        if "optimizer" not in state:
-            raise ValueError(f"{path} has no optimizer state (an averaged checkpoint?): it cannot be resumed")
-        if state["data"]["world_size"] != self.env.world_size:
-            raise ValueError(f"{path} was written by {state['data']['world_size']} processes; resume it with as "
-                             f"many (this run has {self.env.world_size})")
+        data = state["data"]
+        expected = {"world_size": self.env.world_size, "seed": self.options.seed,
+                    "batch_tokens": self.options.batch_tokens}
+        for key, value in expected.items():
+            if data.get(key) != value:
+                raise ValueError(f"{path} was written with {key}={data.get(key)}, this run has {key}={value}: the "
+                                 f"data order would differ, so resume with the same {key}")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["schedule"])
         self.step = state["step"]
-        _set_rng_state(state["rng"][self.env.rank])
-        return state["data"]
+        _set_rng_state(state["rng"][self.env.rank], self.env.device)
+        return data
 
-    def _update(self) -> tuple[float, float]:
-        """One optimizer step over `accumulation` micro-batches per rank -> (summed loss, target tokens), local."""
+    def _update(self) -> tuple[torch.Tensor, int]:
+        """One optimizer step over `accumulation` micro-batches per rank -> (summed loss [] on device, target
+        tokens), both of this rank."""
         batches = [self.train_data.collate(self.stream.next()) for _ in range(self.accumulation)]
         local_tokens = sum(int((tgt_out != self.config.pad_id).sum()) for _, _, tgt_out in batches)
         total_tokens = self.env.sum([local_tokens])[0]
-        loss_sum = 0.0
+        loss_sum = torch.zeros((), device=self.env.device)
         autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.env.device.type == "cuda")
         for i, batch in enumerate(batches):
             src, tgt_in, tgt_out = (tensor.to(self.env.device, non_blocking=True) for tensor in batch)
@@ -270,34 +302,32 @@ class Trainer:
                 with autocast:
                     loss = self.loss_module(src, tgt_in, tgt_out)
                 loss.backward()
-            loss_sum += loss.item()
+            loss_sum += loss.detach().float()
         # DDP averaged the ranks' summed gradients; rescale to the mean over every target token of the update.
+        scale = self.env.world_size / total_tokens
         for parameter in self.model.parameters():
             if parameter.grad is not None:
-                parameter.grad.mul_(self.env.world_size / total_tokens)
-        self.step += 1
-        lr = inverse_sqrt_lr(self.step, self.config.d_model, self.options.warmup, self.options.lr_scale)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+                parameter.grad.mul_(scale)
         self.optimizer.step()
+        self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss_sum, float(local_tokens)
+        self.step += 1
+        return loss_sum, local_tokens
 
     def save(self) -> Path:
         """Writes checkpoint_<step>.pt (rank 0) with every rank's RNG state, keeping the newest keep_last."""
-        rng_states = self.env.gather(_rng_state())
+        rng_states = self.env.gather(_rng_state(self.env.device))
         path = checkpoint.checkpoint_path(Path(self.options.out_dir), self.step)
         if self.env.is_main:
             state = {
                 "model": {name: tensor.detach().cpu() for name, tensor in self.model.state_dict().items()},
                 "config": self.config.to_dict(),
                 "optimizer": self.optimizer.state_dict(),
+                "schedule": self.scheduler.state_dict(),
                 "step": self.step,
-                "schedule": {"warmup": self.options.warmup, "lr_scale": self.options.lr_scale,
-                             "d_model": self.config.d_model},
                 "rng": rng_states,
                 "data": {"epoch": self.stream.epoch, "index": self.stream.index, "seed": self.options.seed,
-                         "world_size": self.env.world_size},
+                         "batch_tokens": self.options.batch_tokens, "world_size": self.env.world_size},
                 "tokenizer": torch.frombuffer(bytearray(self.tokenizer.model_proto), dtype=torch.uint8),
                 "options": asdict(self.options),
             }
@@ -324,52 +354,95 @@ class Trainer:
         self.env.barrier()
         return results
 
+    def _out_of_time(self, start: float) -> bool:
+        """Whether the time budget is spent; rank 0's clock decides, so every rank stops after the same step."""
+        if self.options.max_minutes <= 0:
+            return False
+        late = self.env.is_main and time.perf_counter() - start > 60 * self.options.max_minutes
+        return self.env.sum([float(late)])[0] > 0
+
+    def _log(self, meter: _Throughput, progress: tqdm) -> float:
+        """Logs the interval's loss, lr and throughput over all ranks -> the interval's train loss per token."""
+        loss_sum, tokens, rate = meter.read(self.env)
+        train_loss = loss_sum / max(tokens, 1.0)
+        if self.env.is_main and not self.options.quiet:
+            progress.write(f"step {self.step} | loss {train_loss:.3f} | lr {self.scheduler.get_last_lr()[0]:.3g} | "
+                           f"{rate:,.0f} tgt tok/s | epoch {self.stream.epoch}")
+        return train_loss
+
     def run(self) -> TrainResult:
-        options, env = self.options, self.env
+        options = self.options
         self.model.train()
         start = time.perf_counter()
-        progress = tqdm(total=options.max_steps, initial=self.step, disable=options.quiet or not env.is_main,
-                        mininterval=2.0, dynamic_ncols=True, unit="step")
-        interval_loss = interval_tokens = 0.0
-        total_tokens = 0.0
-        interval_start = start
-        last_saved = -1
+        # A time-limited run has no step count to fill a bar towards.
+        progress = tqdm(total=None if options.max_minutes else options.max_steps, initial=self.step,
+                        disable=options.quiet or not self.env.is_main, mininterval=2.0, dynamic_ncols=True,
+                        unit="step")
+        meter = _Throughput(self.env.device)
+        path = None
         valid: dict = {}
         train_loss = math.nan
         while self.step < options.max_steps:
-            loss_sum, tokens = self._update()
-            interval_loss += loss_sum
-            interval_tokens += tokens
+            meter.add(*self._update())
             progress.update(1)
-            # Rank 0's clock decides, so every rank stops after the same step.
-            out_of_time = env.is_main and options.max_minutes > 0 and \
-                time.perf_counter() - start > 60 * options.max_minutes
-            last = self.step >= options.max_steps or env.sum([float(out_of_time)])[0] > 0
+            last = self.step >= options.max_steps or self._out_of_time(start)
             if self.step % options.log_every == 0 or last:
-                loss_all, tokens_all = env.sum([interval_loss, interval_tokens])
-                now = time.perf_counter()
-                train_loss = loss_all / max(tokens_all, 1.0)
-                total_tokens += tokens_all
-                message = (f"step {self.step} | loss {train_loss:.3f} | lr {self.optimizer.param_groups[0]['lr']:.3g}"
-                           f" | {tokens_all / (now - interval_start):,.0f} tgt tok/s | epoch {self.stream.epoch}")
-                if env.is_main and not options.quiet:
-                    progress.write(message)
-                interval_loss = interval_tokens = 0.0
-                interval_start = now
-            if options.valid_every and (self.step % options.valid_every == 0 or last):
-                valid = self.validate()
-                if env.is_main and not options.quiet:
-                    progress.write(f"step {self.step} | valid " + " | ".join(f"{k} {v:.3f}" for k, v in valid.items()))
-            if (options.save_every and self.step % options.save_every == 0) or last:
-                path = self.save()
-                last_saved = self.step
+                train_loss = self._log(meter, progress)
+            with meter.paused():
+                if options.valid_every and (self.step % options.valid_every == 0 or last):
+                    valid = self.validate()
+                    if self.env.is_main and not options.quiet:
+                        progress.write(f"step {self.step} | valid " +
+                                       " | ".join(f"{k} {v:.3f}" for k, v in valid.items()))
+                if (options.save_every and self.step % options.save_every == 0) or last:
+                    path = self.save()
             if last:
                 break
         progress.close()
-        elapsed = time.perf_counter() - start
-        if last_saved != self.step:
-            path = self.save()
-        return TrainResult(self.step, path, total_tokens / max(elapsed, 1e-9), train_loss, valid)
+        if path is None:  # resumed at or past max_steps: nothing trained, the resumed checkpoint is the result
+            path = checkpoint.checkpoint_path(Path(options.out_dir), self.step)
+        return TrainResult(self.step, path, meter.overall_rate(), train_loss, valid)
+
+
+class _Throughput:
+    """Sums loss and target tokens between log lines, and times training alone: validation and checkpointing run
+    inside `paused()` and are not counted."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.loss_sum = torch.zeros((), device=device)
+        self.tokens = 0
+        self.interval_start = time.perf_counter()
+        self.interval_paused = 0.0
+        self.total_tokens = 0.0
+        self.total_seconds = 0.0
+
+    def add(self, loss_sum: torch.Tensor, tokens: int) -> None:
+        self.loss_sum += loss_sum
+        self.tokens += tokens
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        begin = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.interval_paused += time.perf_counter() - begin
+
+    def read(self, env: _Distributed) -> tuple[float, float, float]:
+        """-> (summed loss, target tokens, target tokens/s) of the interval over all ranks; starts a new interval."""
+        # The loss is read back only here, so the steps in between queue on a GPU without a host sync.
+        loss_sum, tokens = env.sum([self.loss_sum.item(), float(self.tokens)])
+        now = time.perf_counter()
+        seconds = max(now - self.interval_start - self.interval_paused, 1e-9)
+        self.total_tokens += tokens
+        self.total_seconds += seconds
+        self.loss_sum.zero_()
+        self.tokens = 0
+        self.interval_start, self.interval_paused = now, 0.0
+        return loss_sum, tokens, tokens / seconds
+
+    def overall_rate(self) -> float:
+        return self.total_tokens / max(self.total_seconds, 1e-9)
 
 
 def train(options: TrainOptions) -> TrainResult:

@@ -1,4 +1,4 @@
-"""Reading parallel corpora as users keep them on disk, strictly: any malformed line is an error naming file and line."""
+"""Reading parallel corpora as users keep them on disk, strictly: a malformed line is an error naming file and line."""
 
 from __future__ import annotations
 

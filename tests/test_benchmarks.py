@@ -1,0 +1,169 @@
+"""The benchmarks' baselines compute what they claim (against fastformer's reference and torch's FLOP counter), and
+both benchmark scripts run end to end on the CPU (tiny shapes), writing their JSON and chart."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import fastformer
+from fastformer import Transformer, TransformerConfig
+from fastformer.reference.beam_search import beam_search
+from tolerances import FP32
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import bench_utils  # noqa: E402
+from baselines import CachedDecoder, TorchTransformer, cached_beam_search  # noqa: E402
+from throughput import training_flops  # noqa: E402
+
+VOCAB = 23
+
+
+def padded_batch(lengths: list[int], seed: int) -> torch.Tensor:
+    """Right-padded random ids in [3, VOCAB), each row ending in EOS (2)."""
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(3, VOCAB, (len(lengths), max(lengths)), generator=generator)
+    for row, length in enumerate(lengths):
+        tokens[row, length - 1] = 2
+        tokens[row, length:] = 0
+    return tokens
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_cached_decoder_logits_equal_full_decode_at_every_step(norm_first):
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig.tiny(VOCAB, norm_first=norm_first)).eval()
+    src = padded_batch([7, 3, 5], seed=1)
+    prefix = torch.cat([torch.ones(3, 1, dtype=torch.long), padded_batch([6, 6, 6], seed=2)[:, :5]], dim=1)
+    decoder = CachedDecoder(model)
+    with torch.no_grad(), fastformer.backend("reference"):
+        encoder_out = model.encode(src)
+        memory, keep = decoder.encode(src)
+        real = keep[:, 0, 0]
+        torch.testing.assert_close(memory[real], encoder_out.memory[real], **FP32)
+        state = decoder.start(memory, keep, beam_size=1)
+        for step in range(prefix.shape[1]):
+            logits = decoder.step(state, prefix[:, step])
+            full = model.decode(prefix[:, :step + 1], encoder_out)[:, -1]
+            torch.testing.assert_close(logits, full, **FP32, msg=f"step {step}")
+
+
+@pytest.mark.parametrize("options", [
+    dict(beam_size=1),
+    dict(beam_size=4),
+    dict(beam_size=3, n_best=3, min_len=2, length_penalty=1.0),
+    dict(beam_size=4, min_len=1024, max_len_a=1.0, max_len_b=0),  # the benchmark's forced length
+], ids=["greedy", "beam4", "nbest-minlen", "forced-length"])
+def test_cached_beam_search_equals_the_reference_beam_search(options):
+    torch.manual_seed(3)
+    model = Transformer(TransformerConfig.tiny(VOCAB, norm_first=False)).eval()
+    src = padded_batch([6, 2, 4], seed=4)
+    options = dict(dict(max_len_a=0.0, max_len_b=6), **options)
+    with fastformer.backend("reference"):
+        expected = beam_search(model, src, **options)
+        got = cached_beam_search(model, src, **options)
+    assert len(got) == len(expected)
+    for sentence, (ours, theirs) in enumerate(zip(got, expected)):
+        assert [h.tokens for h in ours] == [h.tokens for h in theirs], f"sentence {sentence}"
+        for a, b in zip(ours, theirs):
+            assert abs(a.score - b.score) <= 1e-5
+    if options.get("min_len") == 1024:
+        # Forced length: each best hypothesis has exactly as many tokens as its source (EOS included).
+        assert [len(h[0].tokens) for h in got] == [6, 2, 4]
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_torch_transformer_baseline_is_fastformers_model(norm_first):
+    """With fastformer's weights (its names differ only by the `ffn.` prefix), torch.nn's layers give the same
+    logits and loss, in training mode (dropout 0), so the baseline computes the very same model."""
+    torch.manual_seed(5)
+    config = TransformerConfig.tiny(VOCAB, norm_first=norm_first, dropout=0.0)
+    model, baseline = Transformer(config), TorchTransformer(config)
+    state = {name.replace(".ffn.", "."): value for name, value in model.state_dict().items()}
+    baseline.load_state_dict(state)
+    src = padded_batch([5, 3, 7], seed=6)
+    tgt_in, tgt_out = padded_batch([4, 6, 2], seed=7), padded_batch([4, 6, 2], seed=8)
+    real = tgt_in != 0
+    with fastformer.backend("reference"):
+        expected_logits = model(src, tgt_in)
+        expected_loss = model.loss(src, tgt_in, tgt_out, label_smoothing=0.1)
+    torch.testing.assert_close(baseline(src, tgt_in)[real], expected_logits[real], **FP32)
+    torch.testing.assert_close(baseline.loss(src, tgt_in, tgt_out, label_smoothing=0.1), expected_loss, **FP32)
+
+
+def test_training_flops_formula_matches_torchs_flop_counter():
+    """One unpadded pair through the reference model: torch counts every matmul FLOP of forward + backward; the
+    formula counts the causal half of decoder self-attention, so the other half is added back for the comparison."""
+    config = TransformerConfig.tiny(VOCAB, dropout=0.0)
+    model = Transformer(config)
+    src_len, tgt_len = 9, 6
+    src, tgt = padded_batch([src_len], seed=8), padded_batch([tgt_len + 1], seed=9)
+    with fastformer.backend("reference"), FlopCounterMode(display=False) as counter:
+        model.loss(src, tgt[:, :-1], tgt[:, 1:], reduction="sum").backward()
+    d, t = config.d_model, tgt_len
+    full_causal_square = 3 * config.n_decoder_layers * (4 * d * t * t - 2 * d * t * (t + 1))
+    formula = training_flops(config, torch.tensor([src_len]), torch.tensor([tgt_len]))
+    assert formula + full_causal_square == counter.get_total_flops()
+
+
+def test_wmt_batches_respect_the_token_budget_and_the_wmt_length_distribution():
+    batches = bench_utils.wmt_batches(4, max_tokens=4096, vocab_size=100, max_len=128, seed=0)
+    for batch in batches:
+        assert batch.src.shape[0] * max(batch.src.shape[1], batch.tgt_in.shape[1]) <= 4096
+        assert torch.equal((batch.src != 0).sum(dim=1), batch.src_lengths)
+        assert torch.equal((batch.tgt_out != 0).sum(dim=1), batch.tgt_lengths)
+        assert torch.equal(batch.tgt_in[:, 1:], batch.tgt_out[:, :-1] * (batch.tgt_in[:, 1:] != 0))
+    src, tgt = bench_utils.wmt_lengths(20000, torch.Generator().manual_seed(0), max_len=128)
+    assert 25 < tgt.double().mean() < 30 and tgt.max() <= 127
+    assert 25 < src.double().mean() < 31 and src.max() <= 128
+
+
+# The smoke runs tolerate a system only when the piece it needs is not built here.
+MISSING_PIECE = ("cannot be imported", "fastformer._C is not built", "No module named")
+
+
+def run_script(script: str, out_dir: Path, *args: str) -> dict:
+    command = [sys.executable, str(BENCHMARKS / script), "--device", "cpu", "--out-dir", str(out_dir), *args]
+    environment = dict(os.environ, TRITON_INTERPRET="1")
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment,
+                               cwd=BENCHMARKS.parent)
+    assert (out_dir / script.replace(".py", ".json")).exists(), completed.stdout + completed.stderr
+    assert (out_dir / script.replace(".py", ".png")).stat().st_size > 1000
+    results = json.loads((out_dir / script.replace(".py", ".json")).read_text())
+    rows = results.get("rows", []) + results.get("training", []) + results.get("inference", [])
+    errors = [row for row in rows if row["status"] == "error"]
+    assert all(any(piece in row["error"] for piece in MISSING_PIECE) for row in errors), errors
+    assert completed.returncode == (1 if errors else 0), completed.stdout + completed.stderr
+    assert results["environment"]["torch"] == torch.__version__
+    return results
+
+
+def test_throughput_smoke_run_on_cpu(tmp_path):
+    results = run_script("throughput.py", tmp_path, "--preset", "tiny", "--max-tokens", "128", "--batches", "1",
+                         "--warmup", "0", "--repeats", "1", "--sentences", "6", "--reference-sentences", "2",
+                         "--latency-sentences", "1")
+    assert {row["system"] for row in results["training"]} == {"fastformer", "reference", "reference-compile",
+                                                              "torch-nn"}
+    assert {row["system"] for row in results["inference"]} == {"fastformer", "cached-pytorch", "reference"}
+    for row in results["training"] + results["inference"]:
+        if row["status"] == "ok":
+            assert row["tokens_per_s"]["median"] > 0
+    for row in results["inference"]:
+        if row["status"] == "ok":
+            assert row["tokens_match"], row
+            assert row.get("same_tokens_as_cached", 1.0) == 1.0, row
+    assert [t["target"] for t in results["targets"]]
+
+
+def test_kernels_smoke_run_on_cpu(tmp_path):
+    results = run_script("kernels.py", tmp_path, "--quick")
+    ops = {row["op"] for row in results["rows"]}
+    assert ops == {"attention", "cross_entropy", "linear_cross_entropy", "residual_layer_norm", "copy"}
+    assert all(row["ms"]["median"] > 0 for row in results["rows"] if row["status"] == "ok")

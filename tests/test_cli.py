@@ -1,0 +1,96 @@
+"""The inference commands: translate (stdin to stdout, files), evaluate (sacreBLEU with signatures), their errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import sacrebleu
+import torch
+
+from fastformer import evaluate
+from fastformer.data import BUNDLED_CORPUS, EOS_ID, read_lines
+from fastformer_process import run
+
+SENTENCES = ["The dog sees a cat.", "My friend reads the new book today.", "Do you play in the garden?",
+             "Two old men sleep."]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A tiny model trained a few hundred steps on the bundled corpus -> its run directory. Everything here runs on
+    the CPU, so that the CLI's output can be compared with the in-process oracle exactly."""
+    out_dir = tmp_path_factory.mktemp("cli") / "run"
+    done = run(["train", "--device", "cpu", "--out-dir", str(out_dir), "--vocab-size", "300", "--batch-tokens", "1500",
+                "--update-tokens", "1500", "--warmup", "100", "--lr-scale", "2", "--max-steps", "150", "--valid-every",
+                "0", "--save-every", "150", "--quiet"])
+    assert done.returncode == 0, done.stderr
+    return out_dir
+
+
+def _translate_one_by_one(run_dir: Path, sentences: list[str]) -> list[str]:
+    """The oracle: each sentence alone through Transformer.translate, without the CLI's batching and sorting."""
+    model, tokenizer = evaluate.load_model(sorted(run_dir.glob("checkpoint_*.pt"))[-1])
+    outputs = []
+    for ids in tokenizer.encode(sentences):
+        best = model.translate(torch.tensor([ids + [EOS_ID]]), beam_size=4, length_penalty=0.6)[0][0]
+        outputs.append(tokenizer.decode([best.tokens])[0])
+    return outputs
+
+
+def test_translate_stdin_to_stdout_matches_sentence_by_sentence_search(trained: Path):
+    done = run(["translate", "--device", "cpu", "--out-dir", str(trained)], stdin="".join(s + "\n" for s in SENTENCES))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines == _translate_one_by_one(trained, SENTENCES)
+    assert sum(line.strip() != "" for line in lines) == len(SENTENCES)
+
+
+def test_translate_files_keeps_order_and_count(trained: Path, tmp_path: Path):
+    sources = read_lines(BUNDLED_CORPUS / "test.en")[:12]
+    (tmp_path / "in.en").write_text("".join(s + "\n" for s in sources), encoding="utf-8")
+    done = run(["translate", "--device", "cpu", "--out-dir", str(trained), "--input", str(tmp_path / "in.en"),
+                "--output", str(tmp_path / "out.de"), "--batch-tokens", "64", "--beam", "2"])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""
+    translations = read_lines(tmp_path / "out.de")
+    model, tokenizer = evaluate.load_model(sorted(trained.glob("checkpoint_*.pt"))[-1])
+    assert translations == evaluate.translate_sentences(model, tokenizer, sources, beam_size=2, batch_tokens=10_000)
+
+
+def test_evaluate_prints_sacrebleu_with_signatures(trained: Path, tmp_path: Path):
+    data = tmp_path / "data"
+    data.mkdir()
+    for lang in ("en", "de"):
+        lines = (BUNDLED_CORPUS / f"test.{lang}").read_text(encoding="utf-8").splitlines(keepends=True)[:40]
+        (data / f"newstest2014.{lang}").write_text("".join(lines), encoding="utf-8")
+    done = run(["evaluate", "--device", "cpu", "--out-dir", str(trained), "--data-dir", str(data), "--output",
+                        str(tmp_path / "hyp.de")])
+    assert done.returncode == 0, done.stderr
+    hypotheses = read_lines(tmp_path / "hyp.de")
+    references = read_lines(data / "newstest2014.de")
+    for tokenize in ("13a", "intl"):
+        line = next(line for line in done.stdout.splitlines() if f"tok:{tokenize}|" in line)
+        expected = sacrebleu.corpus_bleu(hypotheses, [references], tokenize=tokenize).score
+        signature = f"BLEU|nrefs:1|case:mixed|eff:no|tok:{tokenize}|smooth:exp|version:{sacrebleu.__version__}"
+        assert line.startswith(signature + " = ")
+        assert float(line.split(" = ")[1].split()[0]) == pytest.approx(expected, abs=0.005)
+    assert expected > 0, "150 steps on the bundled corpus already translate something right"
+
+
+def test_corrupt_or_foreign_checkpoint_is_a_clear_error(tmp_path: Path):
+    path = tmp_path / "model.pt"
+    path.write_bytes(b"PK\x03\x04 truncated zip")
+    done = run(["translate", "--checkpoint", str(path)], stdin="Hello.\n")
+    assert done.returncode != 0 and f"{path} is not a readable checkpoint" in done.stderr
+    torch.save({"model": {}}, path)
+    done = run(["evaluate", "--checkpoint", str(path)])
+    assert done.returncode != 0 and f"{path} is not a fastformer checkpoint" in done.stderr
+    done = run(["translate", "--checkpoint", str(tmp_path / "absent.pt")], stdin="Hello.\n")
+    assert done.returncode != 0 and f"checkpoint not found: {tmp_path / 'absent.pt'}" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_missing_test_split_names_the_files(trained: Path, tmp_path: Path):
+    done = run(["evaluate", "--out-dir", str(trained), "--data-dir", str(tmp_path)])
+    assert done.returncode != 0 and "newstest2014.en" in done.stderr and "Traceback" not in done.stderr

@@ -1,0 +1,211 @@
+"""fastformer.data: strict readers, split lookup, the length filter, collation, and token-budget batching."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from fastformer.data import (BOS_ID, BUNDLED_CORPUS, EOS_ID, PAD_ID, LengthFilter, TokenBatchSampler,
+                             TokenizedCorpus, Tokenizer, find_split, read_lines, read_parallel, train_tokenizer)
+from fastformer.data import make_corpus
+
+
+@pytest.fixture(scope="module")
+def bundled_pairs() -> list[tuple[str, str]]:
+    files = find_split(None, "train")
+    return read_parallel(files.src, files.tgt)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(bundled_pairs) -> Tokenizer:
+    return train_tokenizer((sentence for pair in bundled_pairs for sentence in pair), vocab_size=200)
+
+
+@pytest.fixture(scope="module")
+def corpus(tokenizer, bundled_pairs) -> TokenizedCorpus:
+    return TokenizedCorpus.encode(tokenizer, bundled_pairs, LengthFilter())
+
+
+# --- reading ---------------------------------------------------------------------------------------------------------
+
+def test_read_lines_returns_the_lines_without_line_ends(tmp_path: Path):
+    path = tmp_path / "a.en"
+    path.write_bytes("Hello world.\r\nÄpfel und Birnen.\nlast line without newline".encode())
+    assert read_lines(path) == ["Hello world.", "Äpfel und Birnen.", "last line without newline"]
+
+
+def test_missing_file_names_the_path(tmp_path: Path):
+    missing = tmp_path / "nowhere" / "train.en"
+    with pytest.raises(FileNotFoundError, match=str(missing)):
+        read_lines(missing)
+
+
+@pytest.mark.parametrize("content, line", [(b"one\n\ntwo\n", 2), (b"one\n   \n", 2), (b"one\ntwo\n\n", 3)])
+def test_empty_line_is_an_error_naming_file_and_line(tmp_path: Path, content: bytes, line: int):
+    path = tmp_path / "train.de"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=rf"{path}:{line}: empty line"):
+        read_lines(path)
+
+
+def test_non_utf8_line_is_an_error_naming_file_and_line(tmp_path: Path):
+    path = tmp_path / "train.de"
+    path.write_bytes("gut\n".encode() + "Gr\u00fc\u00dfe\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=rf"{path}:2: not valid UTF-8"):
+        read_lines(path)
+
+
+def test_mismatched_line_counts_name_both_files(tmp_path: Path):
+    src, tgt = tmp_path / "train.en", tmp_path / "train.de"
+    src.write_text("a b c\nd e f\n", encoding="utf-8")
+    tgt.write_text("a b c\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"{src} has 2 lines but {tgt} has 1"):
+        read_parallel(src, tgt)
+
+
+def test_find_split_plain_names_aliases_and_sacrebleu_layout(tmp_path: Path):
+    for name in ("train.en", "train.de", "newstest2013.en", "newstest2013.de"):
+        (tmp_path / name).write_text("x\n", encoding="utf-8")
+    cache = tmp_path / "wmt14"
+    cache.mkdir()
+    for name in ("wmt14.en-de.src", "wmt14.en-de.ref"):
+        (cache / name).write_text("x\n", encoding="utf-8")
+    assert find_split(tmp_path, "train").src == tmp_path / "train.en"
+    assert find_split(tmp_path, "valid").tgt == tmp_path / "newstest2013.de"
+    assert find_split(tmp_path, "test").src == cache / "wmt14.en-de.src"
+    assert find_split(tmp_path, "test").tgt == cache / "wmt14.en-de.ref"
+
+
+def test_find_split_names_what_it_looked_for(tmp_path: Path):
+    with pytest.raises(FileNotFoundError, match="newstest2014.en"):
+        find_split(tmp_path, "test")
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "absent")):
+        find_split(tmp_path / "absent", "train")
+    with pytest.raises(ValueError, match="split must be one of"):
+        find_split(tmp_path, "dev")
+
+
+def test_bundled_corpus_is_what_the_generator_makes():
+    """The shipped files are make_corpus's output for its default seed, and the splits share no source sentence."""
+    splits = make_corpus.generate(2017)
+    for split, pairs in splits.items():
+        files = find_split(None, split)
+        assert files.src.parent == BUNDLED_CORPUS
+        assert read_parallel(files.src, files.tgt) == pairs
+        assert len(pairs) == make_corpus.SPLITS[split]
+    sources = [set(english for english, _ in pairs) for pairs in splits.values()]
+    assert sum(map(len, sources)) == len(set().union(*sources))
+
+
+# --- tokenizer and corpus --------------------------------------------------------------------------------------------
+
+def test_tokenizer_round_trips_and_has_the_model_special_ids(tokenizer, bundled_pairs):
+    sentences = [pair[1] for pair in bundled_pairs[:50]]
+    ids = tokenizer.encode(sentences)
+    assert tokenizer.decode(ids) == sentences
+    assert all(id_ not in (PAD_ID, BOS_ID, EOS_ID) for sentence in ids for id_ in sentence)
+    assert tokenizer.vocab_size == 200
+    assert Tokenizer(tokenizer.model_proto).encode(sentences) == ids
+
+
+def test_tokenizer_rejects_a_file_that_is_no_sentencepiece_model(tmp_path: Path):
+    path = tmp_path / "spm.model"
+    path.write_bytes(b"not a model")
+    with pytest.raises(ValueError, match=str(path)):
+        Tokenizer.load(path)
+
+
+def test_length_filter_bounds_and_ratio():
+    keep = LengthFilter(min_len=3, max_len=10, max_ratio=2.0).keeps
+    assert keep(3, 3) and keep(10, 5) and keep(5, 10)
+    assert not keep(2, 3) and not keep(3, 11) and not keep(11, 11) and not keep(3, 7)
+    with pytest.raises(ValueError, match="max_ratio"):
+        LengthFilter(max_ratio=0.5)
+
+
+def test_collate_shifts_targets_and_right_pads(corpus, tokenizer, bundled_pairs):
+    kept = [pair for pair in bundled_pairs
+            if LengthFilter().keeps(*(len(ids) for ids in tokenizer.encode(list(pair))))]
+    indices = [5, 0, 17]
+    src, tgt_in, tgt_out = corpus.collate(indices)
+    for row, index in enumerate(indices):
+        source_ids, target_ids = tokenizer.encode(list(kept[index]))
+        n, m = len(source_ids), len(target_ids)
+        assert src[row, :n + 1].tolist() == source_ids + [EOS_ID]
+        assert tgt_in[row, :m + 1].tolist() == [BOS_ID] + target_ids
+        assert tgt_out[row, :m + 1].tolist() == target_ids + [EOS_ID]
+        assert (src[row, n + 1:] == PAD_ID).all() and (tgt_in[row, m + 1:] == PAD_ID).all()
+        assert (tgt_out[row, m + 1:] == PAD_ID).all()
+        assert corpus.src_lengths[index] == n + 1 and corpus.tgt_lengths[index] == m + 1
+    assert src.dtype == tgt_in.dtype == tgt_out.dtype == torch.int64
+
+
+# --- batching --------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+@pytest.mark.parametrize("max_tokens", [200, 1000])
+def test_every_pair_once_per_epoch_across_ranks_within_budget(corpus, world_size: int, max_tokens: int):
+    src_lengths, tgt_lengths = corpus.src_lengths, corpus.tgt_lengths
+    samplers = [TokenBatchSampler(src_lengths, tgt_lengths, max_tokens, seed=7, rank=rank, world_size=world_size)
+                for rank in range(world_size)]
+    for epoch in (0, 1):
+        per_rank = [sampler.batches(epoch) for sampler in samplers]
+        assert len({len(batches) for batches in per_rank}) == 1, "ranks must step in lockstep"
+        seen = sorted(i for batches in per_rank for batch in batches for i in batch)
+        assert seen == list(range(len(corpus)))
+        for batches in per_rank:
+            for batch in batches:
+                longest = max(max(src_lengths[batch].tolist()), max(tgt_lengths[batch].tolist()))
+                assert len(batch) * longest <= max_tokens
+
+
+def test_padding_is_bounded(corpus):
+    """Length bucketing: the padded batches hold under 20% more tokens than the sentences on each side (batches of
+    randomly chosen pairs would hold about twice as many on this corpus)."""
+    src_lengths, tgt_lengths = corpus.src_lengths, corpus.tgt_lengths
+    batches = TokenBatchSampler(src_lengths, tgt_lengths, 1000, seed=3).batches(0)
+    for lengths in (src_lengths, tgt_lengths):
+        padded = sum(len(batch) * int(lengths[batch].max()) for batch in batches)
+        assert padded <= 1.2 * int(lengths.sum())
+    shuffled = list(range(len(corpus)))
+    random.Random(0).shuffle(shuffled)
+    sizes = [len(batch) for batch in batches]
+    random_batches, start = [], 0
+    for size in sizes:
+        random_batches.append(shuffled[start:start + size])
+        start += size
+    padded_random = sum(len(batch) * int(tgt_lengths[batch].max()) for batch in random_batches)
+    padded = sum(len(batch) * int(tgt_lengths[batch].max()) for batch in batches)
+    assert padded < padded_random
+
+
+def test_epochs_are_reshuffled_and_seeded(corpus):
+    sampler = TokenBatchSampler(corpus.src_lengths, corpus.tgt_lengths, 1000, seed=1)
+    again = TokenBatchSampler(corpus.src_lengths, corpus.tgt_lengths, 1000, seed=1)
+    other_seed = TokenBatchSampler(corpus.src_lengths, corpus.tgt_lengths, 1000, seed=2)
+    assert sampler.batches(0) == again.batches(0)
+    assert sampler.batches(0) != sampler.batches(1)
+    assert sampler.batches(0) != other_seed.batches(0)
+
+
+def test_batch_count_is_evened_out_over_ranks():
+    lengths = torch.full((7,), 4)
+    samplers = [TokenBatchSampler(lengths, lengths, 8, rank=rank, world_size=3) for rank in range(3)]
+    batches = [sampler.batches(0) for sampler in samplers]
+    assert [len(b) for b in batches] == [len(batches[0])] * 3
+    assert sorted(i for rank in batches for batch in rank for i in batch) == list(range(7))
+
+
+def test_sampler_rejects_what_it_cannot_batch():
+    lengths = torch.tensor([3, 9, 4])
+    with pytest.raises(ValueError, match="longest sequence"):
+        TokenBatchSampler(lengths, lengths, 8)
+    with pytest.raises(ValueError, match="each of 4 ranks"):
+        TokenBatchSampler(lengths, lengths, 64, rank=0, world_size=4)
+    with pytest.raises(ValueError, match="rank"):
+        TokenBatchSampler(lengths, lengths, 64, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="single-pair batches"):
+        TokenBatchSampler(lengths[:1].repeat(3), lengths[:1].repeat(3), 3, rank=0, world_size=2).batches(0)

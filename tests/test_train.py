@@ -1,0 +1,162 @@
+"""Training: torchrun data parallelism on CPU (gloo), exact resume, averaging, and clear errors for bad runs.
+
+Every run trains the tiny preset a few steps on a slice of the bundled corpus, small enough that an epoch is a few
+steps, so that runs cross epoch boundaries.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from fastformer import Transformer, TransformerConfig, checkpoint
+from fastformer.data import BUNDLED_CORPUS
+from fastformer.train import inverse_sqrt_schedule
+from fastformer_process import run
+from tolerances import FP32
+
+TESTS = Path(__file__).resolve().parent
+# 4 updates per epoch on 2 ranks: about 16 batches of 200 tokens, 2 micro-batches per rank and update. On the CPU
+# (gloo) also where a GPU is present: that is the path under test, and bitwise resume needs deterministic kernels.
+TRAIN_FLAGS = ["train", "--device", "cpu", "--preset", "tiny", "--vocab-size", "200", "--batch-tokens", "200",
+               "--update-tokens", "800", "--warmup", "4", "--lr-scale", "4", "--log-every", "2", "--save-every", "2", "--keep-last", "3",
+               "--valid-every", "2", "--valid-bleu-sentences", "2", "--quiet"]
+
+
+def _corpus_slice(directory: Path, sizes: dict[str, int]) -> Path:
+    directory.mkdir()
+    for split, size in sizes.items():
+        for lang in ("en", "de"):
+            lines = (BUNDLED_CORPUS / f"{split}.{lang}").read_text(encoding="utf-8").splitlines(keepends=True)
+            (directory / f"{split}.{lang}").write_text("".join(lines[:size]), encoding="utf-8")
+    return directory
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    return _corpus_slice(tmp_path_factory.mktemp("corpus") / "data", {"train": 120, "valid": 8, "test": 8})
+
+
+def _run(args: list[str], ranks: int = 1) -> None:
+    """`python -m fastformer ARGS`, or the same under torchrun with `ranks` processes; fails the test on error."""
+    done = run(args, ranks=ranks)
+    assert done.returncode == 0, f"fastformer {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
+
+
+def _fail(args: list[str]) -> str:
+    """`python -m fastformer ARGS` must exit with an error -> its stderr."""
+    done = run(args)
+    assert done.returncode != 0, f"expected an error from {args}, got:\n{done.stdout}"
+    assert "Traceback" not in done.stderr, f"a clear error, not a traceback:\n{done.stderr}"
+    return done.stderr
+
+
+def _assert_same_tensors(a: dict, b: dict, what: str) -> None:
+    assert a.keys() == b.keys(), what
+    for name in a:
+        assert torch.equal(a[name], b[name]), f"{what}: {name} differs (max diff "\
+            f"{(a[name].double() - b[name].double()).abs().max().item():.3e})"
+
+
+def test_torchrun_ranks_hold_identical_parameters(data_dir: Path, tmp_path: Path):
+    options = {"out_dir": str(tmp_path / "run"), "data_dir": str(data_dir), "vocab_size": 200, "batch_tokens": 200,
+               "update_tokens": 800, "warmup": 4, "lr_scale": 4.0, "max_steps": 5, "valid_every": 0,
+               "save_every": 0, "quiet": True, "device": "cpu"}
+    done = run([str(TESTS / "ddp_rank_parameters.py"), json.dumps(options)], ranks=2, module=False)
+    assert done.returncode == 0, done.stderr
+    ranks = [torch.load(tmp_path / "run" / f"rank{rank}.pt") for rank in (0, 1)]
+    saved = checkpoint.load_checkpoint(Path(ranks[0]["checkpoint"]))
+    assert saved["step"] == 5
+    _assert_same_tensors(ranks[0]["parameters"], ranks[1]["parameters"], "rank 0 vs rank 1")
+    _assert_same_tensors(saved["model"], ranks[1]["parameters"], "checkpoint vs rank 1")
+    # The ranks trained, on different data with different dropout masks, yet stayed equal: not a trivial pass.
+    torch.manual_seed(1)
+    initial = Transformer(TransformerConfig(**saved["config"])).state_dict()
+    assert not torch.equal(initial["encoder.layers.0.ffn.linear1.weight"],
+                           saved["model"]["encoder.layers.0.ffn.linear1.weight"])
+
+
+def test_resume_is_exact_under_torchrun(data_dir: Path, tmp_path: Path):
+    """3 steps, then --resume to 6 (across an epoch boundary, with validation in between) == 6 steps straight."""
+    common = TRAIN_FLAGS + ["--data-dir", str(data_dir)]
+    split, straight = tmp_path / "split", tmp_path / "straight"
+    _run(common + ["--out-dir", str(split), "--max-steps", "3"], ranks=2)
+    _run(common + ["--out-dir", str(split), "--max-steps", "6", "--resume"], ranks=2)
+    _run(common + ["--out-dir", str(straight), "--max-steps", "6"], ranks=2)
+    resumed = checkpoint.load_checkpoint(checkpoint.checkpoint_path(split, 6))
+    reference = checkpoint.load_checkpoint(checkpoint.checkpoint_path(straight, 6))
+    assert reference["data"]["epoch"] >= 1, "the runs should cross an epoch boundary"
+    assert resumed["data"] == reference["data"]
+    _assert_same_tensors(resumed["model"], reference["model"], "resumed vs straight")
+    for index, state in reference["optimizer"]["state"].items():
+        _assert_same_tensors(resumed["optimizer"]["state"][index], state, f"Adam state of parameter {index}")
+    assert resumed["schedule"] == reference["schedule"]
+    for rank in (0, 1):
+        assert torch.equal(resumed["rng"][rank]["torch"], reference["rng"][rank]["torch"])
+    # Checkpoints 3 and 6 of the split run and 2, 4, 6 of the straight one (keep_last 3).
+    assert [p.name for p in checkpoint.list_checkpoints(straight)] == [
+        checkpoint.checkpoint_path(straight, step).name for step in (2, 4, 6)]
+
+
+def test_average_cli_is_the_mean_of_the_last_checkpoints(data_dir: Path, tmp_path: Path):
+    out_dir = tmp_path / "run"
+    _run(TRAIN_FLAGS + ["--data-dir", str(data_dir), "--out-dir", str(out_dir), "--max-steps", "6",
+                        "--valid-every", "0", "--save-every", "1"])
+    paths = checkpoint.list_checkpoints(out_dir)
+    assert len(paths) == 3
+    _run(["average", "--out-dir", str(out_dir), "--last", "2"])
+    averaged = checkpoint.load_checkpoint(out_dir / "checkpoint_average.pt")
+    states = [torch.load(path, weights_only=True)["model"] for path in paths[-2:]]
+    assert states[0].keys() == averaged["model"].keys()
+    for name, tensor in averaged["model"].items():
+        torch.testing.assert_close(tensor, (states[0][name] + states[1][name]) / 2, **FP32)
+    assert not torch.equal(states[0]["embed_tokens.weight"], states[1]["embed_tokens.weight"])
+    # An averaged model is for inference: resuming from it is refused by name.
+    (out_dir / "checkpoint_average.pt").rename(checkpoint.checkpoint_path(out_dir, 99))
+    stderr = _fail(TRAIN_FLAGS + ["--data-dir", str(data_dir), "--out-dir", str(out_dir), "--max-steps", "100",
+                                  "--resume"])
+    assert "checkpoint_00000099.pt has no 'optimizer'" in stderr
+
+
+def test_inverse_sqrt_schedule_matches_the_paper():
+    d_model, warmup, scale = 64, 10, 2.0
+    parameter = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.Adam([parameter], lr=scale * d_model ** -0.5)
+    scheduler = inverse_sqrt_schedule(optimizer, warmup)
+    seen = []
+    for _ in range(30):
+        seen.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    expected = [scale * d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5) for step in range(1, 31)]
+    assert seen == pytest.approx(expected, rel=1e-12)
+    assert max(seen) == seen[warmup - 1]
+
+
+def test_bad_training_input_is_a_clear_error(data_dir: Path, tmp_path: Path):
+    broken = _corpus_slice(tmp_path / "broken", {"train": 20, "valid": 4})
+    with (broken / "train.de").open("a", encoding="utf-8") as file:
+        file.write("Eine Zeile zu viel.\n")
+    flags = TRAIN_FLAGS + ["--max-steps", "1", "--out-dir", str(tmp_path / "run")]
+    assert f"{broken / 'train.en'} has 20 lines but {broken / 'train.de'} has 21" in _fail(
+        flags + ["--data-dir", str(broken)])
+    (broken / "train.de").write_bytes((data_dir / "train.de").read_bytes()[:1000].rsplit(b"\n", 3)[0] + b"\n\xff\n")
+    assert f"{broken / 'train.de'}:" in _fail(flags + ["--data-dir", str(broken)])
+    broken = _corpus_slice(tmp_path / "no_valid", {"train": 20, "valid": 4})
+    (broken / "valid.de").unlink()
+    assert "valid.de" in _fail(flags + ["--data-dir", str(broken)])
+    assert "no checkpoint_*.pt" in _fail(flags + ["--data-dir", str(data_dir), "--resume"])
+
+
+def test_fresh_run_refuses_an_old_runs_directory_and_foreign_checkpoints(data_dir: Path, tmp_path: Path):
+    out_dir = tmp_path / "run"
+    out_dir.mkdir()
+    torch.save({"state_dict": {}}, checkpoint.checkpoint_path(out_dir, 5))
+    flags = TRAIN_FLAGS + ["--data-dir", str(data_dir), "--out-dir", str(out_dir), "--max-steps", "1"]
+    assert "--resume" in _fail(flags)
+    assert f"{checkpoint.checkpoint_path(out_dir, 5)} is not a fastformer checkpoint" in _fail(flags + ["--resume"])
+    checkpoint.checkpoint_path(out_dir, 5).write_bytes(b"\x80\x02garbage")
+    assert f"{checkpoint.checkpoint_path(out_dir, 5)} is not a readable checkpoint" in _fail(flags + ["--resume"])
