@@ -1,0 +1,265 @@
+"""What both benchmark scripts share: WMT-like synthetic batches, timing, memory, the run's environment, outputs."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+import re
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+
+# Dense bf16 tensor-core peaks in TFLOP/s (vendor datasheets, without sparsity), matched against the device name.
+# The H200 has the H100 SXM's compute, with more and faster memory.
+BF16_PEAK_TFLOPS = (
+    ("H100 PCIe", 756.0),
+    ("H100 NVL", 835.0),
+    ("H100", 989.4),
+    ("H200", 989.4),
+    ("A100", 312.0),
+)
+
+# WMT14 En-De after a 37k shared BPE (the paper's setup): targets average ~27 subwords with a long right tail.
+WMT_MEAN_TARGET_LEN = 27.0
+WMT_LOG_SIGMA = 0.55
+WMT_SOURCE_RATIO_SIGMA = 0.2
+WMT_VOCAB = 37000
+PAD_MULTIPLE = 8  # batches are padded to a multiple of 8 tokens, as fairseq does for tensor cores
+
+
+def bf16_peak_tflops(device_name: str) -> float | None:
+    """The dense bf16 peak of a device by name, or None for a device not in the table (then no MFU is reported)."""
+    for key, tflops in BF16_PEAK_TFLOPS:
+        if key in device_name:
+            return tflops
+    return None
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor() or 'cpu'})"
+
+
+def environment(device: torch.device) -> dict:
+    """Device, versions and commit of this run, for the JSON."""
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    return {
+        "device": device_name(device),
+        "device_type": device.type,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton_version,
+        "python": platform.python_version(),
+        "commit": git_commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def git_commit() -> str | None:
+    """HEAD's hash, with "+dirty" when the tree has uncommitted changes; outside a git checkout (a copy on the GPU
+    machine), $FASTFORMER_COMMIT or None."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("FASTFORMER_COMMIT")
+    return commit + ("+dirty" if dirty else "")
+
+
+def default_out_dir(device: torch.device) -> Path:
+    """benchmarks/results/<date>-<device>/, the device name reduced to a file-name-safe slug."""
+    slug = re.sub(r"[^a-z0-9]+", "-", device_name(device).lower()).strip("-")
+    return RESULTS / f"{datetime.date.today().isoformat()}-{slug}"
+
+
+def write_json(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Timing and memory
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_calls(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int) -> list[float]:
+    """Seconds of each of `repeats` calls of fn, after `warmup` untimed calls; the device is drained around each."""
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    times = []
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def summary(samples: list[float]) -> dict:
+    """Median and spread of repeated measurements (all samples kept for the JSON)."""
+    ordered = sorted(samples)
+    return {"median": statistics.median(ordered), "min": ordered[0], "max": ordered[-1], "n": len(ordered),
+            "samples": ordered}
+
+
+def spread_percent(stats: dict) -> float:
+    """(max - min) / median of a `summary`, in percent."""
+    return 100.0 * (stats["max"] - stats["min"]) / stats["median"] if stats["median"] else 0.0
+
+
+def reset_peak_memory(device: torch.device) -> int:
+    """Starts a peak-memory window on CUDA; -> the bytes allocated now (0 on CPU, where peaks are not tracked)."""
+    if device.type != "cuda":
+        return 0
+    synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_allocated(device)
+
+
+def peak_memory(device: torch.device) -> int | None:
+    """Peak bytes allocated since `reset_peak_memory`, or None on CPU."""
+    if device.type != "cuda":
+        return None
+    synchronize(device)
+    return torch.cuda.max_memory_allocated(device)
+
+
+def free_memory(device: torch.device) -> None:
+    import gc
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# WMT-like synthetic data
+
+
+def wmt_lengths(n: int, generator: torch.Generator, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (source lengths with EOS, bare target lengths) [n]: lognormal targets (mean ~27, WMT14 after BPE), each
+    source the target times a lognormal ratio; both capped so that a sequence with BOS/EOS fits in max_len."""
+    mu = math.log(WMT_MEAN_TARGET_LEN) - WMT_LOG_SIGMA ** 2 / 2
+    target = torch.exp(mu + WMT_LOG_SIGMA * torch.randn(n, generator=generator, dtype=torch.float64))
+    ratio = torch.exp(WMT_SOURCE_RATIO_SIGMA * torch.randn(n, generator=generator, dtype=torch.float64))
+    tgt = target.round().clamp(1, max_len - 1).long()
+    src = (target * ratio).round().clamp(1, max_len - 1).long() + 1
+    return src, tgt
+
+
+def padded(length: int) -> int:
+    return -(-length // PAD_MULTIPLE) * PAD_MULTIPLE
+
+
+def token_budget_groups(src_lengths: torch.Tensor, tgt_lengths: torch.Tensor, max_tokens: int) -> list[list[int]]:
+    """fairseq's batching: sentences sorted by length, grouped while batch x longest padded side <= max_tokens."""
+    order = sorted(range(len(tgt_lengths)), key=lambda i: (int(tgt_lengths[i]), int(src_lengths[i])))
+    groups: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in order:
+        side = padded(max(int(src_lengths[i]), int(tgt_lengths[i]) + 1))
+        if current and (len(current) + 1) * max(longest, side) > max_tokens:
+            groups.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, side)
+    if current:
+        groups.append(current)
+    return groups
+
+
+@dataclass
+class Batch:
+    src: torch.Tensor  # [batch, src_len], ends in EOS, right-padded
+    tgt_in: torch.Tensor  # [batch, tgt_len] = [BOS, y]
+    tgt_out: torch.Tensor  # [batch, tgt_len] = [y, EOS]
+    src_lengths: torch.Tensor  # [batch], with EOS
+    tgt_lengths: torch.Tensor  # [batch], of tgt_in (= target tokens of tgt_out)
+
+    @property
+    def target_tokens(self) -> int:
+        return int(self.tgt_lengths.sum())
+
+    def to(self, device: torch.device) -> Batch:
+        return Batch(*(t.to(device) for t in (self.src, self.tgt_in, self.tgt_out, self.src_lengths,
+                                                 self.tgt_lengths)))
+
+
+def make_batch(src_lengths: torch.Tensor, tgt_lengths: torch.Tensor, vocab_size: int, generator: torch.Generator,
+               pad_id: int = 0, bos_id: int = 1, eos_id: int = 2) -> Batch:
+    """Random ids in [3, vocab) for the given source lengths (with EOS) and bare target lengths; padded to x8."""
+    batch = len(src_lengths)
+    src_len, tgt_len = padded(int(src_lengths.max())), padded(int(tgt_lengths.max()) + 1)
+    src = torch.randint(3, vocab_size, (batch, src_len), generator=generator)
+    src[torch.arange(batch), src_lengths - 1] = eos_id
+    src[torch.arange(src_len)[None, :] >= src_lengths[:, None]] = pad_id
+    y = torch.randint(3, vocab_size, (batch, tgt_len), generator=generator)
+    positions = torch.arange(tgt_len)[None, :]
+    tgt_in = torch.cat([torch.full((batch, 1), bos_id), y[:, :-1]], dim=1)
+    tgt_in[positions > tgt_lengths[:, None]] = pad_id
+    tgt_out = y.clone()
+    tgt_out[torch.arange(batch), tgt_lengths] = eos_id
+    tgt_out[positions > tgt_lengths[:, None]] = pad_id
+    return Batch(src, tgt_in, tgt_out, src_lengths.clone(), tgt_lengths + 1)
+
+
+def wmt_batches(n_batches: int, max_tokens: int, vocab_size: int, max_len: int, seed: int = 0) -> list[Batch]:
+    """n_batches token-budget batches of WMT-like pairs, taken at evenly spaced length quantiles of the batching of a
+    sample large enough to fill them, so that short, typical and long batches are all represented."""
+    generator = torch.Generator().manual_seed(seed)
+    n_sentences = max(64, 8 * n_batches * max_tokens // int(WMT_MEAN_TARGET_LEN))
+    src_lengths, tgt_lengths = wmt_lengths(n_sentences, generator, max_len)
+    groups = token_budget_groups(src_lengths, tgt_lengths, max_tokens)
+    picks = sorted({round(i * (len(groups) - 1) / max(1, n_batches - 1)) for i in range(n_batches)})
+    return [make_batch(src_lengths[groups[i]], tgt_lengths[groups[i]], vocab_size, generator) for i in picks]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Tables
+
+
+def format_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
+    """rows of dicts -> a plain-text table; columns are (key, header) pairs, floats shown with 3 significant digits."""
+    def cell(value: object) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, float):
+            return f"{value:.3g}" if abs(value) < 1e4 else f"{value:,.0f}"
+        return str(value)
+
+    body = [[cell(row.get(key)) for key, _ in columns] for row in rows]
+    widths = [max(len(header), *(len(line[i]) for line in body)) if body else len(header)
+              for i, (_, header) in enumerate(columns)]
+    lines = ["  ".join(header.ljust(w) for (_, header), w in zip(columns, widths))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(text.ljust(w) for text, w in zip(line, widths)) for line in body]
+    return "\n".join(lines)
+
+
+def verdict(value: float | None, target: float, higher_is_better: bool = True) -> str:
+    """PASS/MISS of a measured value against its target; n/a when it was not measured."""
+    if value is None:
+        return "n/a"
+    return "PASS" if (value >= target if higher_is_better else value <= target) else "MISS"

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# The whole GPU check in one go, from the repository root of a checkout on a CUDA machine:
+#
+#     FASTFORMER_COMMIT=<hash> bash benchmarks/gpu_check.sh OUT_DIR [--quick]
+#
+# 1. prints the device, versions and commit (FASTFORMER_COMMIT names it where the copy has no .git);
+# 2. installs fastformer (compiling the CUDA extension for this GPU's architecture only) with the python3 in PATH;
+# 3. runs every `gpu`-marked test, then the GPU-relevant test files in full, each with a junit XML and a log;
+# 4. runs benchmarks/kernels.py and benchmarks/throughput.py, their JSON, PNG and log into OUT_DIR.
+# Each step is time-limited so that the whole run ends within TOTAL_S seconds (default 540, under a 10-minute
+# limit; --quick: 420 and the benchmarks' quick modes). A failing step does not stop the later ones; the exit status
+# is non-zero if any failed. OUT_DIR/summary.txt lists each step's status and duration.
+set -uo pipefail
+
+if [[ $# -lt 1 || "$1" == -* ]]; then
+    echo "usage: $0 OUT_DIR [--quick]" >&2
+    exit 2
+fi
+OUT_DIR=$(mkdir -p "$1" && cd "$1" && pwd)
+QUICK=0
+[[ "${2:-}" == "--quick" ]] && QUICK=1
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+cd "$REPO"
+if [[ $QUICK == 1 ]]; then TOTAL_S=${TOTAL_S:-420}; else TOTAL_S=${TOTAL_S:-540}; fi
+START=$(date +%s)
+FAILED=()
+: > "$OUT_DIR/summary.txt"
+
+remaining() { echo $(( TOTAL_S - ($(date +%s) - START) )); }
+
+# run_step NAME LIMIT_S SHOW command... : runs the command under `timeout` (at most LIMIT_S and what is left of
+# TOTAL_S), its output in OUT_DIR/NAME.log; SHOW=all echoes the output live, SHOW=tail prints the last lines after.
+run_step() {
+    local name=$1 limit=$2 show=$3
+    shift 3
+    local left
+    left=$(( $(remaining) - 5 ))
+    (( limit > left )) && limit=$left
+    echo
+    echo "=== $name (limit ${limit} s)"
+    if (( limit < 20 )); then
+        echo "skipped: the run's time budget is spent" | tee "$OUT_DIR/$name.log"
+        FAILED+=("$name")
+        printf '%-22s %-8s %5s s\n' "$name" "skipped" 0 >> "$OUT_DIR/summary.txt"
+        return
+    fi
+    local begin rc
+    begin=$(date +%s)
+    if [[ $show == all ]]; then
+        timeout --signal=INT --kill-after=15 "$limit" "$@" 2>&1 | tee "$OUT_DIR/$name.log"
+        rc=${PIPESTATUS[0]}
+    else
+        timeout --signal=INT --kill-after=15 "$limit" "$@" > "$OUT_DIR/$name.log" 2>&1
+        rc=$?
+        tail -n 25 "$OUT_DIR/$name.log"
+    fi
+    local status=ok
+    if (( rc != 0 )); then
+        status="rc=$rc"
+        (( rc == 124 || rc == 130 || rc == 137 )) && status="timeout"
+        FAILED+=("$name")
+    fi
+    printf '%-22s %-8s %5s s\n' "$name" "$status" "$(( $(date +%s) - begin ))" >> "$OUT_DIR/summary.txt"
+    echo "--- $name: $status in $(( $(date +%s) - begin )) s"
+}
+
+COMMIT=$(git -C "$REPO" rev-parse HEAD 2>/dev/null || echo "${FASTFORMER_COMMIT:-unknown}")
+export FASTFORMER_COMMIT=$COMMIT
+COMMAND="bash benchmarks/gpu_check.sh $*"
+{
+    echo "command: $COMMAND"
+    echo "commit: $COMMIT"
+    echo "date:   $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "mode:   $([[ $QUICK == 1 ]] && echo quick || echo full), budget ${TOTAL_S} s"
+    python3 - <<'EOF'
+import platform, torch
+print(f"python: {platform.python_version()}, torch {torch.__version__} (CUDA {torch.version.cuda})")
+try:
+    import triton
+    print(f"triton: {triton.__version__}")
+except ImportError:
+    print("triton: not installed")
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print(f"device: {p.name}, {p.total_memory / 2**30:.0f} GiB, sm_{p.major}{p.minor}, {p.multi_processor_count} SMs")
+else:
+    print("device: no CUDA device visible")
+EOF
+    nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader 2>/dev/null || true
+} | tee "$OUT_DIR/environment.txt"
+
+# Compile the extension for this GPU only (sm_90a on Hopper), which halves the build.
+if [[ -z "${TORCH_CUDA_ARCH_LIST:-}" ]]; then
+    TORCH_CUDA_ARCH_LIST=$(python3 -c 'import torch; m, n = torch.cuda.get_device_capability(); print(f"{m}.{n}" + ("a" if m == 9 else ""))' 2>/dev/null || echo "8.0;9.0a")
+    export TORCH_CUDA_ARCH_LIST
+fi
+export MAX_JOBS=${MAX_JOBS:-$(nproc)}
+# A system-wide python3 may be marked externally managed; the GPU machine is throwaway.
+export PIP_BREAK_SYSTEM_PACKAGES=1
+run_step install 240 tail python3 -m pip install --no-build-isolation --no-deps --no-input .
+if [[ " ${FAILED[*]} " == *" install "* ]]; then
+    # Without the install, the Triton kernels can still be tested from the source tree (translate needs _C).
+    export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+    echo "install failed: testing the source tree"
+fi
+
+# pytest runs from OUT_DIR so that the installed package (with its compiled _C), not the source tree, is imported.
+GPU_FILES=()
+for file in test_layernorm_kernel.py test_attention_kernel.py test_cross_entropy_kernel.py test_model_fused.py \
+            test_beam_search.py test_extension.py; do
+    [[ -f "$REPO/tests/$file" ]] && GPU_FILES+=("$REPO/tests/$file")
+done
+run_step pytest-gpu-marked 180 tail bash -c "cd '$OUT_DIR' && python3 -m pytest '$REPO/tests' -m gpu -q -ra \
+    -p no:cacheprovider --junitxml='$OUT_DIR/pytest-gpu-marked.xml'"
+run_step pytest-gpu-files 150 tail bash -c "cd '$OUT_DIR' && python3 -m pytest ${GPU_FILES[*]} -m 'not gpu' -q -ra \
+    -p no:cacheprovider --junitxml='$OUT_DIR/pytest-gpu-files.xml'"
+
+# compute-sanitizer memcheck over a translate run of the compiled CUDA beam search (fp32, fp16, a wide beam).
+run_step memcheck 90 tail bash -c "cd '$OUT_DIR' && compute-sanitizer --tool memcheck --error-exitcode 1 python3 -c '
+import torch, fastformer
+torch.manual_seed(0)
+model = fastformer.Transformer(fastformer.TransformerConfig.tiny(1000, dropout=0.0)).cuda().eval()
+src = torch.randint(3, 1000, (6, 12), device=\"cuda\"); src[:, -1] = 2; src[3, 4] = 2; src[3, 5:] = 0
+print(model.translate(src, beam_size=4, n_best=2, max_len_b=10)[0])
+print(model.translate(src, beam_size=32, max_len_b=6)[0])
+print(model.half().translate(src, beam_size=8, max_len_b=10)[0])
+'"
+
+QUICK_FLAG=()
+[[ $QUICK == 1 ]] && QUICK_FLAG=(--quick)
+run_step kernels 150 all python3 benchmarks/kernels.py --out-dir "$OUT_DIR" ${QUICK_FLAG[@]+"${QUICK_FLAG[@]}"}
+# throughput.py starts no new measurement once its own budget is spent; if the step's timeout still interrupts it
+# (SIGINT), it writes its table, JSON and chart of what it measured before exiting.
+BUDGET=$(( $(remaining) - 45 ))
+run_step throughput 600 all python3 benchmarks/throughput.py --out-dir "$OUT_DIR" --time-budget-s "$BUDGET" \
+    ${QUICK_FLAG[@]+"${QUICK_FLAG[@]}"}
+
+echo
+echo "=== summary ($(( $(date +%s) - START )) s, commit $COMMIT)"
+cat "$OUT_DIR/summary.txt"
+if (( ${#FAILED[@]} )); then
+    echo "FAILED: ${FAILED[*]}"
+    exit 1
+fi
+echo "all steps passed"

@@ -1,0 +1,584 @@
+"""End-to-end speed: training tokens/s (with peak memory and MFU) and beam-search translation speed, fastformer
+against the baselines users would pick.
+
+    python benchmarks/throughput.py                         # on the GPU: base and big, every system
+    python benchmarks/throughput.py --device cpu --preset tiny   # the quick smoke run CI does
+
+Training: one update = forward + backward + Adam step over one WMT-like token-budget batch (see
+bench_utils.wmt_batches), bf16 autocast on CUDA (fp32 on CPU). Systems: "fastformer" (the model on the fused Triton
+kernels), "reference" (the same model on the plain-PyTorch references, eager), "reference-compile" (that under
+torch.compile), "torch-nn" (baselines.TorchTransformer: torch.nn's layers, SDPA, F.cross_entropy), and, on request,
+"fastformer-compile". Every system trains the same batches; all batches are run once untimed (warm-up, which also
+compiles every shape) before the timed passes.
+
+Inference: beam search over newstest-like sources (mean ~27 tokens) on random weights, with EOS barred until each
+hypothesis has as many tokens as its source (max_len_a=1, max_len_b=0, min_len=max_positions: forcing EOS wins over
+barring it), so every system decodes exactly sum(source length + 1) target tokens. Systems: "fastformer"
+(model.translate), "cached-pytorch" (baselines.cached_beam_search), "reference" (fastformer.reference.beam_search, full
+recompute, on fewer sentences).
+
+Model FLOPs of an update (MFU = FLOPs / time / the device's dense bf16 peak), over the real (unpadded) tokens, with
+S/T the source/target lengths per sentence, d = d_model, f = d_ff, V = vocab:
+    3 x [ L_enc (sum S (8d^2 + 4df) + 4d sum S^2)
+        + L_dec (sum T (12d^2 + 4df) + 4d^2 sum S + 2d sum T(T+1) + 4d sum S T) + 2dV sum T ]
+i.e. 6 x the non-embedding parameters used per token, plus attention scores/values (causal half counted), plus the
+output projection; ~378 MFLOP per target token for base at WMT lengths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+import bench_utils as bu
+import fastformer
+from baselines import TorchTransformer, cached_beam_search
+from fastformer import Transformer, TransformerConfig, dispatch
+from fastformer.reference.beam_search import beam_search as reference_beam_search
+
+TRAIN_SYSTEMS = ("fastformer", "reference", "reference-compile", "torch-nn", "fastformer-compile")
+DEFAULT_TRAIN_SYSTEMS = TRAIN_SYSTEMS[:4]
+INFER_SYSTEMS = ("fastformer", "cached-pytorch", "reference")
+PRESETS = ("tiny", "base", "big")
+TINY_VOCAB = 1000
+
+# Issue 6's targets, for transformer-base on an H100 in bf16.
+TARGET_TRAIN_TOKENS_PER_S = 750_000
+TARGET_TRAIN_VS_REFERENCE = 1.5
+TARGET_TRAIN_VS_COMPILED = 1.15
+# Issue 5's inference targets.
+TARGET_INFER_VS_CACHED = 3.0
+TARGET_INFER_VS_REFERENCE = 10.0
+
+
+@dataclass
+class Settings:
+    device: str
+    presets: list[str]
+    train_systems: list[str]
+    infer_systems: list[str]
+    max_tokens: int | None  # None: 25k for base/big, 256 for tiny
+    batches: int
+    warmup: int
+    repeats: int
+    compile_backend: str
+    sentences: int
+    batch_size: int
+    reference_sentences: int
+    latency_sentences: int
+    beam_size: int
+    length_penalty: float
+    infer_dtype: str
+    infer_repeats: int
+    seed: int
+    time_budget_s: float | None
+    peak_tflops: float | None
+    notes: list[str] = field(default_factory=list)
+
+
+def model_config(preset: str) -> TransformerConfig:
+    if preset == "tiny":
+        return TransformerConfig.tiny(TINY_VOCAB)
+    return getattr(TransformerConfig, preset)(bu.WMT_VOCAB)
+
+
+def default_max_tokens(preset: str) -> int:
+    return 256 if preset == "tiny" else 25_000
+
+
+def max_sentence_len(preset: str) -> int:
+    """Longest sentence the synthetic data holds: WMT's usual 128-token filter (64 for the tiny smoke model)."""
+    return 64 if preset == "tiny" else 128
+
+
+def training_flops(config: TransformerConfig, src_lengths: torch.Tensor, tgt_lengths: torch.Tensor) -> float:
+    """Model FLOPs of forward + backward over real tokens; src_lengths with EOS, tgt_lengths of tgt_in (module doc)."""
+    d, f, vocab = config.d_model, config.d_ff, config.vocab_size
+    s, t = src_lengths.double(), tgt_lengths.double()
+    encoder = config.n_encoder_layers * (s.sum() * (8 * d * d + 4 * d * f) + 4 * d * (s * s).sum())
+    decoder = config.n_decoder_layers * (t.sum() * (12 * d * d + 4 * d * f) + 4 * d * d * s.sum()
+                                         + 2 * d * (t * (t + 1)).sum() + 4 * d * (s * t).sum())
+    output = 2 * d * vocab * t.sum()
+    return float(3 * (encoder + decoder + output))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Training
+
+
+def build_update(system: str, config: TransformerConfig, device: torch.device,
+                 compile_backend: str) -> tuple[Callable[[bu.Batch], None], str]:
+    """-> (one full update on a batch, the fastformer backend it runs under)."""
+    torch.manual_seed(0)
+    if system == "torch-nn":
+        model: torch.nn.Module = TorchTransformer(config).to(device)
+        backend = "reference"  # unused by torch.nn's layers
+    else:
+        model = Transformer(config).to(device)
+        backend = "triton" if system.startswith("fastformer") else "reference"
+    model.train()
+
+    def loss(src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor) -> torch.Tensor:
+        return model.loss(src, tgt_in, tgt_out, label_smoothing=0.1, reduction="sum")
+
+    if system.endswith("-compile"):
+        loss = torch.compile(loss, backend=compile_backend)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9,
+                                 fused=device.type == "cuda")
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+
+    def update(batch: bu.Batch) -> None:
+        with autocast:
+            value = loss(batch.src, batch.tgt_in, batch.tgt_out)
+        value.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return update, backend
+
+
+def run_training(system: str, config: TransformerConfig, batches: list[bu.Batch], settings: Settings,
+                 device: torch.device) -> dict:
+    """Times `repeats` passes over the batches after `warmup` untimed ones -> the row of the results."""
+    update, backend = build_update(system, config, device, settings.compile_backend)
+    with fastformer.backend(backend), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        # Fallback warnings are issued once per process; clear that memory so this system reports its own.
+        dispatch._warned.clear()
+
+        def one_pass() -> None:
+            for batch in batches:
+                update(batch)
+
+        for _ in range(settings.warmup):
+            one_pass()
+        bu.reset_peak_memory(device)
+        times = bu.time_calls(one_pass, device, warmup=0, repeats=settings.repeats)
+        peak = bu.peak_memory(device)
+    tokens = sum(batch.target_tokens for batch in batches)
+    flops = sum(training_flops(config, batch.src_lengths, batch.tgt_lengths) for batch in batches)
+    tokens_per_s = bu.summary([tokens / t for t in times])
+    peak_tflops = settings.peak_tflops or (bu.bf16_peak_tflops(bu.device_name(device)) if device.type == "cuda"
+                                           else None)
+    fallbacks = sorted({str(w.message) for w in caught if "falls back to the reference" in str(w.message)})
+    return {
+        "tokens_per_s": tokens_per_s,
+        "seconds_per_update": bu.summary([t / len(batches) for t in times]),
+        "target_tokens_per_update": tokens / len(batches),
+        "peak_memory_gib": None if peak is None else peak / 2**30,
+        "model_flops_per_target_token": flops / tokens,
+        "tflops": flops / statistics.median(times) / 1e12,
+        "mfu": None if peak_tflops is None else flops / statistics.median(times) / (peak_tflops * 1e12),
+        "notes": fallbacks,
+    }
+
+
+def training_section(presets: list[str], settings: Settings, device: torch.device, results: dict,
+                     save: Callable[[], None], clock: Callable[[], bool]) -> None:
+    for preset in presets:
+        max_tokens = settings.max_tokens or default_max_tokens(preset)
+        for system in settings.train_systems:
+            row = {"preset": preset, "system": system}
+            started = time.monotonic()
+            if not clock():
+                row.update(status="skipped", error="time budget spent")
+            else:
+                row.update(measure_training_with_fallback(system, preset, max_tokens, settings, device))
+            row["wall_s"] = time.monotonic() - started
+            results["training"].append(row)
+            save()
+            print(f"  train {preset:5s} {system:18s} {describe(row)}", flush=True)
+
+
+def measure_training_with_fallback(system: str, preset: str, max_tokens: int, settings: Settings,
+                                   device: torch.device) -> dict:
+    """Runs at max_tokens, halving it on out-of-memory ("or the largest that fits"); failures become the row."""
+    config = model_config(preset)
+    while True:
+        batches = [b.to(device) for b in bu.wmt_batches(settings.batches, max_tokens, config.vocab_size,
+                                                         max_sentence_len(preset), seed=settings.seed)]
+        try:
+            row = run_training(system, config, batches, settings, device)
+            return {"status": "ok", "max_tokens": max_tokens, **row}
+        except torch.cuda.OutOfMemoryError:
+            if max_tokens <= 1024:
+                return {"status": "error", "error": "out of memory even at 1024 tokens"}
+            max_tokens //= 2
+        except Exception as error:  # noqa: BLE001 - a failing system is reported, the others still run
+            return {"status": "error", "error": f"{type(error).__name__}: {error}"[:500]}
+        finally:
+            del batches
+            if system.endswith("-compile"):
+                torch._dynamo.reset()
+            bu.free_memory(device)
+
+
+def describe(row: dict) -> str:
+    """One progress line: the result (or why there is none) and the wall time it took, warm-up included."""
+    if row["status"] != "ok":
+        return f"{row['status']}: {row.get('error', '')} [{row['wall_s']:.0f} s]"
+    stats = row["tokens_per_s"]
+    return f"{stats['median']:,.0f} tok/s (spread {bu.spread_percent(stats):.1f}%) [{row['wall_s']:.0f} s]"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Inference
+
+
+def newstest_like_sources(n: int, config: TransformerConfig, max_len: int, seed: int) -> list[torch.Tensor]:
+    """n source sentences (ids with a final EOS), lengths like newstest's (mean ~27)."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    src_lengths, _ = bu.wmt_lengths(n, generator, max_len)
+    sentences = []
+    for length in src_lengths.tolist():
+        ids = torch.randint(3, config.vocab_size, (length,), generator=generator)
+        ids[-1] = config.eos_id
+        sentences.append(ids)
+    return sentences
+
+
+def length_sorted_batches(sentences: list[torch.Tensor], batch_size: int, pad_id: int,
+                          device: torch.device) -> list[torch.Tensor]:
+    """Sentences sorted by length (as translation tools do), in right-padded [batch, src_len] batches."""
+    ordered = sorted(sentences, key=len)
+    return [torch.nn.utils.rnn.pad_sequence(ordered[i:i + batch_size], batch_first=True,
+                                            padding_value=pad_id).to(device)
+            for i in range(0, len(ordered), batch_size)]
+
+
+def translator(system: str, model: Transformer, settings: Settings) -> Callable[[torch.Tensor], list]:
+    """-> src batch -> best hypotheses, for one system, decoding exactly the source length (module doc)."""
+    options = dict(beam_size=settings.beam_size, length_penalty=settings.length_penalty, max_len_a=1.0,
+                   max_len_b=0, min_len=model.config.max_positions, n_best=1)
+    if system == "fastformer":
+        return lambda src: model.translate(src, **options)
+    if system == "cached-pytorch":
+        return lambda src: cached_beam_search(model, src, **options)
+
+    def reference(src: torch.Tensor) -> list:
+        with fastformer.backend("reference"):
+            return reference_beam_search(model, src, **options)
+
+    return reference
+
+
+def run_inference(system: str, model: Transformer, sentences: list[torch.Tensor], latency_sentences: list[torch.Tensor],
+                  settings: Settings, device: torch.device, repeats: int) -> tuple[dict, list[list[int]]]:
+    """-> (the row of the results, the best hypothesis' tokens per sentence in length-sorted order)."""
+    translate = translator(system, model, settings)
+    batches = length_sorted_batches(sentences, settings.batch_size, model.config.pad_id, device)
+    outputs: list[list[int]] = []
+
+    def one_pass() -> None:
+        outputs.clear()
+        for src in batches:
+            outputs.extend(hypotheses[0].tokens for hypotheses in translate(src))
+
+    # The reference is slow: its warm-up is one batch, not a pass.
+    if system == "reference":
+        translate(batches[0][:1])
+    else:
+        one_pass()
+    times = bu.time_calls(one_pass, device, warmup=0, repeats=repeats)
+    expected_tokens = sum(len(s) + 1 for s in sentences)
+    decoded_tokens = sum(len(tokens) + 1 for tokens in outputs)
+    latency = []
+    for sentence in latency_sentences:
+        latency += bu.time_calls(lambda: translate(sentence[None].to(device)), device, warmup=1, repeats=1)
+    row = {
+        "sentences": len(sentences),
+        "target_tokens": decoded_tokens,
+        "tokens_match": decoded_tokens == expected_tokens,
+        "tokens_per_s": bu.summary([decoded_tokens / t for t in times]),
+        "sentences_per_s": bu.summary([len(sentences) / t for t in times]),
+        "latency_ms": bu.summary([1000 * t for t in latency]) if latency else None,
+    }
+    return row, list(outputs)
+
+
+def inference_section(settings: Settings, device: torch.device, results: dict, save: Callable[[], None],
+                      clock: Callable[[], bool]) -> None:
+    preset = "tiny" if "tiny" in settings.presets else "base"
+    config = model_config(preset)
+    torch.manual_seed(0)
+    dtype = getattr(torch, settings.infer_dtype)
+    model = Transformer(config).to(device=device, dtype=dtype).eval()
+    sentences = newstest_like_sources(settings.sentences, config, max_sentence_len(preset), settings.seed)
+    # Single-sentence latency on sentences of typical length.
+    typical = sorted(sentences, key=lambda s: abs(len(s) - bu.WMT_MEAN_TARGET_LEN))[:settings.latency_sentences]
+    cached_outputs = None
+    for system in settings.infer_systems:
+        row = {"preset": preset, "system": system, "dtype": settings.infer_dtype}
+        subset = sentences[:settings.reference_sentences] if system == "reference" else sentences
+        latency_subset = typical[:2] if system == "reference" else typical
+        started = time.monotonic()
+        if not clock():
+            row.update(status="skipped", error="time budget spent")
+        else:
+            try:
+                repeats = 1 if system == "reference" else settings.infer_repeats
+                measured, outputs = run_inference(system, model, subset, latency_subset, settings, device, repeats)
+                row.update(status="ok", **measured)
+                if system == "cached-pytorch":
+                    cached_outputs = outputs
+                elif cached_outputs is not None and len(subset) == len(sentences):
+                    row["same_tokens_as_cached"] = sum(a == b for a, b in zip(outputs, cached_outputs)) / len(outputs)
+            except Exception as error:  # noqa: BLE001 - a failing system is reported, the others still run
+                row.update(status="error", error=f"{type(error).__name__}: {error}"[:500])
+        row["wall_s"] = time.monotonic() - started
+        results["inference"].append(row)
+        save()
+        print(f"  infer {preset:5s} {system:18s} {describe(row)}", flush=True)
+    del model
+    bu.free_memory(device)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Targets, tables, chart
+
+
+def find(rows: list[dict], **keys) -> dict | None:
+    for row in rows:
+        if all(row.get(k) == v for k, v in keys.items()) and row.get("status") == "ok":
+            return row
+    return None
+
+
+def median_of(row: dict | None, metric: str = "tokens_per_s") -> float | None:
+    return None if row is None else row[metric]["median"]
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def targets(results: dict) -> list[dict]:
+    """Issue 6's training targets and issue 5's inference targets (transformer-base) against what was measured."""
+    train, infer = results["training"], results["inference"]
+    fused = median_of(find(train, preset="base", system="fastformer"))
+    reference = median_of(find(train, preset="base", system="reference"))
+    compiled = median_of(find(train, preset="base", system="reference-compile"))
+    translate = median_of(find(infer, preset="base", system="fastformer"))
+    cached = median_of(find(infer, preset="base", system="cached-pytorch"))
+    reference_infer = median_of(find(infer, preset="base", system="reference"))
+    checks = [
+        ("training tokens/s, base", fused, TARGET_TRAIN_TOKENS_PER_S),
+        ("training speedup vs reference (eager)", ratio(fused, reference), TARGET_TRAIN_VS_REFERENCE),
+        ("training speedup vs reference (torch.compile)", ratio(fused, compiled), TARGET_TRAIN_VS_COMPILED),
+        ("beam-4 tokens/s vs cached PyTorch decoder", ratio(translate, cached), TARGET_INFER_VS_CACHED),
+        ("beam-4 tokens/s vs reference beam search", ratio(translate, reference_infer), TARGET_INFER_VS_REFERENCE),
+    ]
+    return [{"target": name, "measured": value, "goal": goal, "verdict": bu.verdict(value, goal)}
+            for name, value, goal in checks]
+
+
+def tables(results: dict) -> str:
+    train_rows = []
+    for row in results["training"]:
+        base = find(results["training"], preset=row["preset"], system="reference")
+        train_rows.append({
+            **row, "tok_s": median_of(row) if row["status"] == "ok" else None,
+            "spread": bu.spread_percent(row["tokens_per_s"]) if row["status"] == "ok" else None,
+            "vs_ref": ratio(median_of(row), median_of(base)) if row["status"] == "ok" else None,
+            "mfu_pct": None if row.get("mfu") is None else 100 * row["mfu"],
+            "mflop_tok": row["model_flops_per_target_token"] / 1e6 if row["status"] == "ok" else None,
+            "status_note": (f"{row['status']}: {row.get('error', '')[:60]}" if row["status"] != "ok"
+                            else f"ok, BUT {len(row['notes'])} op(s) fell back to the reference (JSON notes)"
+                            if row.get("notes") else "ok"),
+        })
+    infer_rows = []
+    for row in results["inference"]:
+        ok = row["status"] == "ok"
+        cached = find(results["inference"], preset=row["preset"], system="cached-pytorch")
+        infer_rows.append({
+            **row, "tok_s": median_of(row) if ok else None,
+            "spread": bu.spread_percent(row["tokens_per_s"]) if ok else None,
+            "sent_s": median_of(row, "sentences_per_s") if ok else None,
+            "latency": row["latency_ms"]["median"] if ok and row.get("latency_ms") else None,
+            "vs_cached": ratio(median_of(row), median_of(cached)) if ok else None,
+            "status_note": row["status"] if ok else f"{row['status']}: {row.get('error', '')[:60]}",
+        })
+    parts = [
+        "Training (target tokens/s of a full update)",
+        bu.format_table(train_rows, [("preset", "preset"), ("system", "system"), ("tok_s", "tokens/s"),
+                                     ("spread", "spread %"), ("vs_ref", "x reference"), ("peak_memory_gib", "peak GiB"),
+                                     ("mfu_pct", "MFU %"), ("mflop_tok", "MFLOP/tok"), ("max_tokens", "max_tokens"),
+                                     ("status_note", "status")]),
+        "",
+        "Inference (beam search, forced output length = source length)",
+        bu.format_table(infer_rows, [("preset", "preset"), ("system", "system"), ("sentences", "sentences"),
+                                     ("tok_s", "tokens/s"), ("spread", "spread %"), ("sent_s", "sentences/s"),
+                                     ("latency", "latency ms"), ("vs_cached", "x cached"),
+                                     ("tokens_match", "tokens ok"), ("status_note", "status")]),
+        "",
+        "Targets (transformer-base on an H100, bf16)",
+        bu.format_table(results["targets"], [("target", "target"), ("measured", "measured"), ("goal", "goal"),
+                                             ("verdict", "verdict")]),
+    ]
+    return "\n".join(parts)
+
+
+def plot(results: dict, path: Path) -> None:
+    """One bar chart per training preset and one for inference; error bars span min..max of the repeats."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(f"training, {p}", [r for r in results["training"] if r["preset"] == p and r["status"] == "ok"])
+              for p in dict.fromkeys(r["preset"] for r in results["training"])]
+    panels += [(f"beam-{results['settings']['beam_size']} inference",
+                [r for r in results["inference"] if r["status"] == "ok"])]
+    panels = [(title, rows) for title, rows in panels if rows]
+    figure, axes = plt.subplots(1, max(1, len(panels)), figsize=(5 * max(1, len(panels)), 4), squeeze=False)
+    for axis, (title, rows) in zip(axes[0], panels):
+        medians = [r["tokens_per_s"]["median"] for r in rows]
+        errors = [[m - r["tokens_per_s"]["min"] for m, r in zip(medians, rows)],
+                  [r["tokens_per_s"]["max"] - m for m, r in zip(medians, rows)]]
+        bars = axis.bar([r["system"] for r in rows], medians, yerr=errors, capsize=4,
+                        color=["tab:red" if r["system"].startswith("fastformer") else "tab:gray" for r in rows])
+        for bar, row in zip(bars, rows):
+            label = f"{bar.get_height():,.0f}"
+            if row.get("mfu") is not None:
+                label += f"\n{100 * row['mfu']:.0f}% MFU"
+            axis.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
+                          fontsize=8)
+        axis.set_title(title)
+        axis.set_ylabel("target tokens / s")
+        if title.endswith("inference"):
+            axis.set_yscale("log")  # the full-recompute reference is orders of magnitude slower
+        axis.tick_params(axis="x", labelrotation=20)
+    environment = results["environment"]
+    figure.suptitle(f"fastformer throughput: {environment['device']}, torch {environment['torch']}, "
+                    f"{environment['date'][:10]}", fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Command line
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namespace]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--preset", nargs="+", choices=PRESETS, help="default: base big on CUDA, tiny on CPU")
+    parser.add_argument("--train", action="store_true", help="run the training section (default: both sections)")
+    parser.add_argument("--infer", action="store_true", help="run the inference section (default: both sections)")
+    parser.add_argument("--systems", help=f"comma-separated subset of {TRAIN_SYSTEMS + INFER_SYSTEMS[1:]}; "
+                                          f"default: {','.join(DEFAULT_TRAIN_SYSTEMS)} and every inference system")
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer batches, repeats and sentences; training on base only unless --preset is given")
+    parser.add_argument("--max-tokens", type=int, help="token budget of a batch (default 25000; 256 for tiny)")
+    parser.add_argument("--batches", type=int, help="distinct batches per pass (default 6; quick 3)")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="untimed passes over the batches (default 1; 0 times compilation too: smoke runs only)")
+    parser.add_argument("--repeats", type=int, help="timed passes (default 5; quick 3)")
+    parser.add_argument("--compile-backend",
+                        help="torch.compile backend (default inductor on CUDA, aot_eager on CPU: a smoke run)")
+    parser.add_argument("--sentences", type=int, help="sentences to translate (default 1024; quick 256)")
+    parser.add_argument("--batch-size", type=int, default=64, help="sentences per translation batch")
+    parser.add_argument("--reference-sentences", type=int, help="sentences for the slow reference (default 32)")
+    parser.add_argument("--latency-sentences", type=int, help="sentences timed one at a time (default 8)")
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--length-penalty", type=float, default=0.6)
+    parser.add_argument("--infer-dtype", choices=("float32", "float16", "bfloat16"),
+                        help="dtype of the translating model (default float16 on CUDA, float32 on CPU)")
+    parser.add_argument("--infer-repeats", type=int, help="timed passes over the sentences (default 3; quick 2)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--time-budget-s", type=float,
+                        help="skip (and report as skipped) what would start after this many seconds")
+    parser.add_argument("--peak-tflops", type=float, help="the device's dense bf16 peak (default: from its name)")
+    parser.add_argument("--out-dir", type=Path, help="default benchmarks/results/<date>-<device>/")
+    args = parser.parse_args(argv)
+
+    cpu = args.device == "cpu"
+    quick = args.quick or cpu
+    presets = args.preset or (["tiny"] if cpu else (["base"] if args.quick else ["base", "big"]))
+    chosen = None if args.systems is None else [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = set(chosen or []) - set(TRAIN_SYSTEMS + INFER_SYSTEMS)
+    if unknown:
+        parser.error(f"unknown systems {sorted(unknown)}; choose from {TRAIN_SYSTEMS + INFER_SYSTEMS[1:]}")
+    both = not args.train and not args.infer
+    settings = Settings(
+        device=args.device, presets=presets,
+        train_systems=[s for s in (chosen or DEFAULT_TRAIN_SYSTEMS) if s in TRAIN_SYSTEMS] if args.train or both
+        else [],
+        infer_systems=[s for s in (chosen or INFER_SYSTEMS) if s in INFER_SYSTEMS] if args.infer or both else [],
+        max_tokens=args.max_tokens, batches=args.batches or (2 if cpu else 3 if quick else 6),
+        warmup=args.warmup, repeats=args.repeats or (2 if cpu else 3 if quick else 5),
+        compile_backend=args.compile_backend or ("aot_eager" if cpu else "inductor"),
+        sentences=args.sentences or (16 if cpu else 256 if quick else 1024), batch_size=args.batch_size,
+        reference_sentences=args.reference_sentences or (4 if cpu else 16 if quick else 32),
+        latency_sentences=args.latency_sentences or (2 if cpu else 4 if quick else 8),
+        beam_size=args.beam, length_penalty=args.length_penalty,
+        infer_dtype=args.infer_dtype or ("float32" if cpu else "float16"),
+        infer_repeats=args.infer_repeats or (2 if quick else 3), seed=args.seed,
+        time_budget_s=args.time_budget_s, peak_tflops=args.peak_tflops,
+    )
+    return settings, args
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings, args = parse_args(argv)
+    device = torch.device(settings.device)
+    if device.type == "cpu" and "fastformer" in settings.train_systems + settings.infer_systems:
+        # Triton runs on CPU tensors only in its interpreter, chosen when the kernels are defined (imported).
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        settings.notes.append("CPU: the fused kernels run in Triton's interpreter; timings say nothing of GPU speed")
+    out_dir = args.out_dir or bu.default_out_dir(device)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+
+    def clock() -> bool:
+        return settings.time_budget_s is None or time.monotonic() - started < settings.time_budget_s
+
+    results = {"benchmark": "throughput", "command": " ".join([Path(sys.argv[0]).name] + (argv or sys.argv[1:])),
+               "environment": bu.environment(device), "settings": asdict(settings),
+               "flops_formula": __doc__[__doc__.index("Model FLOPs"):].strip(),
+               "training": [], "inference": [], "targets": []}
+
+    def save() -> None:
+        results["targets"] = targets(results)
+        bu.write_json(out_dir / "throughput.json", results)
+
+    print(f"throughput on {results['environment']['device']} (torch {torch.__version__}, "
+          f"commit {results['environment']['commit']}) -> {out_dir}", flush=True)
+    for note in settings.notes:
+        print(f"note: {note}")
+    interrupted = False
+    try:
+        # The first preset's training, then inference, then the other presets: under a time budget, big is cut.
+        if settings.train_systems:
+            training_section(settings.presets[:1], settings, device, results, save, clock)
+        if settings.infer_systems:
+            inference_section(settings, device, results, save, clock)
+        if settings.train_systems:
+            training_section(settings.presets[1:], settings, device, results, save, clock)
+    except KeyboardInterrupt:
+        # A time limit's SIGINT: report what was measured.
+        interrupted = True
+        results["interrupted"] = True
+        print("\ninterrupted: reporting what was measured", flush=True)
+    save()
+    print()
+    print(tables(results))
+    plot(results, out_dir / "throughput.png")
+    print(f"\nwrote {out_dir / 'throughput.json'} and {out_dir / 'throughput.png'}")
+    failed = [r for r in results["training"] + results["inference"] if r["status"] == "error"]
+    return 1 if failed or interrupted else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
