@@ -64,7 +64,7 @@ run_step() {
     echo "--- $name: $status in $(( $(date +%s) - begin )) s"
 }
 
-COMMIT=$(git -C "$REPO" rev-parse HEAD 2>/dev/null || echo "${FASTFORMER_COMMIT:-unknown}")
+COMMIT=$(git -C "$REPO" rev-parse --verify -q HEAD 2>/dev/null || echo "${FASTFORMER_COMMIT:-unknown}")
 export FASTFORMER_COMMIT=$COMMIT
 COMMAND="bash benchmarks/gpu_check.sh $*"
 {
