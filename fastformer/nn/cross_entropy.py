@@ -10,26 +10,26 @@ from fastformer import dispatch
 REDUCTIONS = ("mean", "sum", "none")
 
 
-def _check_options(label_smoothing: float, reduction: str) -> None:
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    if not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing!r}")
+class _CrossEntropyOptions(nn.Module):
+    """torch.nn.CrossEntropyLoss's options, validated, shared by both losses."""
+
+    def __init__(self, ignore_index: int = -100, label_smoothing: float = 0.0, reduction: str = "mean") -> None:
+        super().__init__()
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+        if not 0.0 <= label_smoothing <= 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing!r}")
+        self.ignore_index = ignore_index
+        self.label_smoothing = label_smoothing
+        self.reduction = reduction
 
 
-class LabelSmoothedCrossEntropyLoss(nn.Module):
+class LabelSmoothedCrossEntropyLoss(_CrossEntropyOptions):
     """`torch.nn.CrossEntropyLoss(ignore_index, label_smoothing, reduction)` for [N, C] or [B, T, C] logits.
 
     [B, T, C] logits pair with [B, T] targets (the layout a decoder produces), and reduction "none" then returns
     [B, T]. One deliberate difference: "mean" over targets that are all ignored is 0 (PyTorch gives NaN).
     """
-
-    def __init__(self, ignore_index: int = -100, label_smoothing: float = 0.0, reduction: str = "mean") -> None:
-        super().__init__()
-        _check_options(label_smoothing, reduction)
-        self.ignore_index = ignore_index
-        self.label_smoothing = label_smoothing
-        self.reduction = reduction
 
     def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """logits: [N, C] or [B, T, C], target: [N] or [B, T] -> loss: [] (or target's shape for "none")."""
@@ -42,18 +42,11 @@ class LabelSmoothedCrossEntropyLoss(nn.Module):
         return loss.view(target.shape) if self.reduction == "none" else loss
 
 
-class LinearCrossEntropyLoss(nn.Module):
+class LinearCrossEntropyLoss(_CrossEntropyOptions):
     """The output projection and `LabelSmoothedCrossEntropyLoss` in one: the [N, vocab] logits are never held whole.
 
     Holds no parameters: the projection's weight ([vocab, d]; a tied embedding) is passed to forward.
     """
-
-    def __init__(self, ignore_index: int = -100, label_smoothing: float = 0.0, reduction: str = "mean") -> None:
-        super().__init__()
-        _check_options(label_smoothing, reduction)
-        self.ignore_index = ignore_index
-        self.label_smoothing = label_smoothing
-        self.reduction = reduction
 
     def forward(self, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                 bias: torch.Tensor | None = None) -> torch.Tensor:
