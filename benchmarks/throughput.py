@@ -458,7 +458,8 @@ def plot(results: dict, path: Path) -> None:
             axis.set_yscale("log")  # the full-recompute reference is orders of magnitude slower
         axis.tick_params(axis="x", labelrotation=20)
     environment = results["environment"]
-    figure.suptitle(f"fastformer throughput: {environment['device']}, torch {environment['torch']}, "
+    # Two lines, so that a one-panel chart does not clip the title.
+    figure.suptitle(f"fastformer throughput: {environment['device']}\ntorch {environment['torch']}, "
                     f"{environment['date'][:10]}", fontsize=10)
     figure.tight_layout()
     figure.savefig(path, dpi=120)

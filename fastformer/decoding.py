@@ -8,6 +8,8 @@ Dropout is never applied here: translation is inference.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from fastformer.reference.beam_search import Hypothesis, check_search_arguments, max_target_lengths
@@ -24,8 +26,14 @@ def _extension():
     try:
         from fastformer import _C
     except ImportError as error:
-        raise RuntimeError("fastformer._C is not built: install with `pip install --no-build-isolation .` (or run "
-                           "`python setup.py build_ext --inplace` in a source checkout)") from error
+        package_dir = Path(__file__).resolve().parent
+        if (package_dir.parent / "setup.py").is_file():
+            raise RuntimeError(
+                f"fastformer was imported from the source checkout {package_dir.parent} (e.g. `python -m fastformer` "
+                "run from its root), which holds no compiled fastformer._C: run the installed `fastformer` script "
+                "(under torchrun: `torchrun --no-python ... fastformer train`) or run from another directory, or "
+                "build the extension in place with `python setup.py build_ext --inplace`") from error
+        raise RuntimeError("fastformer._C is not built: install with `pip install --no-build-isolation .`") from error
     return _C
 
 
