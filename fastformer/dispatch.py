@@ -21,7 +21,6 @@ BACKENDS = ("auto", "triton", "reference")
 
 # The one piece of process-wide state: which kernels run.
 _backend = "auto"
-_warned: set[tuple[str, str]] = set()
 
 
 def set_backend(name: str) -> None:
@@ -59,9 +58,8 @@ def _use_triton(op: str, tensor: torch.Tensor, unsupported_reason) -> bool:
     reason = unsupported_reason()
     if reason is None:
         return True
-    if (op, reason) not in _warned:
-        _warned.add((op, reason))
-        warnings.warn(f"fastformer: {op} falls back to the reference: {reason}", stacklevel=3)
+    # Python's default warning filter shows this once per message and call site, i.e. once per (op, reason).
+    warnings.warn(f"fastformer: {op} falls back to the reference: {reason}", stacklevel=3)
     return False
 
 

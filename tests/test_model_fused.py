@@ -1,5 +1,7 @@
 """The whole model on the Triton kernels (the interpreter on CPU) against the reference, with the same weights."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -100,3 +102,20 @@ def test_fused_model_low_precision_on_gpu(preset, dtype):
 
     fused_loss, reference_loss = loss("triton"), loss("reference")
     assert abs(fused_loss.item() - reference_loss.item()) < 1e-2 * reference_loss.item()
+
+
+def test_unsupported_input_falls_back_to_the_reference_with_one_warning():
+    # head_dim 48 is not one the attention kernel takes: the module must give the reference's result and say so once.
+    torch.manual_seed(2)
+    attention = fastformer.nn.MultiheadAttention(96, 2)
+    x = torch.randn(2, 5, 96)
+    lengths = torch.tensor([5, 3])
+    with fastformer.backend("reference"):
+        expected = attention(x, x, x, query_lengths=lengths, key_lengths=lengths)[0]
+    with warnings.catch_warnings(record=True) as caught, fastformer.backend("triton"):
+        warnings.simplefilter("default")
+        outputs = [attention(x, x, x, query_lengths=lengths, key_lengths=lengths)[0] for _ in range(2)]
+    fallbacks = [w for w in caught if "attention falls back to the reference" in str(w.message)]
+    assert len(fallbacks) == 1 and "head_dim" in str(fallbacks[0].message)
+    for out in outputs:
+        torch.testing.assert_close(out, expected, **FP32)
