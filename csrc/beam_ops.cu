@@ -9,7 +9,7 @@
 namespace fastformer {
 namespace {
 
-constexpr int kAttentionThreads = 128;  // also the largest head_dim
+constexpr int kAttentionThreads = kMaxCudaHeadDim;  // one thread per channel
 constexpr int kBeamStepThreads = 256;
 constexpr int kWarp = 32;
 

@@ -21,6 +21,14 @@
 
 namespace fastformer {
 
+// Limits of the CUDA kernels, here (not in the CUDA header) so that the CPU build can export them to Python too.
+// The largest beam_size beam_step_cuda takes (its per-thread candidate lists are sized at compile time).
+constexpr int kMaxCudaBeamSize = 32;
+// The largest head_dim the attention kernels take (one thread per channel of a block).
+constexpr int kMaxCudaHeadDim = 128;
+// The largest key length the attention kernels take (the scores of one row and head live in shared memory).
+constexpr int kMaxCudaKeyLength = 8192;
+
 // Single-query self-attention over the cache. Appends the row's key/value (position `step`) to its own slot first.
 struct SelfAttentionArgs {
   const void* qkv;              // [n_rows, 3 * heads * head_dim]: q | k | v of position `step`, heads-major

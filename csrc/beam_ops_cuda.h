@@ -9,12 +9,6 @@ namespace fastformer {
 
 enum class DType { kFloat32, kFloat16, kBFloat16 };
 
-// The largest beam_size beam_step_cuda takes (its per-thread candidate lists are sized at compile time).
-constexpr int kMaxCudaBeamSize = 32;
-
-// The largest key length the attention kernels take (the scores of one row and head live in shared memory).
-constexpr int kMaxCudaKeyLength = 8192;
-
 // Each returns the launch's error (cudaSuccess when the kernels were queued on `stream`).
 cudaError_t self_attention_step_cuda(const SelfAttentionArgs& args, DType dtype, cudaStream_t stream);
 cudaError_t cross_attention_cuda(const CrossAttentionArgs& args, DType dtype, cudaStream_t stream);

@@ -3,6 +3,7 @@
 #include <torch/extension.h>
 #include <torch/library.h>
 
+#include "beam_ops.h"
 #include "decoder.h"
 
 namespace fastformer {
@@ -64,6 +65,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
   using fastformer::CachedDecoder;
   m.doc() = "fastformer's compiled incremental beam search (see csrc/decoder.h)";
+  // The CUDA kernels' limits, so that Python rejects an unsupported call up front with a clear error.
+  m.attr("max_cuda_beam_size") = fastformer::kMaxCudaBeamSize;
+  m.attr("max_cuda_head_dim") = fastformer::kMaxCudaHeadDim;
+  m.attr("max_cuda_key_length") = fastformer::kMaxCudaKeyLength;
   m.attr("with_cuda") =
 #ifdef FASTFORMER_WITH_CUDA
       true;

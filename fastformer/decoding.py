@@ -16,10 +16,6 @@ from fastformer.reference.beam_search import Hypothesis, check_search_arguments,
 
 __all__ = ["Hypothesis", "translate", "cached_decoder", "decoder_weights"]
 
-# Limits of the CUDA kernels (csrc/beam_ops_cuda.h, csrc/beam_ops.cu).
-MAX_CUDA_BEAM_SIZE = 32
-MAX_CUDA_HEAD_DIM = 128
-MAX_CUDA_KEY_LENGTH = 8192
 
 
 def _extension():
@@ -112,9 +108,10 @@ def _out_proj_bias(attention) -> torch.Tensor:
 def _check_cuda_limits(memory: torch.Tensor, beam_size: int, head_dim: int, cache_len: int) -> None:
     if not memory.is_cuda:
         return
-    if beam_size > MAX_CUDA_BEAM_SIZE:
-        raise ValueError(f"beam_size must be <= {MAX_CUDA_BEAM_SIZE} on CUDA, got {beam_size}")
-    if head_dim > MAX_CUDA_HEAD_DIM:
-        raise ValueError(f"the CUDA decoder takes head_dim <= {MAX_CUDA_HEAD_DIM}, the model has {head_dim}")
-    if max(memory.shape[1], cache_len) > MAX_CUDA_KEY_LENGTH:
-        raise ValueError(f"the CUDA decoder takes sources and targets of at most {MAX_CUDA_KEY_LENGTH} tokens")
+    limits = _extension()  # the kernels' own limits (csrc/beam_ops.h)
+    if beam_size > limits.max_cuda_beam_size:
+        raise ValueError(f"beam_size must be <= {limits.max_cuda_beam_size} on CUDA, got {beam_size}")
+    if head_dim > limits.max_cuda_head_dim:
+        raise ValueError(f"the CUDA decoder takes head_dim <= {limits.max_cuda_head_dim}, the model has {head_dim}")
+    if max(memory.shape[1], cache_len) > limits.max_cuda_key_length:
+        raise ValueError(f"the CUDA decoder takes sources and targets of at most {limits.max_cuda_key_length} tokens")
