@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU check in one go, from the repository root of a checkout on a CUDA machine:
 #
-#     FASTFORMER_COMMIT=<hash> bash benchmarks/gpu_check.sh OUT_DIR [--quick]
+#     FASTFORMER_COMMIT=<hash> bash benchmarks/gpu_check.sh OUT_DIR [--quick] [--only STEP,STEP...]
 #
 # 1. prints the device, versions and commit (FASTFORMER_COMMIT names it where the copy has no .git);
 # 2. installs fastformer (compiling the CUDA extension for this GPU's architecture only) with the python3 in PATH;
@@ -10,15 +10,29 @@
 # Each step is time-limited so that the whole run ends within TOTAL_S seconds (default 540, under a 10-minute
 # limit; --quick: 420 and the benchmarks' quick modes). A failing step does not stop the later ones; the exit status
 # is non-zero if any failed. OUT_DIR/summary.txt lists each step's status and duration.
+# The steps: install, pytest-gpu-marked, pytest-gpu-files, memcheck, kernels, throughput. --only runs the listed ones,
+# so that a machine lent 10 minutes a command takes the whole check in parts, e.g. (each part on a fresh install):
+#     --only install,pytest-gpu-marked,memcheck    --only install,pytest-gpu-files    --only install,kernels
+#     --only install,throughput   (with TOTAL_S=560: throughput.py --train and --infer each need minutes)
 set -uo pipefail
 
 if [[ $# -lt 1 || "$1" == -* ]]; then
     echo "usage: $0 OUT_DIR [--quick]" >&2
     exit 2
 fi
+ALL_ARGS="$*"
 OUT_DIR=$(mkdir -p "$1" && cd "$1" && pwd)
+shift
 QUICK=0
-[[ "${2:-}" == "--quick" ]] && QUICK=1
+ONLY=""
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --quick) QUICK=1 ;;
+        --only) ONLY=",$2,"; shift ;;
+        *) echo "unknown option $1" >&2; exit 2 ;;
+    esac
+    shift
+done
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO"
 if [[ $QUICK == 1 ]]; then TOTAL_S=${TOTAL_S:-420}; else TOTAL_S=${TOTAL_S:-540}; fi
@@ -33,6 +47,9 @@ remaining() { echo $(( TOTAL_S - ($(date +%s) - START) )); }
 run_step() {
     local name=$1 limit=$2 show=$3
     shift 3
+    if [[ -n "$ONLY" && "$ONLY" != *",$name,"* ]]; then
+        return
+    fi
     local left
     left=$(( $(remaining) - 5 ))
     (( limit > left )) && limit=$left
@@ -66,7 +83,7 @@ run_step() {
 
 COMMIT=$(git -C "$REPO" rev-parse --verify -q HEAD 2>/dev/null || echo "${FASTFORMER_COMMIT:-unknown}")
 export FASTFORMER_COMMIT=$COMMIT
-COMMAND="bash benchmarks/gpu_check.sh $*"
+COMMAND="bash benchmarks/gpu_check.sh $ALL_ARGS"
 {
     echo "command: $COMMAND"
     echo "commit: $COMMIT"

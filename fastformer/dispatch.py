@@ -65,8 +65,11 @@ def _use_triton(op: str, tensor: torch.Tensor, unsupported_reason) -> bool:
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lengths: torch.Tensor | None = None,
               k_lengths: torch.Tensor | None = None, causal: bool = False, attn_mask: torch.Tensor | None = None,
-              dropout_p: float = 0.0) -> torch.Tensor:
-    """q: [batch, q_len, heads, head_dim], k/v: [batch, k_len, heads, head_dim] -> [batch, q_len, heads, head_dim]."""
+              dropout_p: float = 0.0, check_lengths: bool = True) -> torch.Tensor:
+    """q: [batch, q_len, heads, head_dim], k/v: [batch, k_len, heads, head_dim] -> [batch, q_len, heads, head_dim].
+
+    check_lengths=False skips the kernel's check of the length values (a host sync) for lengths already checked.
+    """
     def unsupported_reason() -> str | None:
         if attn_mask is not None:
             return "an explicit attn_mask (the kernel takes lengths and a causal flag)"
@@ -75,28 +78,33 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lengths: torc
 
     if _use_triton("attention", q, unsupported_reason):
         from triton_kernels.attention import flash_attention
-        return flash_attention(q, k, v, q_lengths=q_lengths, k_lengths=k_lengths, causal=causal, dropout_p=dropout_p)
+        return flash_attention(q, k, v, q_lengths=q_lengths, k_lengths=k_lengths, causal=causal, dropout_p=dropout_p,
+                               check_lengths=check_lengths)
     return reference.attention(q, k, v, q_lengths=q_lengths, k_lengths=k_lengths, causal=causal,
                                attn_mask=attn_mask, dropout_p=dropout_p)
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
-                  label_smoothing: float = 0.0, reduction: str = "mean") -> torch.Tensor:
-    """logits: [N, V], target: [N] -> loss: [] ([N] for reduction "none")."""
+                  label_smoothing: float = 0.0, reduction: str = "mean", check_targets: bool = True) -> torch.Tensor:
+    """logits: [N, V], target: [N] -> loss: [] ([N] for reduction "none").
+
+    check_targets=False skips the kernel's check of the class ids (a host sync) for targets already checked.
+    """
     def unsupported_reason() -> str | None:
         from triton_kernels.cross_entropy import unsupported_reason as kernel_reason
         return kernel_reason(logits)
 
     if _use_triton("cross_entropy", logits, unsupported_reason):
         from triton_kernels.cross_entropy import cross_entropy as kernel
-        return kernel(logits, target, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction)
+        return kernel(logits, target, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction,
+                      check_targets=check_targets)
     return reference.cross_entropy(logits, target, ignore_index=ignore_index, label_smoothing=label_smoothing,
                                    reduction=reduction)
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                          bias: torch.Tensor | None = None, ignore_index: int = -100, label_smoothing: float = 0.0,
-                         reduction: str = "mean") -> torch.Tensor:
+                         reduction: str = "mean", check_targets: bool = True) -> torch.Tensor:
     """hidden: [N, d], weight: [V, d], target: [N] -> loss of the logits hidden @ weight.T (+ bias)."""
     def unsupported_reason() -> str | None:
         from triton_kernels.cross_entropy import unsupported_reason as kernel_reason
@@ -105,7 +113,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     if _use_triton("linear_cross_entropy", hidden, unsupported_reason):
         from triton_kernels.cross_entropy import linear_cross_entropy as kernel
         return kernel(hidden, weight, target, bias=bias, ignore_index=ignore_index, label_smoothing=label_smoothing,
-                      reduction=reduction)
+                      reduction=reduction, check_targets=check_targets)
     return reference.linear_cross_entropy(hidden, weight, target, bias=bias, ignore_index=ignore_index,
                                           label_smoothing=label_smoothing, reduction=reduction)
 

@@ -1,7 +1,8 @@
 """The encoder-decoder Transformer of "Attention Is All You Need", built from fastformer's drop-in modules.
 
 Parameter names follow `torch.nn.Transformer` (encoder.layers.0.self_attn.in_proj_weight, ...), so weights move
-between the two. Batches are right-padded with pad_id; the padding is carried as per-sequence lengths.
+between the two. Batches are right-padded with pad_id; the padding is carried as per-sequence lengths, checked once
+per batch (`Transformer.lengths`), so the layers' attention calls never wait on the GPU.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class EncoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """x: [batch, len, d_model], lengths: [batch] -> [batch, len, d_model]."""
         def attend(h: torch.Tensor) -> torch.Tensor:
-            return self.self_attn(h, h, h, query_lengths=lengths, key_lengths=lengths)[0]
+            return self.self_attn(h, h, h, query_lengths=lengths, key_lengths=lengths, check_lengths=False)[0]
 
         if self.norm_first:
             h, x = self.norm2(attend(self.norm1(x)), x, return_sum=True)
@@ -91,10 +92,12 @@ class DecoderLayer(nn.Module):
         memory, src_lengths = encoder_out
 
         def attend_self(h: torch.Tensor) -> torch.Tensor:
-            return self.self_attn(h, h, h, is_causal=True, query_lengths=tgt_lengths, key_lengths=tgt_lengths)[0]
+            return self.self_attn(h, h, h, is_causal=True, query_lengths=tgt_lengths, key_lengths=tgt_lengths,
+                                  check_lengths=False)[0]
 
         def attend_source(h: torch.Tensor) -> torch.Tensor:
-            return self.multihead_attn(h, memory, memory, query_lengths=tgt_lengths, key_lengths=src_lengths)[0]
+            return self.multihead_attn(h, memory, memory, query_lengths=tgt_lengths, key_lengths=src_lengths,
+                                       check_lengths=False)[0]
 
         if self.norm_first:
             h, x = self.norm2(attend_self(self.norm1(x)), x, return_sum=True)
@@ -161,6 +164,37 @@ class Transformer(nn.Module):
 
     def lengths(self, tokens: torch.Tensor, name: str) -> torch.Tensor:
         """tokens: [batch, len] right-padded ids -> lengths [batch]; rejects every malformed batch by name."""
+        (lengths,) = self._checked_lengths((tokens, name))
+        return lengths
+
+    def _checked_lengths(self, *named_tokens: tuple[torch.Tensor, str],
+                         targets: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """The lengths of each (tokens [batch, len], name), and every check of them and of the ids in `targets`, with
+        one host sync for all: the layers and the loss then trust them and never wait on the GPU."""
+        lengths, problems, messages = [], [], []
+        for tokens, name in named_tokens:
+            self._check_token_tensor(tokens, name)
+            is_pad = tokens == self.config.pad_id
+            length = (~is_pad).sum(dim=1)
+            positions = torch.arange(tokens.shape[1], device=tokens.device)
+            problems += [self._out_of_vocabulary(tokens),
+                         (is_pad != (positions[None, :] >= length[:, None])).any(),
+                         (length == 0).any()]
+            messages += [f"{name} holds ids outside [0, vocab_size={self.config.vocab_size})",
+                         f"{name} must be right-padded: pad_id={self.config.pad_id} only after the last real token",
+                         f"{name} has a sequence that is all padding"]
+            lengths.append(length)
+        if targets is not None:
+            self._check_token_tensor(targets, "tgt_out")
+            problems.append(self._out_of_vocabulary(targets))
+            messages.append(f"tgt_out holds ids outside [0, vocab_size={self.config.vocab_size})")
+        for found, message in zip(torch.stack(problems).tolist(), messages):
+            if found:
+                raise ValueError(message)
+        return lengths
+
+    def _check_token_tensor(self, tokens: torch.Tensor, name: str) -> None:
+        """Type, dtype, shape and device of a [batch, len] tensor of token ids (no host sync)."""
         if not isinstance(tokens, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(tokens).__name__}")
         if tokens.dtype not in (torch.int64, torch.int32):
@@ -171,22 +205,9 @@ class Transformer(nn.Module):
             raise ValueError(f"{name} has length {tokens.shape[1]} > max_positions={self.config.max_positions}")
         if tokens.device != self.embed_tokens.weight.device:
             raise ValueError(f"{name} is on {tokens.device} but the model is on {self.embed_tokens.weight.device}")
-        is_pad = tokens == self.config.pad_id
-        lengths = (~is_pad).sum(dim=1)
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        # One host sync for all checks.
-        out_of_range, not_right_padded, all_padding = torch.stack([
-            ((tokens < 0) | (tokens >= self.config.vocab_size)).any(),
-            (is_pad != (positions[None, :] >= lengths[:, None])).any(),
-            (lengths == 0).any(),
-        ]).tolist()
-        if out_of_range:
-            raise ValueError(f"{name} holds ids outside [0, vocab_size={self.config.vocab_size})")
-        if not_right_padded:
-            raise ValueError(f"{name} must be right-padded: pad_id={self.config.pad_id} only after the last real token")
-        if all_padding:
-            raise ValueError(f"{name} has a sequence that is all padding")
-        return lengths
+
+    def _out_of_vocabulary(self, tokens: torch.Tensor) -> torch.Tensor:
+        return ((tokens < 0) | (tokens >= self.config.vocab_size)).any()
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: [batch, len] -> dropout(embedding * sqrt(d_model) + positions): [batch, len, d_model]."""
@@ -195,12 +216,17 @@ class Transformer(nn.Module):
 
     def encode(self, src_tokens: torch.Tensor) -> EncoderOutput:
         """src_tokens: [batch, src_len] -> EncoderOutput(memory [batch, src_len, d_model], src_lengths [batch])."""
-        src_lengths = self.lengths(src_tokens, "src_tokens")
+        return self._encode(src_tokens, self.lengths(src_tokens, "src_tokens"))
+
+    def _encode(self, src_tokens: torch.Tensor, src_lengths: torch.Tensor) -> EncoderOutput:
         return EncoderOutput(self.encoder(self.embed(src_tokens), src_lengths), src_lengths)
 
     def decode_hidden(self, tgt_tokens: torch.Tensor, encoder_out: EncoderOutput) -> torch.Tensor:
         """tgt_tokens: [batch, tgt_len] -> the decoder's last hidden states [batch, tgt_len, d_model]."""
-        tgt_lengths = self.lengths(tgt_tokens, "tgt_tokens")
+        return self._decode_hidden(tgt_tokens, self.lengths(tgt_tokens, "tgt_tokens"), encoder_out)
+
+    def _decode_hidden(self, tgt_tokens: torch.Tensor, tgt_lengths: torch.Tensor,
+                       encoder_out: EncoderOutput) -> torch.Tensor:
         if tgt_tokens.shape[0] != encoder_out.memory.shape[0]:
             raise ValueError(f"tgt_tokens has batch {tgt_tokens.shape[0]} but the encoder output has "
                              f"{encoder_out.memory.shape[0]}")
@@ -219,13 +245,16 @@ class Transformer(nn.Module):
         """Teacher-forced label-smoothed cross-entropy; tgt_in = [bos, y...], tgt_out = [y..., eos], both [batch, T].
 
         The output projection is fused into the loss, so the [batch * T, vocab] logits are never held whole.
-        Padding positions of tgt_out (pad_id) are ignored.
+        Padding positions of tgt_out (pad_id) are ignored. All three tensors are checked with one host sync.
         """
-        if tgt_out.shape != tgt_in.shape:
-            raise ValueError(f"tgt_out {tuple(tgt_out.shape)} must have tgt_in's shape {tuple(tgt_in.shape)}")
-        hidden = self.decode_hidden(tgt_in, self.encode(src_tokens))
+        if not isinstance(tgt_out, torch.Tensor) or tgt_out.shape != tgt_in.shape:
+            raise ValueError(f"tgt_out must be a tensor of tgt_in's shape {tuple(tgt_in.shape)}, got "
+                             f"{tuple(tgt_out.shape) if isinstance(tgt_out, torch.Tensor) else type(tgt_out).__name__}")
+        src_lengths, tgt_lengths = self._checked_lengths((src_tokens, "src_tokens"), (tgt_in, "tgt_in"),
+                                                         targets=tgt_out)
+        hidden = self._decode_hidden(tgt_in, tgt_lengths, self._encode(src_tokens, src_lengths))
         criterion = LinearCrossEntropyLoss(ignore_index=self.config.pad_id, label_smoothing=label_smoothing,
-                                           reduction=reduction)
+                                           reduction=reduction, check_targets=False)
         return criterion(hidden, self.output_weight, tgt_out)
 
     @torch.no_grad()

@@ -253,6 +253,24 @@ def test_kernel_rejects_bad_input():
         flash_attention(q, k, k, dropout_p=1.0)
 
 
+def test_unchecked_lengths_skip_the_host_check_and_are_clamped(monkeypatch):
+    """check_lengths=False never runs the (syncing) value check; lengths outside [0, len] act as clamped to it."""
+    case = CASES["causal cross, q_len > k_len"]
+    problem = random_problem(case)
+    clamped = outputs_and_grads(flash_attention, problem, torch.float32,
+                                case._replace(q_lengths=[40, 0], k_lengths=[23, 5]))
+
+    def no_check(*args):
+        raise AssertionError("the length values were checked")
+
+    monkeypatch.setattr("triton_kernels.attention._check_length_values", no_check)
+    unchecked = outputs_and_grads(flash_attention, problem, torch.float32,
+                                  case._replace(q_lengths=[41, -3], k_lengths=[99, 5]), check_lengths=False)
+    assert_all_close(unchecked, clamped, atol=0.0, rtol=0.0)
+    with pytest.raises(AssertionError, match="were checked"):
+        outputs_and_grads(flash_attention, problem, torch.float32, case)
+
+
 def test_unsupported_reason():
     q = torch.randn(1, 3, 2, 64)
     assert unsupported_reason(q, q, q) is None
@@ -333,7 +351,10 @@ def test_custom_op_registration():
     problem = random_problem(case)
     q, k, v = (problem[name].requires_grad_() for name in ("q", "k", "v"))
     q_lengths, k_lengths = (lengths_tensor(lengths, DEVICE) for lengths in (case.q_lengths, case.k_lengths))
-    torch.library.opcheck(torch.ops.fastformer.flash_attention.default, (q, k, v, q_lengths, k_lengths, True, 0.1, 5))
+    seed = torch.tensor([5], device=DEVICE)
+    for check_lengths in (True, False):
+        torch.library.opcheck(torch.ops.fastformer.flash_attention.default,
+                              (q, k, v, q_lengths, k_lengths, True, 0.1, seed, check_lengths))
 
 
 def test_multihead_attention_module_runs_the_kernel_through_dispatch():

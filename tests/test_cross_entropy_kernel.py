@@ -361,15 +361,41 @@ def test_custom_op_registration(small_blocks):
     """PyTorch's own checks of the schemas, the fake (meta) functions and the autograd registrations."""
     problem, _ = ce_problem(6, 20, "some")
     logits = problem["logits"].requires_grad_()
-    for reduction, overwrite_logits in (("mean", False), ("none", False), ("mean", True)):
+    for reduction, overwrite_logits, check_targets in (("mean", False, True), ("none", False, False),
+                                                       ("mean", True, True)):
         torch.library.opcheck(torch.ops.fastformer.cross_entropy.default,
-                              (logits, problem["target"], IGNORE, 0.1, reduction, overwrite_logits))
+                              (logits, problem["target"], IGNORE, 0.1, reduction, overwrite_logits, check_targets))
     linear, _ = linear_problem(6, 8, 20, True, "some")
     leaves = [t.requires_grad_() for t in (linear["hidden"], linear["weight"], linear["bias"])]
-    for reduction, compute_grads in (("mean", True), ("none", False)):
+    for reduction, compute_grads, check_targets in (("mean", True, False), ("none", False, True)):
         torch.library.opcheck(torch.ops.fastformer.linear_cross_entropy.default,
                               (leaves[0], leaves[1], linear["target"], leaves[2], IGNORE, 0.1, reduction,
-                               torch.float32, compute_grads))
+                               torch.float32, compute_grads, check_targets))
+
+
+def test_unchecked_targets_skip_the_host_check(small_blocks, monkeypatch):
+    """check_targets=False never runs the (syncing) class-id check, and leaves the loss and gradients unchanged."""
+    problem, generator = linear_problem(12, 8, 30, True, "some")
+    grad_loss = upstream_gradient("mean", 12, generator)
+
+    def loss_fn(check_targets):
+        def loss(hidden, weight, bias, target):
+            return linear_cross_entropy(hidden, weight, target, bias, ignore_index=IGNORE, label_smoothing=0.1,
+                                        check_targets=check_targets)
+        return loss
+
+    checked = loss_and_grads(loss_fn(True), problem, grad_loss)
+    logits = problem["hidden"] @ problem["weight"].T
+
+    def no_check(*args):
+        raise AssertionError("the class ids were checked")
+
+    monkeypatch.setattr("triton_kernels.cross_entropy._check_class_ids", no_check)
+    assert_all_close(loss_and_grads(loss_fn(False), problem, grad_loss), checked, atol=0.0, rtol=0.0)
+    torch.testing.assert_close(cross_entropy(logits, problem["target"], IGNORE, check_targets=False),
+                               F.cross_entropy(logits, problem["target"], ignore_index=IGNORE), **FP32)
+    with pytest.raises(AssertionError, match="were checked"):
+        cross_entropy(logits, problem["target"], IGNORE)
 
 
 # ---- bad input ---------------------------------------------------------------------------------------------------

@@ -245,7 +245,8 @@ def test_custom_op_registration(with_residual):
     """PyTorch's own checks of the schema, the fake (meta) function and the autograd registration."""
     x, residual, weight, bias, _, _ = random_problem((3, 40), with_residual, "both", DEVICE)
     leaves = [None if t is None else t.requires_grad_() for t in (x, residual, weight, bias)]
-    torch.library.opcheck(torch.ops.fastformer.residual_layer_norm.default, (*leaves, 1e-5, 0.1, 5))
+    seed = torch.tensor([5], device=DEVICE)
+    torch.library.opcheck(torch.ops.fastformer.residual_layer_norm.default, (*leaves, 1e-5, 0.1, seed))
 
 
 # ---- GPU: bf16/fp16 at realistic shapes ------------------------------------------------------------------------

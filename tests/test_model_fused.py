@@ -47,17 +47,46 @@ def test_fused_model_matches_reference_logits_and_every_gradient(norm_first):
         torch.testing.assert_close(fused_grads[name], grad, **FP32, msg=name)
 
 
-def test_fused_model_under_torch_compile():
-    torch.manual_seed(1)
-    model = Transformer(TransformerConfig.tiny(VOCAB, dropout=0.0))
-    src, tgt = batch([5, 2], 5), batch([4, 3], 6)
+def training_model(seed: int) -> Transformer:
+    """A tiny model in training mode with every dropout on: residual, attention, embedding."""
+    torch.manual_seed(seed)
+    return Transformer(TransformerConfig.tiny(VOCAB, dropout=0.2, attention_dropout=0.2)).train()
+
+
+def test_fused_training_step_checks_its_batch_with_one_host_sync(monkeypatch):
+    """The batch is checked once, in Transformer.loss; the kernels' own syncing checks (attention lengths, class ids)
+    never run, and torch.compile sees exactly one graph break (that check), so the rest of the step is one graph."""
+    def no_check(*args):
+        raise AssertionError("a kernel checked values the model had already checked")
+
+    monkeypatch.setattr("triton_kernels.attention._check_length_values", no_check)
+    monkeypatch.setattr("triton_kernels.cross_entropy._check_class_ids", no_check)
+    model = training_model(2)
+    src, tgt = batch([5, 2, 4], 5), batch([4, 3, 1], 6)
     with fastformer.backend("triton"):
-        eager = model.loss(src, tgt[:, :-1].contiguous(), tgt[:, 1:].contiguous())
-        compiled_loss = torch.compile(model.loss, backend="aot_eager", fullgraph=False)
-        compiled = compiled_loss(src, tgt[:, :-1].contiguous(), tgt[:, 1:].contiguous())
-        compiled.backward()
-    torch.testing.assert_close(compiled, eager, **FP32)
-    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
+        model.loss(src, tgt[:, :-1].contiguous(), tgt[:, 1:].contiguous()).backward()
+        explanation = torch._dynamo.explain(model.loss)(src, tgt[:, :-1].contiguous(), tgt[:, 1:].contiguous())
+    assert explanation.graph_break_count == 1, [reason.reason for reason in explanation.break_reasons]
+    assert explanation.break_reasons[0].user_stack[-1].name == "_checked_lengths"
+
+
+def test_fused_training_step_under_torch_compile_matches_eager():
+    """With dropout on: the seeds are drawn on the device inside the graph, so eager and compiled draw the same."""
+    src, tgt = batch([5, 2, 4], 5), batch([4, 3, 1], 6)
+    tgt_in, tgt_out = tgt[:, :-1].contiguous(), tgt[:, 1:].contiguous()
+    results = []
+    for compile_step in (False, True):
+        model = training_model(1)
+        loss_fn = torch.compile(model.loss, backend="aot_eager") if compile_step else model.loss
+        with fastformer.backend("triton"):
+            torch.manual_seed(7)
+            loss = loss_fn(src, tgt_in, tgt_out, label_smoothing=0.1)
+            loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (eager_loss, eager_grads), (compiled_loss, compiled_grads) = results
+    torch.testing.assert_close(compiled_loss, eager_loss, **FP32)
+    for name, grad in eager_grads.items():
+        torch.testing.assert_close(compiled_grads[name], grad, **FP32, msg=name)
 
 
 def test_triton_backend_on_cpu_without_the_interpreter_says_so(monkeypatch):

@@ -112,6 +112,18 @@ def test_bad_tokens_are_rejected_by_name(make_src, error, message):
         model(make_src(), torch.ones(1, 2, dtype=torch.long))
 
 
+@pytest.mark.parametrize("tgt_in, tgt_out, message", [
+    (torch.tensor([[1, 5], [0, 0]]), torch.tensor([[5, 2], [0, 0]]), "tgt_in has a sequence that is all padding"),
+    (torch.tensor([[1, 5], [1, 0]]), torch.tensor([[5, VOCAB], [2, 0]]), "tgt_out holds ids outside"),
+    (torch.tensor([[1, 5], [1, 0]]), torch.tensor([[5, -1], [2, 0]]), "tgt_out holds ids outside"),
+    (torch.tensor([[1, 5], [1, 0]]), torch.tensor([[5, 2]]), "tgt_out must be a tensor of tgt_in's shape"),
+])
+def test_loss_checks_every_batch_tensor_by_name(tgt_in, tgt_out, message):
+    model = make_model(norm_first=False)
+    with pytest.raises(ValueError, match=message):
+        model.loss(right_padded([3, 2], 7), tgt_in, tgt_out)
+
+
 def test_batch_mismatch_is_rejected():
     model = make_model(norm_first=False)
     with pytest.raises(ValueError, match="batch"):

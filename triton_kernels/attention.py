@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from triton_kernels._dropout import dropout_scale, seed_tensor
+
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 SUPPORTED_HEAD_DIMS = (32, 64, 128)
 LENGTH_DTYPES = (torch.int32, torch.int64)
@@ -45,14 +47,26 @@ def _dropout_keep(seed, offsets, dropout_p):
 @triton.jit
 def _sequence_lengths(q_lengths_ptr, k_lengths_ptr, batch_index, q_len, k_len,
                       HAS_Q_LENGTHS: tl.constexpr, HAS_K_LENGTHS: tl.constexpr):
-    """-> (queries, keys) of sequence batch_index that are not padding, as int32 scalars."""
+    """-> (queries, keys) of sequence batch_index that are not padding, as int32 scalars.
+
+    Lengths are clamped to [0, len], so lengths whose values were not checked (check_lengths=False) can never make
+    a program read or write outside the tensors."""
     seq_q = q_len + 0 * batch_index
     seq_k = k_len + 0 * batch_index
     if HAS_Q_LENGTHS:
-        seq_q = tl.load(q_lengths_ptr + batch_index).to(tl.int32)
+        seq_q = tl.minimum(tl.maximum(tl.load(q_lengths_ptr + batch_index).to(tl.int32), 0), q_len)
     if HAS_K_LENGTHS:
-        seq_k = tl.load(k_lengths_ptr + batch_index).to(tl.int32)
+        seq_k = tl.minimum(tl.maximum(tl.load(k_lengths_ptr + batch_index).to(tl.int32), 0), k_len)
     return seq_q, seq_k
+
+
+@triton.jit
+def _load_seed(seed_ptr, HAS_DROPOUT: tl.constexpr):
+    """-> the Philox seed, read from the device so that a captured CUDA graph draws a new one per replay."""
+    seed = 0
+    if HAS_DROPOUT:
+        seed = tl.load(seed_ptr)
+    return seed
 
 
 @triton.jit
@@ -115,7 +129,7 @@ def _forward_key_blocks(acc, row_sum, row_max, q, k_base, v_base, stride_kn, str
     return acc, row_sum, row_max
 
 
-@triton.jit(do_not_specialize=["heads", "q_len", "k_len", "seed"])
+@triton.jit(do_not_specialize=["heads", "q_len", "k_len"])
 def _flash_attention_fwd_kernel(
     q_ptr,  # [batch, q_len, heads, HEAD_DIM], any strides
     k_ptr,  # [batch, k_len, heads, HEAD_DIM], any strides
@@ -134,7 +148,7 @@ def _flash_attention_fwd_kernel(
     qk_scale,  # log2(e) / sqrt(HEAD_DIM)
     dropout_p,
     dropout_scale,  # 1 / (1 - dropout_p)
-    seed,
+    seed_ptr,  # [1] int64 Philox seed; not read without HAS_DROPOUT
     HEAD_DIM: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_Q_LENGTHS: tl.constexpr,
@@ -151,6 +165,7 @@ def _flash_attention_fwd_kernel(
     head = batch_head % heads
     seq_q, seq_k = _sequence_lengths(q_lengths_ptr, k_lengths_ptr, batch_index, q_len, k_len, HAS_Q_LENGTHS,
                                      HAS_K_LENGTHS)
+    seed = _load_seed(seed_ptr, HAS_DROPOUT)
     queries = query_start + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -251,7 +266,7 @@ def _dkdv_query_blocks(dk, dv, k, v, q_base, dout_base, lse_base, delta_base, st
     return dk, dv
 
 
-@triton.jit(do_not_specialize=["heads", "q_len", "k_len", "seed"])
+@triton.jit(do_not_specialize=["heads", "q_len", "k_len"])
 def _flash_attention_bwd_dkdv_kernel(
     q_ptr,  # [batch, q_len, heads, HEAD_DIM], any strides
     k_ptr,  # [batch, k_len, heads, HEAD_DIM], any strides
@@ -274,7 +289,7 @@ def _flash_attention_bwd_dkdv_kernel(
     sm_scale,  # 1 / sqrt(HEAD_DIM)
     dropout_p,
     dropout_scale,  # 1 / (1 - dropout_p)
-    seed,
+    seed_ptr,  # [1] int64 Philox seed; not read without HAS_DROPOUT
     HEAD_DIM: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_Q_LENGTHS: tl.constexpr,
@@ -291,6 +306,7 @@ def _flash_attention_bwd_dkdv_kernel(
     head = batch_head % heads
     seq_q, seq_k = _sequence_lengths(q_lengths_ptr, k_lengths_ptr, batch_index, q_len, k_len, HAS_Q_LENGTHS,
                                      HAS_K_LENGTHS)
+    seed = _load_seed(seed_ptr, HAS_DROPOUT)
     keys = key_start + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -366,7 +382,7 @@ def _dq_key_blocks(dq, q, dout, lse, delta, k_base, v_base, stride_kn, stride_kd
     return dq
 
 
-@triton.jit(do_not_specialize=["heads", "q_len", "k_len", "seed"])
+@triton.jit(do_not_specialize=["heads", "q_len", "k_len"])
 def _flash_attention_bwd_dq_kernel(
     q_ptr,  # [batch, q_len, heads, HEAD_DIM], any strides
     k_ptr,  # [batch, k_len, heads, HEAD_DIM], any strides
@@ -388,7 +404,7 @@ def _flash_attention_bwd_dq_kernel(
     sm_scale,  # 1 / sqrt(HEAD_DIM)
     dropout_p,
     dropout_scale,  # 1 / (1 - dropout_p)
-    seed,
+    seed_ptr,  # [1] int64 Philox seed; not read without HAS_DROPOUT
     HEAD_DIM: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_Q_LENGTHS: tl.constexpr,
@@ -405,6 +421,7 @@ def _flash_attention_bwd_dq_kernel(
     head = batch_head % heads
     seq_q, seq_k = _sequence_lengths(q_lengths_ptr, k_lengths_ptr, batch_index, q_len, k_len, HAS_Q_LENGTHS,
                                      HAS_K_LENGTHS)
+    seed = _load_seed(seed_ptr, HAS_DROPOUT)
     queries = query_start + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -435,17 +452,18 @@ def _flash_attention_bwd_dq_kernel(
     tl.store(dq_ptr + offsets, (dq * sm_scale).to(dq_ptr.dtype.element_ty), mask=(queries < q_len)[:, None])
 
 
-@triton.jit(do_not_specialize=["seed"])
+@triton.jit
 def _dropout_mask_kernel(
     keep_ptr,  # [batch, heads, q_len, k_len] uint8 (0/1), contiguous
     n_elements,
     dropout_p,
-    seed,
+    seed_ptr,  # [1] int64 Philox seed
     BLOCK: tl.constexpr,
 ):
     """-> the keep-mask the attention kernels draw, whose flat index is their Philox offset."""
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(keep_ptr + offsets, _dropout_keep(seed, offsets, dropout_p).to(tl.uint8), mask=offsets < n_elements)
+    keep = _dropout_keep(tl.load(seed_ptr), offsets, dropout_p)
+    tl.store(keep_ptr + offsets, keep.to(tl.uint8), mask=offsets < n_elements)
 
 
 # Triton adds the tensors' dtypes to the key.
@@ -508,11 +526,6 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _dropout_scale(dropout_p: float) -> float:
-    """What kept probabilities are multiplied by, so that dropout leaves the expectation unchanged."""
-    return 1.0 / (1.0 - dropout_p)
-
-
 def _strides(t: torch.Tensor) -> tuple[int, ...]:
     return tuple(t.stride())
 
@@ -533,12 +546,13 @@ def _check_length_values(q_lengths: Optional[torch.Tensor], k_lengths: Optional[
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lengths: Optional[torch.Tensor],
-             k_lengths: Optional[torch.Tensor], causal: bool, dropout_p: float,
-             seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+             k_lengths: Optional[torch.Tensor], causal: bool, dropout_p: float, seed: Optional[torch.Tensor],
+             check_lengths: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [batch, q_len, heads, D], k/v: [batch, k_len, heads, D] -> (out: like q, lse: [batch, heads, q_len] fp32)."""
     batch, q_len, heads, head_dim = q.shape
     k_len = k.shape[1]
-    _check_length_values(q_lengths, k_lengths, q_len, k_len)
+    if check_lengths:
+        _check_length_values(q_lengths, k_lengths, q_len, k_len)
     out = torch.empty((batch, q_len, heads, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads, q_len), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
@@ -546,15 +560,15 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lengths: Optio
     _launch("forward", q, batch * heads, q_len,
             q, k, v, q if q_lengths is None else q_lengths, q if k_lengths is None else k_lengths, out, lse,
             *_strides(q), *_strides(k), *_strides(v), *_strides(out), heads, q_len, k_len,
-            LOG2_E / math.sqrt(head_dim), dropout_p, _dropout_scale(dropout_p), seed,
+            LOG2_E / math.sqrt(head_dim), dropout_p, dropout_scale(dropout_p), q if seed is None else seed,
             HEAD_DIM=head_dim, CAUSAL=causal, HAS_Q_LENGTHS=q_lengths is not None,
-            HAS_K_LENGTHS=k_lengths is not None, HAS_DROPOUT=dropout_p > 0.0, DOT_PRECISION=_dot_precision(q.dtype))
+            HAS_K_LENGTHS=k_lengths is not None, HAS_DROPOUT=seed is not None, DOT_PRECISION=_dot_precision(q.dtype))
     return out, lse
 
 
 def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
               lse: torch.Tensor, q_lengths: Optional[torch.Tensor], k_lengths: Optional[torch.Tensor], causal: bool,
-              dropout_p: float, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              dropout_p: float, seed: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dout: [batch, q_len, heads, D] -> (dq, dk, dv) shaped like q, k, v (contiguous)."""
     batch, q_len, heads, head_dim = q.shape
     k_len = k.shape[1]
@@ -571,9 +585,10 @@ def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         out, dout, delta, *_strides(out), *_strides(dout), heads, q_len, HEAD_DIM=head_dim, BLOCK_M=preprocess_block)
     common = (q, k, v, dout, lse, delta, q if q_lengths is None else q_lengths, q if k_lengths is None else k_lengths)
     scalars = (*_strides(q), *_strides(k), *_strides(v), *_strides(dout), heads, q_len, k_len,
-               LOG2_E / math.sqrt(head_dim), 1.0 / math.sqrt(head_dim), dropout_p, _dropout_scale(dropout_p), seed)
+               LOG2_E / math.sqrt(head_dim), 1.0 / math.sqrt(head_dim), dropout_p, dropout_scale(dropout_p),
+               q if seed is None else seed)
     flags = dict(HEAD_DIM=head_dim, CAUSAL=causal, HAS_Q_LENGTHS=q_lengths is not None,
-                 HAS_K_LENGTHS=k_lengths is not None, HAS_DROPOUT=dropout_p > 0.0,
+                 HAS_K_LENGTHS=k_lengths is not None, HAS_DROPOUT=seed is not None,
                  DOT_PRECISION=_dot_precision(q.dtype))
     _launch("dkdv", q, batch * heads, k_len,
             *common, dk, dv, *scalars, **flags)
@@ -582,19 +597,21 @@ def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     return dq, dk, dv
 
 
+# The length check runs inside the op, so that torch.compile(fullgraph=True) takes it; with check_lengths=False the
+# ops never synchronize with the host, and a step made of them can be captured in a CUDA graph.
 @torch.library.custom_op("fastformer::flash_attention", mutates_args=())
 def _flash_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lengths: Optional[torch.Tensor],
                         k_lengths: Optional[torch.Tensor], causal: bool, dropout_p: float,
-                        seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """q: [batch, q_len, heads, D], k/v: [batch, k_len, heads, D] -> (out: [batch, q_len, heads, D],
-    lse: [batch, heads, q_len] fp32)."""
-    return _forward(q, k, v, q_lengths, k_lengths, causal, dropout_p, seed)
+                        seed: Optional[torch.Tensor], check_lengths: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """q: [batch, q_len, heads, D], k/v: [batch, k_len, heads, D], seed: [1] int64 or None -> (out: [batch, q_len,
+    heads, D], lse: [batch, heads, q_len] fp32)."""
+    return _forward(q, k, v, q_lengths, k_lengths, causal, dropout_p, seed, check_lengths)
 
 
 @_flash_attention_op.register_fake
 def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lengths: Optional[torch.Tensor],
-      k_lengths: Optional[torch.Tensor], causal: bool, dropout_p: float,
-      seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+      k_lengths: Optional[torch.Tensor], causal: bool, dropout_p: float, seed: Optional[torch.Tensor],
+      check_lengths: bool) -> tuple[torch.Tensor, torch.Tensor]:
     batch, q_len, heads, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((batch, heads, q_len), dtype=torch.float32)
 
@@ -603,7 +620,7 @@ def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lengths: Optional[tor
 def _flash_attention_backward_op(
         dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
         q_lengths: Optional[torch.Tensor], k_lengths: Optional[torch.Tensor], causal: bool, dropout_p: float,
-        seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        seed: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dout: [batch, q_len, heads, D] -> (dq, dk, dv) shaped like q, k, v."""
     return _backward(dout, q, k, v, out, lse, q_lengths, k_lengths, causal, dropout_p, seed)
 
@@ -611,23 +628,23 @@ def _flash_attention_backward_op(
 @_flash_attention_backward_op.register_fake
 def _(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
       q_lengths: Optional[torch.Tensor], k_lengths: Optional[torch.Tensor], causal: bool, dropout_p: float,
-      seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+      seed: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs: tuple, output: tuple) -> None:
-    q, k, v, q_lengths, k_lengths, causal, dropout_p, seed = inputs
+    q, k, v, q_lengths, k_lengths, causal, dropout_p, seed, _ = inputs
     out, lse = output
     ctx.mark_non_differentiable(lse)
-    ctx.save_for_backward(q, k, v, out, lse, q_lengths, k_lengths)
-    ctx.causal, ctx.dropout_p, ctx.seed = causal, dropout_p, seed
+    ctx.save_for_backward(q, k, v, out, lse, q_lengths, k_lengths, seed)
+    ctx.causal, ctx.dropout_p = causal, dropout_p
 
 
 def _backward_autograd(ctx, dout: torch.Tensor, _lse_grad: Optional[torch.Tensor]) -> tuple:
-    q, k, v, out, lse, q_lengths, k_lengths = ctx.saved_tensors
+    q, k, v, out, lse, q_lengths, k_lengths, seed = ctx.saved_tensors
     dq, dk, dv = _flash_attention_backward_op(dout, q, k, v, out, lse, q_lengths, k_lengths, ctx.causal,
-                                              ctx.dropout_p, ctx.seed)
-    return dq, dk, dv, None, None, None, None, None
+                                              ctx.dropout_p, seed)
+    return dq, dk, dv, None, None, None, None, None, None
 
 
 _flash_attention_op.register_autograd(_backward_autograd, setup_context=_setup_context)
@@ -686,19 +703,20 @@ def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lengths: Opti
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lengths: Optional[torch.Tensor] = None,
                     k_lengths: Optional[torch.Tensor] = None, causal: bool = False, dropout_p: float = 0.0,
-                    seed: Optional[int] = None) -> torch.Tensor:
+                    seed: Optional[int] = None, check_lengths: bool = True) -> torch.Tensor:
     """q: [batch, q_len, heads, D], k/v: [batch, k_len, heads, D] (any strides) -> [batch, q_len, heads, D].
 
     softmax(q k^T / sqrt(D)) v with keys at or past k_lengths[b] ignored, query rows at or past q_lengths[b] output
     as zeros (lengths: int [batch] tensors, None = full), and `causal` letting query i see keys j <= i.
     Differentiable with respect to q, k and v. The dropout mask of the probabilities is a function of `seed` (drawn
-    from torch's default generator when None) and the element's position: `attention_dropout_mask` rebuilds it.
-    Checking the length values costs one host sync when lengths are given.
+    on q's device from torch's generator when None) and the element's position: `attention_dropout_mask` rebuilds it.
+    check_lengths: raise on length values outside [0, q_len] / [1, k_len], at the cost of one host sync. Pass False
+    for lengths already checked (fastformer.Transformer checks its batch once per step): then no call synchronizes,
+    and the kernel clamps lengths to [0, len].
     """
     _validate(q, k, v, q_lengths, k_lengths, dropout_p)
-    if seed is None:
-        seed = int(torch.randint(0, 2**31 - 1, (1,)).item()) if dropout_p > 0.0 else 0
-    out, _ = _flash_attention_op(q, k, v, q_lengths, k_lengths, bool(causal), float(dropout_p), int(seed))
+    out, _ = _flash_attention_op(q, k, v, q_lengths, k_lengths, bool(causal), float(dropout_p),
+                                 seed_tensor(seed, dropout_p, q.device), bool(check_lengths))
     return out
 
 
@@ -711,5 +729,6 @@ def attention_dropout_mask(seed: int, batch: int, heads: int, q_len: int, k_len:
     keep = torch.empty((batch, heads, q_len, k_len), dtype=torch.uint8, device=device)
     if keep.numel() > 0:
         block = 1024
-        _dropout_mask_kernel[(triton.cdiv(keep.numel(), block),)](keep, keep.numel(), dropout_p, seed, BLOCK=block)
+        _dropout_mask_kernel[(triton.cdiv(keep.numel(), block),)](
+            keep, keep.numel(), dropout_p, torch.full((1,), seed, dtype=torch.int64, device=device), BLOCK=block)
     return keep.view(torch.bool)

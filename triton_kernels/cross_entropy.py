@@ -125,7 +125,8 @@ def _cross_entropy_rows(logits: torch.Tensor, target: torch.Tensor, lse: torch.T
 
 
 def _check_class_ids(target: torch.Tensor, n_classes: int, ignore_index: int) -> None:
-    """Out-of-range class ids would read outside the logits; this costs one device-to-host sync per call."""
+    """Out-of-range class ids would read outside the logits; this costs one device-to-host sync per call, which
+    check_targets=False skips for targets already checked (the ops then never synchronize with the host)."""
     outside = (target != ignore_index) & ((target < 0) | (target >= n_classes))
     if bool(outside.any()):
         raise ValueError(f"target holds class ids outside [0, {n_classes}) that are not ignore_index "
@@ -157,10 +158,12 @@ def _row_grad_scale(grad_loss: torch.Tensor, target: torch.Tensor, ignore_index:
 
 @torch.library.custom_op("fastformer::cross_entropy", mutates_args=())
 def _cross_entropy_op(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float,
-                      reduction: str, overwrite_logits: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                      reduction: str, overwrite_logits: bool,
+                      check_targets: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """logits: [N, V], target: [N] -> (loss: [] or [N] in logits' dtype, lse: [N] fp32). overwrite_logits only tells
     backward where to write the gradient."""
-    _check_class_ids(target, logits.shape[1], ignore_index)
+    if check_targets:
+        _check_class_ids(target, logits.shape[1], ignore_index)
     row_loss = logits.new_empty(logits.shape[:1], dtype=torch.float32)
     lse = torch.empty_like(row_loss)
     _cross_entropy_rows(logits, target, lse, ignore_index, label_smoothing, row_loss=row_loss)
@@ -169,7 +172,7 @@ def _cross_entropy_op(logits: torch.Tensor, target: torch.Tensor, ignore_index: 
 
 @_cross_entropy_op.register_fake
 def _(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float, reduction: str,
-      overwrite_logits: bool) -> tuple[torch.Tensor, torch.Tensor]:
+      overwrite_logits: bool, check_targets: bool) -> tuple[torch.Tensor, torch.Tensor]:
     loss = logits.new_empty(logits.shape[:1] if reduction == "none" else ())
     return loss, logits.new_empty(logits.shape[:1], dtype=torch.float32)
 
@@ -207,7 +210,7 @@ def _(grad_loss: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse: 
 
 
 def _cross_entropy_setup_context(ctx, inputs: tuple, output: tuple) -> None:
-    logits, target, ignore_index, label_smoothing, reduction, overwrite_logits = inputs
+    logits, target, ignore_index, label_smoothing, reduction, overwrite_logits, _ = inputs
     _, lse = output
     ctx.mark_non_differentiable(lse)
     ctx.save_for_backward(logits, target, lse)
@@ -223,7 +226,7 @@ def _cross_entropy_backward(ctx, grad_loss: torch.Tensor, _grad_lse: Optional[to
         grad_logits = logits
     else:
         grad_logits = _cross_entropy_backward_op(*args)
-    return grad_logits, None, None, None, None, None
+    return grad_logits, None, None, None, None, None, None
 
 
 _cross_entropy_op.register_autograd(_cross_entropy_backward, setup_context=_cross_entropy_setup_context)
@@ -304,13 +307,14 @@ def _linear_cross_entropy_chunks(
 @torch.library.custom_op("fastformer::linear_cross_entropy", mutates_args=())
 def _linear_cross_entropy_op(
         hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
-        ignore_index: int, label_smoothing: float, reduction: str, matmul_dtype: torch.dtype,
-        compute_grads: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        ignore_index: int, label_smoothing: float, reduction: str, matmul_dtype: torch.dtype, compute_grads: bool,
+        check_targets: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """hidden: [N, d], weight: [V, d], target: [N], bias: [V] -> (loss: [] or [N] in matmul_dtype, lse: [N] fp32,
     and with compute_grads (reduction "mean" or "sum" only) the gradients of the loss w.r.t. hidden [N, d], weight
     [V, d], bias [V] in fp32, so that backward's scaling rounds them only once; without, and for a missing bias,
     empty [0] tensors)."""
-    _check_class_ids(target, weight.shape[0], ignore_index)
+    if check_targets:
+        _check_class_ids(target, weight.shape[0], ignore_index)
     row_loss = hidden.new_empty(hidden.shape[:1], dtype=torch.float32)
     lse = torch.empty_like(row_loss)
     grad_scale = None
@@ -326,8 +330,8 @@ def _linear_cross_entropy_op(
 
 @_linear_cross_entropy_op.register_fake
 def _(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
-      ignore_index: int, label_smoothing: float, reduction: str, matmul_dtype: torch.dtype,
-      compute_grads: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+      ignore_index: int, label_smoothing: float, reduction: str, matmul_dtype: torch.dtype, compute_grads: bool,
+      check_targets: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     loss = hidden.new_empty(hidden.shape[:1] if reduction == "none" else (), dtype=matmul_dtype)
     lse = hidden.new_empty(hidden.shape[:1], dtype=torch.float32)
     if not compute_grads:
@@ -360,7 +364,7 @@ def _(grad_loss: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, targe
 
 
 def _linear_cross_entropy_setup_context(ctx, inputs: tuple, output: tuple) -> None:
-    hidden, weight, target, bias, ignore_index, label_smoothing, reduction, matmul_dtype, _ = inputs
+    hidden, weight, target, bias, ignore_index, label_smoothing, reduction, matmul_dtype, _, _ = inputs
     _, lse, grad_hidden, grad_weight, grad_bias = output
     ctx.mark_non_differentiable(lse, grad_hidden, grad_weight, grad_bias)
     ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
@@ -384,7 +388,7 @@ def _linear_cross_entropy_backward(ctx, grad_loss: torch.Tensor, *_grads_of_non_
         grad_hidden, grad_weight, grad_bias = ((grad * grad_loss).to(dtype or grad.dtype)
                                                for grad, dtype in zip(ctx.saved_tensors, ctx.dtypes))
     # Without a bias, grad_bias is an empty placeholder.
-    return grad_hidden, grad_weight, None, grad_bias if ctx.dtypes[2] else None, *(None,) * 5
+    return grad_hidden, grad_weight, None, grad_bias if ctx.dtypes[2] else None, *(None,) * 6
 
 
 _linear_cross_entropy_op.register_autograd(_linear_cross_entropy_backward,
@@ -435,15 +439,16 @@ def _validate_target(target: torch.Tensor, n_rows: int, rows_name: str, device: 
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
-                  label_smoothing: float = 0.0, reduction: str = "mean",
-                  overwrite_logits: bool = False) -> torch.Tensor:
+                  label_smoothing: float = 0.0, reduction: str = "mean", overwrite_logits: bool = False,
+                  check_targets: bool = True) -> torch.Tensor:
     """logits: [N, V], target: [N] -> loss: [] ([N] for reduction "none") in logits' dtype; differentiable w.r.t.
     logits.
 
     PyTorch's label-smoothed cross-entropy, with one deliberate difference: "mean" over targets that are all
     ignore_index is 0 with a zero gradient (PyTorch gives NaN). overwrite_logits=True lets backward write the
     gradient over the logits' buffer (when their columns are contiguous) instead of a new one: the logits are then
-    lost, so nothing else may need them afterwards.
+    lost, so nothing else may need them afterwards. check_targets=False skips the check of the class ids (a host
+    sync) for targets already checked; an id outside [0, V) then reads outside the logits.
     """
     _validate_tensors("cross_entropy", {"logits": logits})
     if logits.dim() != 2 or logits.shape[1] == 0:
@@ -453,7 +458,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     loss, _ = _cross_entropy_op(logits, target.contiguous(), ignore_index, float(label_smoothing), reduction,
-                                bool(overwrite_logits))
+                                bool(overwrite_logits), bool(check_targets))
     return loss
 
 
@@ -471,12 +476,13 @@ def _matmul_dtype(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                          bias: Optional[torch.Tensor] = None, ignore_index: int = -100, label_smoothing: float = 0.0,
-                         reduction: str = "mean") -> torch.Tensor:
+                         reduction: str = "mean", check_targets: bool = True) -> torch.Tensor:
     """hidden: [N, d], weight: [V, d], target: [N], bias: [V] -> cross_entropy(hidden @ weight.T + bias, target):
     [] ([N] for "none") in the logits' dtype; differentiable w.r.t. hidden, weight and bias.
 
     The N x V logits are never held whole (chunks of tokens, each at most 1/LOGITS_FRACTION of them). Under
     torch.autocast the matmuls run in autocast's dtype, as F.linear's would; the weight gradient is summed in fp32.
+    check_targets: as for cross_entropy.
     """
     _validate_tensors("linear_cross_entropy", {"hidden": hidden, "weight": weight, "bias": bias})
     if hidden.dim() != 2:
@@ -492,5 +498,5 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
     loss, *_ = _linear_cross_entropy_op(hidden.contiguous(), weight.contiguous(), target.contiguous(), bias,
                                         ignore_index, float(label_smoothing), reduction, matmul_dtype,
-                                        needs_grad and reduction != "none")
+                                        needs_grad and reduction != "none", bool(check_targets))
     return loss

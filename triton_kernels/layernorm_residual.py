@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from triton_kernels._dropout import dropout_scale, seed_tensor
+
 MAX_D = 8192
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Elements per program tile: one row when D is wide, several rows when D is narrow, so short rows do not leave most
@@ -29,13 +31,14 @@ PARTIAL_ELEMENTS_PER_SM = 4096
 
 
 @triton.jit
-def _dropout_keep(seed, offsets, dropout_p):
-    """offsets: [BLOCK_ROWS, BLOCK_D] element offsets -> bool keep-mask of the same shape, kept with prob. 1 - p."""
-    return tl.rand(seed, offsets) >= dropout_p
+def _dropout_keep(seed_ptr, offsets, dropout_p):
+    """offsets: [BLOCK_ROWS, BLOCK_D] element offsets -> bool keep-mask of the same shape, kept with prob. 1 - p.
+
+    The seed is read from the device, so that a captured CUDA graph draws a new one per replay."""
+    return tl.rand(tl.load(seed_ptr), offsets) >= dropout_p
 
 
-# A fresh seed every step must not mean a fresh specialization (Triton specializes ints equal to 1, or divisible by 16).
-@triton.jit(do_not_specialize=["seed"])
+@triton.jit
 def _residual_layer_norm_fwd_kernel(
     x_ptr,  # [n_rows, D]
     residual_ptr,  # [n_rows, D]; not read without HAS_RESIDUAL
@@ -50,7 +53,7 @@ def _residual_layer_norm_fwd_kernel(
     eps,
     dropout_p,
     dropout_scale,  # 1 / (1 - dropout_p)
-    seed,
+    seed_ptr,  # [1] int64 Philox seed; not read without HAS_DROPOUT
     HAS_RESIDUAL: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
@@ -66,7 +69,7 @@ def _residual_layer_norm_fwd_kernel(
 
     s = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     if HAS_DROPOUT:
-        s = tl.where(_dropout_keep(seed, offsets, dropout_p), s * dropout_scale, 0.0)
+        s = tl.where(_dropout_keep(seed_ptr, offsets, dropout_p), s * dropout_scale, 0.0)
     if HAS_RESIDUAL:
         s += tl.load(residual_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     # Normalize s as stored, so that y is exactly the LayerNorm of the returned s and backward, which reloads s,
@@ -86,7 +89,7 @@ def _residual_layer_norm_fwd_kernel(
     tl.store(rstd_ptr + rows, rstd, mask=row_mask)
 
 
-@triton.jit(do_not_specialize=["seed"])
+@triton.jit
 def _residual_layer_norm_bwd_kernel(
     dy_ptr,  # [n_rows, D]; not read without HAS_DY
     ds_out_ptr,  # [n_rows, D]: gradient reaching s from its own use (pre-LN); not read without HAS_DS_OUT
@@ -103,7 +106,7 @@ def _residual_layer_norm_bwd_kernel(
     rows_per_program,  # a multiple of BLOCK_ROWS
     dropout_p,
     dropout_scale,  # 1 / (1 - dropout_p)
-    seed,
+    seed_ptr,  # [1] int64 Philox seed; not read without HAS_DROPOUT
     HAS_DY: tl.constexpr,
     HAS_DS_OUT: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
@@ -147,7 +150,7 @@ def _residual_layer_norm_bwd_kernel(
         if HAS_RESIDUAL:
             tl.store(dresidual_ptr + offsets, ds.to(dresidual_ptr.dtype.element_ty), mask=mask)
         if HAS_DROPOUT:
-            ds = tl.where(_dropout_keep(seed, offsets, dropout_p), ds * dropout_scale, 0.0)
+            ds = tl.where(_dropout_keep(seed_ptr, offsets, dropout_p), ds * dropout_scale, 0.0)
         tl.store(dx_ptr + offsets, ds.to(dx_ptr.dtype.element_ty), mask=mask)
 
     if HAS_DY:
@@ -204,13 +207,9 @@ def _output_dtype(x_dtype: torch.dtype, residual_dtype: Optional[torch.dtype]) -
     return x_dtype if residual_dtype is None else torch.promote_types(x_dtype, residual_dtype)
 
 
-def _dropout_scale(dropout_p: float) -> float:
-    """What kept elements are multiplied by, so that dropout leaves the expectation unchanged."""
-    return 1.0 / (1.0 - dropout_p)
-
-
 def _forward(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor, bias: torch.Tensor, eps: float,
-             dropout_p: float, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+             dropout_p: float,
+             seed: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """x, residual: [..., D] -> (y, s: [..., D], mean, rstd: [...] fp32)."""
     n_cols = x.shape[-1]
     x_rows = x.reshape(-1, n_cols).contiguous()
@@ -225,15 +224,16 @@ def _forward(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Te
         residual_rows = x_rows if residual is None else residual.reshape(-1, n_cols).contiguous()
         _residual_layer_norm_fwd_kernel[(triton.cdiv(n_rows, block_rows),)](
             x_rows, residual_rows, weight.contiguous(), bias.contiguous(), y, s, mean, rstd,
-            n_rows, n_cols, eps, dropout_p, _dropout_scale(dropout_p), seed,
-            HAS_RESIDUAL=residual is not None, HAS_DROPOUT=dropout_p > 0.0,
+            n_rows, n_cols, eps, dropout_p, dropout_scale(dropout_p), x_rows if seed is None else seed,
+            HAS_RESIDUAL=residual is not None, HAS_DROPOUT=seed is not None,
             BLOCK_ROWS=block_rows, BLOCK_D=block_d, num_warps=num_warps,
         )
     return y.view(x.shape), s.view(x.shape), mean, rstd
 
 
 def _backward(dy: Optional[torch.Tensor], ds_out: Optional[torch.Tensor], s: torch.Tensor, weight: torch.Tensor,
-              mean: torch.Tensor, rstd: torch.Tensor, dropout_p: float, seed: int, x_dtype: torch.dtype,
+              mean: torch.Tensor, rstd: torch.Tensor, dropout_p: float, seed: Optional[torch.Tensor],
+              x_dtype: torch.dtype,
               residual_dtype: Optional[torch.dtype]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dy, ds_out, s: [..., D] -> (dx, dresidual: [..., D] ([0] without a residual), dweight, dbias: [D])."""
     n_cols = s.shape[-1]
@@ -256,9 +256,9 @@ def _backward(dy: Optional[torch.Tensor], ds_out: Optional[torch.Tensor], s: tor
             s_rows if ds_out is None else ds_out.reshape(-1, n_cols).contiguous(),
             s_rows, weight.contiguous(), mean, rstd, dx, dresidual if has_residual else dx,
             dweight_partial, dbias_partial,
-            n_rows, n_cols, rows_per_program, dropout_p, _dropout_scale(dropout_p), seed,
+            n_rows, n_cols, rows_per_program, dropout_p, dropout_scale(dropout_p), s_rows if seed is None else seed,
             HAS_DY=dy is not None, HAS_DS_OUT=ds_out is not None, HAS_RESIDUAL=has_residual,
-            HAS_DROPOUT=dropout_p > 0.0, BLOCK_ROWS=block_rows, BLOCK_D=block_d, num_warps=num_warps,
+            HAS_DROPOUT=seed is not None, BLOCK_ROWS=block_rows, BLOCK_D=block_d, num_warps=num_warps,
         )
     if dy is None:
         return dx, dresidual, torch.zeros_like(weight), torch.zeros_like(weight)
@@ -272,16 +272,16 @@ def _backward(dy: Optional[torch.Tensor], ds_out: Optional[torch.Tensor], s: tor
 
 
 @torch.library.custom_op("fastformer::residual_layer_norm", mutates_args=())
-def _residual_layer_norm_op(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor,
-                            bias: torch.Tensor, eps: float, dropout_p: float,
-                            seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x, residual: [..., D], weight/bias: [D] -> (y, s: [..., D], mean, rstd: [...] fp32)."""
+def _residual_layer_norm_op(
+        x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor, bias: torch.Tensor, eps: float,
+        dropout_p: float, seed: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x, residual: [..., D], weight/bias: [D], seed: [1] int64 or None -> (y, s: [..., D], mean, rstd: [...] fp32)."""
     return _forward(x, residual, weight, bias, eps, dropout_p, seed)
 
 
 @_residual_layer_norm_op.register_fake
 def _(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor, bias: torch.Tensor, eps: float,
-      dropout_p: float, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+      dropout_p: float, seed: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     y = x.new_empty(x.shape, dtype=_output_dtype(x.dtype, None if residual is None else residual.dtype))
     mean = x.new_empty(x.shape[:-1], dtype=torch.float32)
     return y, torch.empty_like(y), mean, torch.empty_like(mean)
@@ -290,7 +290,7 @@ def _(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor, b
 @torch.library.custom_op("fastformer::residual_layer_norm_backward", mutates_args=())
 def _residual_layer_norm_backward_op(
         dy: Optional[torch.Tensor], ds_out: Optional[torch.Tensor], s: torch.Tensor, weight: torch.Tensor,
-        mean: torch.Tensor, rstd: torch.Tensor, dropout_p: float, seed: int, x_dtype: torch.dtype,
+        mean: torch.Tensor, rstd: torch.Tensor, dropout_p: float, seed: Optional[torch.Tensor], x_dtype: torch.dtype,
         residual_dtype: Optional[torch.dtype]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dy, ds_out, s: [..., D] -> (dx, dresidual: [..., D] ([0] without a residual), dweight, dbias: [D])."""
     return _backward(dy, ds_out, s, weight, mean, rstd, dropout_p, seed, x_dtype, residual_dtype)
@@ -298,7 +298,7 @@ def _residual_layer_norm_backward_op(
 
 @_residual_layer_norm_backward_op.register_fake
 def _(dy: Optional[torch.Tensor], ds_out: Optional[torch.Tensor], s: torch.Tensor, weight: torch.Tensor,
-      mean: torch.Tensor, rstd: torch.Tensor, dropout_p: float, seed: int, x_dtype: torch.dtype,
+      mean: torch.Tensor, rstd: torch.Tensor, dropout_p: float, seed: Optional[torch.Tensor], x_dtype: torch.dtype,
       residual_dtype: Optional[torch.dtype]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     dresidual_shape = s.shape if residual_dtype is not None else (0,)
     dresidual = s.new_empty(dresidual_shape, dtype=residual_dtype or x_dtype)
@@ -312,17 +312,17 @@ def _setup_context(ctx, inputs: tuple, output: tuple) -> None:
     # A gradient that never arrives (y unused, or s unused as in post-LN) stays None rather than a tensor of zeros,
     # so the kernel skips reading it.
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(s, weight, mean, rstd)
-    ctx.dropout_p, ctx.seed = dropout_p, seed
+    ctx.save_for_backward(s, weight, mean, rstd, seed)
+    ctx.dropout_p = dropout_p
     ctx.x_dtype, ctx.residual_dtype = x.dtype, None if residual is None else residual.dtype
 
 
 def _backward_autograd(ctx, dy: Optional[torch.Tensor], ds_out: Optional[torch.Tensor], *_stats_grads) -> tuple:
     if dy is None and ds_out is None:
         return (None,) * 7
-    s, weight, mean, rstd = ctx.saved_tensors
+    s, weight, mean, rstd, seed = ctx.saved_tensors
     dx, dresidual, dweight, dbias = _residual_layer_norm_backward_op(
-        dy, ds_out, s, weight, mean, rstd, ctx.dropout_p, ctx.seed, ctx.x_dtype, ctx.residual_dtype)
+        dy, ds_out, s, weight, mean, rstd, ctx.dropout_p, seed, ctx.x_dtype, ctx.residual_dtype)
     return dx, None if ctx.residual_dtype is None else dresidual, dweight, dbias, None, None, None
 
 
@@ -376,11 +376,10 @@ def residual_layer_norm(x: torch.Tensor, residual: Optional[torch.Tensor], weigh
     """x, residual: [..., D], weight/bias: [D] -> (y, s): [..., D] in the dtype of residual + x.
 
     s = residual + dropout(x) (dropout(x) alone without a residual), y = LayerNorm(s) * weight + bias; differentiable
-    with respect to x, residual, weight and bias. The dropout mask is a function of `seed` (drawn from torch's
-    default generator when None) and the element's position.
+    with respect to x, residual, weight and bias. The dropout mask is a function of `seed` (drawn on x's device from
+    torch's generator when None) and the element's position.
     """
     _validate(x, residual, weight, bias, eps, dropout_p)
-    if seed is None:
-        seed = int(torch.randint(0, 2**31 - 1, (1,)).item()) if dropout_p > 0.0 else 0
-    y, s, _, _ = _residual_layer_norm_op(x, residual, weight, bias, float(eps), float(dropout_p), int(seed))
+    y, s, _, _ = _residual_layer_norm_op(x, residual, weight, bias, float(eps), float(dropout_p),
+                                         seed_tensor(seed, dropout_p, x.device))
     return y, s

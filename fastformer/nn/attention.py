@@ -41,7 +41,8 @@ class MultiheadAttention(nn.Module):
     """The parameters and call of `torch.nn.MultiheadAttention` (so its state_dict loads), with a fused QKV projection.
 
     Beyond torch's arguments, `query_lengths`/`key_lengths` ([batch] ints) describe right-padded batches directly:
-    keys past a length are ignored, and query rows past a length output zero, so no mask needs building.
+    keys past a length are ignored, and query rows past a length output zero, so no mask needs building. Their
+    values are checked (a host sync per call) unless `check_lengths=False` says they already were.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
@@ -75,8 +76,8 @@ class MultiheadAttention(nn.Module):
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 key_padding_mask: torch.Tensor | None = None, need_weights: bool = False,
                 attn_mask: torch.Tensor | None = None, is_causal: bool = False, *,
-                query_lengths: torch.Tensor | None = None,
-                key_lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, None]:
+                query_lengths: torch.Tensor | None = None, key_lengths: torch.Tensor | None = None,
+                check_lengths: bool = True) -> tuple[torch.Tensor, None]:
         """query: [batch, q_len, embed_dim], key/value: [batch, k_len, embed_dim] -> ([batch, q_len, embed_dim], None)."""
         if need_weights:
             raise ValueError("need_weights=True is not supported: the fused kernel never forms the attention weights; "
@@ -112,6 +113,7 @@ class MultiheadAttention(nn.Module):
                 mask = _merge_key_padding(mask, key_padding_mask)
 
         out = dispatch.attention(q, k, v, q_lengths=query_lengths, k_lengths=key_lengths, causal=is_causal,
-                                attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
+                                attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
+                                check_lengths=check_lengths)
         out = self.out_proj(out.reshape(batch, q_len, e))
         return (out if self.batch_first else out.transpose(0, 1)), None

@@ -11,9 +11,14 @@ REDUCTIONS = ("mean", "sum", "none")
 
 
 class _CrossEntropyOptions(nn.Module):
-    """torch.nn.CrossEntropyLoss's options, validated, shared by both losses."""
+    """torch.nn.CrossEntropyLoss's options, validated, shared by both losses.
 
-    def __init__(self, ignore_index: int = -100, label_smoothing: float = 0.0, reduction: str = "mean") -> None:
+    check_targets=False skips the fused kernel's check of the class ids (one host sync per call), for targets the
+    caller has already checked (fastformer.Transformer.loss does, together with its other checks).
+    """
+
+    def __init__(self, ignore_index: int = -100, label_smoothing: float = 0.0, reduction: str = "mean",
+                 check_targets: bool = True) -> None:
         super().__init__()
         if reduction not in REDUCTIONS:
             raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
@@ -22,6 +27,7 @@ class _CrossEntropyOptions(nn.Module):
         self.ignore_index = ignore_index
         self.label_smoothing = label_smoothing
         self.reduction = reduction
+        self.check_targets = check_targets
 
 
 class LabelSmoothedCrossEntropyLoss(_CrossEntropyOptions):
@@ -38,7 +44,7 @@ class LabelSmoothedCrossEntropyLoss(_CrossEntropyOptions):
                              f"{tuple(logits.shape)} and target {tuple(target.shape)}")
         loss = dispatch.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
                                      ignore_index=self.ignore_index, label_smoothing=self.label_smoothing,
-                                     reduction=self.reduction)
+                                     reduction=self.reduction, check_targets=self.check_targets)
         return loss.view(target.shape) if self.reduction == "none" else loss
 
 
@@ -56,5 +62,6 @@ class LinearCrossEntropyLoss(_CrossEntropyOptions):
                              f"{tuple(hidden.shape)}, weight {tuple(weight.shape)}, target {tuple(target.shape)}")
         loss = dispatch.linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), weight, target.reshape(-1),
                                              bias=bias, ignore_index=self.ignore_index,
-                                             label_smoothing=self.label_smoothing, reduction=self.reduction)
+                                             label_smoothing=self.label_smoothing, reduction=self.reduction,
+                                             check_targets=self.check_targets)
         return loss.view(target.shape) if self.reduction == "none" else loss
