@@ -516,6 +516,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
     unknown = set(chosen or []) - set(TRAIN_SYSTEMS + INFER_SYSTEMS)
     if unknown:
         parser.error(f"unknown systems {sorted(unknown)}; choose from {TRAIN_SYSTEMS + INFER_SYSTEMS[1:]}")
+    compile_backend = args.compile_backend or ("aot_eager" if cpu else "inductor")
+    if args.compile_mode != "default" and compile_backend != "inductor":
+        parser.error(f"--compile-mode {args.compile_mode} needs the inductor backend, not {compile_backend}")
     both = not args.train and not args.infer
     settings = Settings(
         device=args.device, presets=presets,
@@ -524,8 +527,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
         infer_systems=[s for s in (chosen or INFER_SYSTEMS) if s in INFER_SYSTEMS] if args.infer or both else [],
         max_tokens=args.max_tokens, batches=args.batches or (2 if cpu else 3 if quick else 6),
         warmup=args.warmup, repeats=args.repeats or (2 if cpu else 3 if quick else 5),
-        compile_backend=args.compile_backend or ("aot_eager" if cpu else "inductor"),
-        compile_mode=args.compile_mode,
+        compile_backend=compile_backend, compile_mode=args.compile_mode,
         sentences=args.sentences or (16 if cpu else 256 if quick else 1024), batch_size=args.batch_size,
         reference_sentences=args.reference_sentences or (4 if cpu else 16 if quick else 32),
         latency_sentences=args.latency_sentences or (2 if cpu else 4 if quick else 8),
