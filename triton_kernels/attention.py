@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from triton_kernels._dropout import dropout_scale, seed_tensor
+from triton_kernels._host import cdiv, dropout_scale, next_power_of_2, seed_tensor
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 SUPPORTED_HEAD_DIMS = (32, 64, 128)
@@ -511,14 +511,14 @@ def _launch(name: str, q: torch.Tensor, batch_heads: int, length: int, *args, **
     launch = _LAUNCHES[name]
     kernel = launch.kernel
     if _interpreted(q.device):
-        kernel[(batch_heads, triton.cdiv(length, INTERPRETER_BLOCK))](
+        kernel[(batch_heads, cdiv(length, INTERPRETER_BLOCK))](
             *args, **kwargs, BLOCK_M=INTERPRETER_BLOCK, BLOCK_N=INTERPRETER_BLOCK)
     elif q.dtype == torch.float32:
         config = launch.fp32_config
-        kernel[(batch_heads, triton.cdiv(length, config.kwargs[launch.grid_block]))](
+        kernel[(batch_heads, cdiv(length, config.kwargs[launch.grid_block]))](
             *args, **kwargs, **config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
     else:
-        launch.tuned[lambda meta: (batch_heads, triton.cdiv(length, meta[launch.grid_block]))](*args, **kwargs)
+        launch.tuned[lambda meta: (batch_heads, cdiv(length, meta[launch.grid_block]))](*args, **kwargs)
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
@@ -581,7 +581,7 @@ def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         return dq, dk.zero_(), dv.zero_()
     delta = torch.empty_like(lse)
     preprocess_block = INTERPRETER_BLOCK if _interpreted(q.device) else PREPROCESS_BLOCK_M
-    _flash_attention_bwd_preprocess_kernel[(batch * heads, triton.cdiv(q_len, preprocess_block))](
+    _flash_attention_bwd_preprocess_kernel[(batch * heads, cdiv(q_len, preprocess_block))](
         out, dout, delta, *_strides(out), *_strides(dout), heads, q_len, HEAD_DIM=head_dim, BLOCK_M=preprocess_block)
     common = (q, k, v, dout, lse, delta, q if q_lengths is None else q_lengths, q if k_lengths is None else k_lengths)
     scalars = (*_strides(q), *_strides(k), *_strides(v), *_strides(dout), heads, q_len, k_len,
@@ -729,6 +729,6 @@ def attention_dropout_mask(seed: int, batch: int, heads: int, q_len: int, k_len:
     keep = torch.empty((batch, heads, q_len, k_len), dtype=torch.uint8, device=device)
     if keep.numel() > 0:
         block = 1024
-        _dropout_mask_kernel[(triton.cdiv(keep.numel(), block),)](
+        _dropout_mask_kernel[(cdiv(keep.numel(), block),)](
             keep, keep.numel(), dropout_p, torch.full((1,), seed, dtype=torch.int64, device=device), BLOCK=block)
     return keep.view(torch.bool)

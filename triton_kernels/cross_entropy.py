@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from triton_kernels._host import next_power_of_2
+
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 REDUCTIONS = ("mean", "sum", "none")
 # Bytes of logits a program sweeps per step (4096 fp32 or 8192 fp16/bf16 elements): wide enough that a 37k vocab
@@ -97,7 +99,7 @@ def _cross_entropy_kernel(
 
 def _block_config(n_cols: int, element_size: int) -> tuple[int, int]:
     """V, bytes per logit -> (BLOCK_V, num_warps)."""
-    block_v = min(triton.next_power_of_2(n_cols), max(1, MAX_BLOCK_BYTES // element_size))
+    block_v = min(next_power_of_2(n_cols), max(1, MAX_BLOCK_BYTES // element_size))
     # About 8 logits per thread (one or two 16-byte loads): ~32 registers on sm_90, so that two programs share a
     # multiprocessor and keep enough loads in flight.
     return block_v, min(32, max(4, block_v // 256))

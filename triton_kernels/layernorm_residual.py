@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from triton_kernels._dropout import dropout_scale, seed_tensor
+from triton_kernels._host import cdiv, dropout_scale, next_power_of_2, seed_tensor
 
 MAX_D = 8192
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -186,7 +186,7 @@ def _sum_partials_kernel(
 
 def _tile_config(n_cols: int) -> tuple[int, int, int]:
     """D -> (BLOCK_D, BLOCK_ROWS, num_warps) of a program's [BLOCK_ROWS, BLOCK_D] tile."""
-    block_d = triton.next_power_of_2(n_cols)
+    block_d = next_power_of_2(n_cols)
     block_rows = max(1, TILE_ELEMENTS // block_d)
     num_warps = min(16, max(4, block_d * block_rows // 512))
     return block_d, block_rows, num_warps
@@ -222,7 +222,7 @@ def _forward(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Te
     if n_rows > 0:
         block_d, block_rows, num_warps = _tile_config(n_cols)
         residual_rows = x_rows if residual is None else residual.reshape(-1, n_cols).contiguous()
-        _residual_layer_norm_fwd_kernel[(triton.cdiv(n_rows, block_rows),)](
+        _residual_layer_norm_fwd_kernel[(cdiv(n_rows, block_rows),)](
             x_rows, residual_rows, weight.contiguous(), bias.contiguous(), y, s, mean, rstd,
             n_rows, n_cols, eps, dropout_p, dropout_scale(dropout_p), x_rows if seed is None else seed,
             HAS_RESIDUAL=residual is not None, HAS_DROPOUT=seed is not None,
@@ -244,9 +244,9 @@ def _backward(dy: Optional[torch.Tensor], ds_out: Optional[torch.Tensor], s: tor
     dresidual = torch.empty(s.shape if has_residual else (0,), dtype=residual_dtype or x_dtype, device=s.device)
     block_d, block_rows, num_warps = _tile_config(n_cols)
     # Each program takes a contiguous run of whole tiles.
-    tiles_per_program = triton.cdiv(triton.cdiv(n_rows, block_rows), _backward_program_cap(s.device, block_d))
+    tiles_per_program = cdiv(cdiv(n_rows, block_rows), _backward_program_cap(s.device, block_d))
     rows_per_program = max(tiles_per_program, 1) * block_rows
-    num_programs = triton.cdiv(n_rows, rows_per_program)
+    num_programs = cdiv(n_rows, rows_per_program)
     # Every program writes its row of the partial sums, so they need no zeroing.
     dweight_partial = torch.empty((num_programs, n_cols), dtype=torch.float32, device=s.device)
     dbias_partial = torch.empty_like(dweight_partial)
@@ -265,7 +265,7 @@ def _backward(dy: Optional[torch.Tensor], ds_out: Optional[torch.Tensor], s: tor
     dweight, dbias = torch.empty_like(weight), torch.empty_like(weight)
     # Narrow column strips give the second stage enough programs to read the partial sums at full bandwidth.
     block_cols = 16
-    _sum_partials_kernel[(triton.cdiv(n_cols, block_cols),)](
+    _sum_partials_kernel[(cdiv(n_cols, block_cols),)](
         dweight_partial, dbias_partial, dweight, dbias, num_programs, n_cols, BLOCK_PARTIALS=128, BLOCK_D=block_cols,
     )
     return dx, dresidual, dweight, dbias

@@ -1,8 +1,21 @@
-"""Host-side pieces of dropout shared by the kernels that fuse it (attention, residual LayerNorm)."""
+"""Host-side helpers shared by the ops' launchers: grid arithmetic and the dropout seeds.
+
+cdiv and next_power_of_2 are plain Python: triton.cdiv and triton.next_power_of_2 also accept constexprs, which
+costs about 1.5 us a call on the host, several times per launch."""
 
 from typing import Optional
 
 import torch
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for positive b."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of 2 >= n (1 for n <= 1)."""
+    return 1 << max(n - 1, 0).bit_length()
 
 
 def dropout_scale(dropout_p: float) -> float:
