@@ -17,7 +17,7 @@
 set -uo pipefail
 
 if [[ $# -lt 1 || "$1" == -* ]]; then
-    echo "usage: $0 OUT_DIR [--quick]" >&2
+    echo "usage: $0 OUT_DIR [--quick] [--only STEP,STEP...]" >&2
     exit 2
 fi
 ALL_ARGS="$*"
@@ -28,7 +28,7 @@ ONLY=""
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --quick) QUICK=1 ;;
-        --only) ONLY=",$2,"; shift ;;
+        --only) ONLY=",${2:?--only needs a comma-separated list of steps},"; shift ;;
         *) echo "unknown option $1" >&2; exit 2 ;;
     esac
     shift

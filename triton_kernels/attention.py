@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from triton_kernels._host import cdiv, dropout_scale, next_power_of_2, seed_tensor
+from triton_kernels._host import cdiv, dropout_scale, seed_tensor
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 SUPPORTED_HEAD_DIMS = (32, 64, 128)

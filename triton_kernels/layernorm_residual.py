@@ -31,11 +31,11 @@ PARTIAL_ELEMENTS_PER_SM = 4096
 
 
 @triton.jit
-def _dropout_keep(seed_ptr, offsets, dropout_p):
+def _dropout_keep(seed, offsets, dropout_p):
     """offsets: [BLOCK_ROWS, BLOCK_D] element offsets -> bool keep-mask of the same shape, kept with prob. 1 - p.
 
-    The seed is read from the device, so that a captured CUDA graph draws a new one per replay."""
-    return tl.rand(tl.load(seed_ptr), offsets) >= dropout_p
+    The kernels read the seed from the device, so that a captured CUDA graph draws a new one per replay."""
+    return tl.rand(seed, offsets) >= dropout_p
 
 
 @triton.jit
@@ -69,7 +69,7 @@ def _residual_layer_norm_fwd_kernel(
 
     s = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     if HAS_DROPOUT:
-        s = tl.where(_dropout_keep(seed_ptr, offsets, dropout_p), s * dropout_scale, 0.0)
+        s = tl.where(_dropout_keep(tl.load(seed_ptr), offsets, dropout_p), s * dropout_scale, 0.0)
     if HAS_RESIDUAL:
         s += tl.load(residual_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     # Normalize s as stored, so that y is exactly the LayerNorm of the returned s and backward, which reloads s,
@@ -123,6 +123,9 @@ def _residual_layer_norm_bwd_kernel(
     dbias = tl.zeros((BLOCK_D,), dtype=tl.float32)
     first_row = program * rows_per_program
     end_row = tl.minimum(first_row + rows_per_program, n_rows)
+    seed = 0
+    if HAS_DROPOUT:
+        seed = tl.load(seed_ptr)  # once per program, not per tile
     for tile_start in range(first_row, end_row, BLOCK_ROWS):
         # int64 so that offsets past 2**31 elements do not wrap.
         rows = (tile_start + tl.arange(0, BLOCK_ROWS)).to(tl.int64)
@@ -150,7 +153,7 @@ def _residual_layer_norm_bwd_kernel(
         if HAS_RESIDUAL:
             tl.store(dresidual_ptr + offsets, ds.to(dresidual_ptr.dtype.element_ty), mask=mask)
         if HAS_DROPOUT:
-            ds = tl.where(_dropout_keep(seed_ptr, offsets, dropout_p), ds * dropout_scale, 0.0)
+            ds = tl.where(_dropout_keep(seed, offsets, dropout_p), ds * dropout_scale, 0.0)
         tl.store(dx_ptr + offsets, ds.to(dx_ptr.dtype.element_ty), mask=mask)
 
     if HAS_DY:
