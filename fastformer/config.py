@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-ACTIVATIONS = ("relu", "gelu")
+ACTIVATIONS = ("relu", "gelu", "swish")
+POSITION_LAYOUTS = ("interleaved", "halves")
 
 
 @dataclass(frozen=True)
@@ -17,10 +18,14 @@ class TransformerConfig:
     d_ff: int = 2048
     dropout: float = 0.1
     attention_dropout: float = 0.0
-    activation: str = "relu"
+    activation: str = "relu"  # "swish" is SiLU, as in Marian/OPUS-MT models
     norm_first: bool = False  # False: the paper's post-LN; True: pre-LN as in tensor2tensor
     tie_embeddings: bool = True  # source, target and output share one [vocab, d_model] matrix
     max_positions: int = 1024
+    # "interleaved": sin on even channels, cos on odd ones (the paper, tensor2tensor); "halves": [sin | cos] (Marian).
+    position_layout: str = "interleaved"
+    scale_embedding: bool = True  # embeddings times sqrt(d_model) before the positions are added
+    output_bias: bool = False  # a [vocab] bias on the output projection (Marian's final_logits_bias)
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
@@ -38,12 +43,15 @@ class TransformerConfig:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+        if self.position_layout not in POSITION_LAYOUTS:
+            raise ValueError(f"position_layout must be one of {POSITION_LAYOUTS}, got {self.position_layout!r}")
         special = {"pad_id": self.pad_id, "bos_id": self.bos_id, "eos_id": self.eos_id}
         for name, value in special.items():
             if not isinstance(value, int) or not 0 <= value < self.vocab_size:
                 raise ValueError(f"{name} must be an int in [0, vocab_size={self.vocab_size}), got {value!r}")
-        if len(set(special.values())) != 3:
-            raise ValueError(f"pad_id, bos_id and eos_id must be distinct, got {special}")
+        # Marian starts the decoder from its pad token, so bos_id may equal pad_id; EOS must differ from both.
+        if self.eos_id in (self.pad_id, self.bos_id):
+            raise ValueError(f"eos_id must differ from pad_id and bos_id, got {special}")
 
     @property
     def head_dim(self) -> int:

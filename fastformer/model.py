@@ -24,13 +24,17 @@ class EncoderOutput(NamedTuple):
     src_lengths: torch.Tensor  # [batch]
 
 
-def sinusoidal_positions(max_positions: int, d_model: int) -> torch.Tensor:
-    """-> [max_positions, d_model]: sin on even channels, cos on odd ones, wavelengths 2pi .. 10000*2pi."""
+def sinusoidal_positions(max_positions: int, d_model: int, layout: str = "interleaved") -> torch.Tensor:
+    """-> [max_positions, d_model]: sines and cosines of wavelengths 2pi .. 10000*2pi, either interleaved (sin on
+    even channels, cos on odd ones, as in the paper) or as halves [sin | cos] (as in Marian and fairseq)."""
     position = torch.arange(max_positions, dtype=torch.float32)[:, None]
     inv_frequency = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    sin, cos = torch.sin(position * inv_frequency), torch.cos(position * inv_frequency)
+    if layout == "halves":
+        return torch.cat([sin, cos], dim=1)
     table = torch.zeros(max_positions, d_model)
-    table[:, 0::2] = torch.sin(position * inv_frequency)
-    table[:, 1::2] = torch.cos(position * inv_frequency)
+    table[:, 0::2] = sin
+    table[:, 1::2] = cos
     return table
 
 
@@ -41,7 +45,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.linear1 = nn.Linear(config.d_model, config.d_ff)
         self.linear2 = nn.Linear(config.d_ff, config.d_model)
-        self.activation = F.relu if config.activation == "relu" else F.gelu
+        self.activation = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}[config.activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear2(self.activation(self.linear1(x)))
@@ -140,12 +144,14 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_id)
-        self.register_buffer("positions", sinusoidal_positions(config.max_positions, config.d_model), persistent=False)
+        self.register_buffer("positions", sinusoidal_positions(config.max_positions, config.d_model,
+                                                               config.position_layout), persistent=False)
         self.embed_dropout = nn.Dropout(config.dropout)
         self.encoder = Encoder(config)
         self.decoder = Decoder(config)
         self.output_projection = (None if config.tie_embeddings
                                   else nn.Linear(config.d_model, config.vocab_size, bias=False))
+        self.output_bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.output_bias else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -162,19 +168,24 @@ class Transformer(nn.Module):
         """[vocab, d_model]: the tied embedding or the separate output projection."""
         return self.embed_tokens.weight if self.output_projection is None else self.output_projection.weight
 
-    def lengths(self, tokens: torch.Tensor, name: str) -> torch.Tensor:
-        """tokens: [batch, len] right-padded ids -> lengths [batch]; rejects every malformed batch by name."""
-        (lengths,) = self._checked_lengths((tokens, name))
+    def lengths(self, tokens: torch.Tensor, name: str, starts_with_bos: bool = False) -> torch.Tensor:
+        """tokens: [batch, len] right-padded ids -> lengths [batch]; rejects every malformed batch by name.
+
+        starts_with_bos: the tokens are a decoder input, whose first position is BOS and real even where
+        bos_id == pad_id (Marian starts its decoder from the pad token)."""
+        (lengths,) = self._checked_lengths((tokens, name, starts_with_bos))
         return lengths
 
-    def _checked_lengths(self, *named_tokens: tuple[torch.Tensor, str],
+    def _checked_lengths(self, *named_tokens: tuple[torch.Tensor, str, bool],
                          targets: torch.Tensor | None = None) -> list[torch.Tensor]:
-        """The lengths of each (tokens [batch, len], name), and every check of them and of the ids in `targets`, with
-        one host sync for all: the layers and the loss then trust them and never wait on the GPU."""
+        """The lengths of each (tokens [batch, len], name, starts_with_bos), and every check of them and of the ids in
+        `targets`, with one host sync for all: the layers and the loss then trust them and never wait on the GPU."""
         lengths, problems, messages = [], [], []
-        for tokens, name in named_tokens:
+        for tokens, name, starts_with_bos in named_tokens:
             self._check_token_tensor(tokens, name)
             is_pad = tokens == self.config.pad_id
+            if starts_with_bos and self.config.bos_id == self.config.pad_id:
+                is_pad[:, 0] = False
             length = (~is_pad).sum(dim=1)
             positions = torch.arange(tokens.shape[1], device=tokens.device)
             problems += [self._out_of_vocabulary(tokens),
@@ -209,9 +220,13 @@ class Transformer(nn.Module):
     def _out_of_vocabulary(self, tokens: torch.Tensor) -> torch.Tensor:
         return ((tokens < 0) | (tokens >= self.config.vocab_size)).any()
 
+    @property
+    def embedding_scale(self) -> float:
+        return math.sqrt(self.config.d_model) if self.config.scale_embedding else 1.0
+
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens: [batch, len] -> dropout(embedding * sqrt(d_model) + positions): [batch, len, d_model]."""
-        x = self.embed_tokens(tokens) * math.sqrt(self.config.d_model) + self.positions[: tokens.shape[1]]
+        """tokens: [batch, len] -> dropout(embedding * embedding_scale + positions): [batch, len, d_model]."""
+        x = self.embed_tokens(tokens) * self.embedding_scale + self.positions[: tokens.shape[1]]
         return self.embed_dropout(x)
 
     def encode(self, src_tokens: torch.Tensor) -> EncoderOutput:
@@ -223,7 +238,8 @@ class Transformer(nn.Module):
 
     def decode_hidden(self, tgt_tokens: torch.Tensor, encoder_out: EncoderOutput) -> torch.Tensor:
         """tgt_tokens: [batch, tgt_len] -> the decoder's last hidden states [batch, tgt_len, d_model]."""
-        return self._decode_hidden(tgt_tokens, self.lengths(tgt_tokens, "tgt_tokens"), encoder_out)
+        return self._decode_hidden(tgt_tokens, self.lengths(tgt_tokens, "tgt_tokens", starts_with_bos=True),
+                                   encoder_out)
 
     def _decode_hidden(self, tgt_tokens: torch.Tensor, tgt_lengths: torch.Tensor,
                        encoder_out: EncoderOutput) -> torch.Tensor:
@@ -234,7 +250,7 @@ class Transformer(nn.Module):
 
     def decode(self, tgt_tokens: torch.Tensor, encoder_out: EncoderOutput) -> torch.Tensor:
         """tgt_tokens: [batch, tgt_len] -> logits [batch, tgt_len, vocab]."""
-        return F.linear(self.decode_hidden(tgt_tokens, encoder_out), self.output_weight)
+        return F.linear(self.decode_hidden(tgt_tokens, encoder_out), self.output_weight, self.output_bias)
 
     def forward(self, src_tokens: torch.Tensor, tgt_tokens: torch.Tensor) -> torch.Tensor:
         """src_tokens: [batch, src_len], tgt_tokens: [batch, tgt_len] -> logits [batch, tgt_len, vocab]."""
@@ -250,12 +266,12 @@ class Transformer(nn.Module):
         if not isinstance(tgt_out, torch.Tensor) or tgt_out.shape != tgt_in.shape:
             raise ValueError(f"tgt_out must be a tensor of tgt_in's shape {tuple(tgt_in.shape)}, got "
                              f"{tuple(tgt_out.shape) if isinstance(tgt_out, torch.Tensor) else type(tgt_out).__name__}")
-        src_lengths, tgt_lengths = self._checked_lengths((src_tokens, "src_tokens"), (tgt_in, "tgt_in"),
+        src_lengths, tgt_lengths = self._checked_lengths((src_tokens, "src_tokens", False), (tgt_in, "tgt_in", True),
                                                          targets=tgt_out)
         hidden = self._decode_hidden(tgt_in, tgt_lengths, self._encode(src_tokens, src_lengths))
         criterion = LinearCrossEntropyLoss(ignore_index=self.config.pad_id, label_smoothing=label_smoothing,
                                            reduction=reduction, check_targets=False)
-        return criterion(hidden, self.output_weight, tgt_out)
+        return criterion(hidden, self.output_weight, tgt_out, bias=self.output_bias)
 
     @torch.no_grad()
     def translate(self, src_tokens: torch.Tensor, beam_size: int = 4, length_penalty: float = 0.6,

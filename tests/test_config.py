@@ -1,4 +1,7 @@
+import math
+
 import pytest
+import torch
 
 import fastformer
 from fastformer import TransformerConfig
@@ -18,10 +21,12 @@ def test_presets_match_the_papers_table_3():
 
 @pytest.mark.parametrize("overrides, message", [
     (dict(d_model=100, n_heads=3), "divisible"),
-    (dict(pad_id=5, bos_id=5), "distinct"),
+    (dict(eos_id=0), "eos_id must differ"),
+    (dict(bos_id=2), "eos_id must differ"),
     (dict(eos_id=50), "eos_id"),
     (dict(dropout=1.0), "dropout"),
-    (dict(activation="swish"), "activation"),
+    (dict(activation="tanh"), "activation"),
+    (dict(position_layout="rotary"), "position_layout"),
     (dict(n_encoder_layers=0), "n_encoder_layers"),
 ])
 def test_invalid_configs_are_rejected_by_name(overrides, message):
@@ -36,3 +41,34 @@ def test_backend_switch():
     assert fastformer.get_backend() == "auto"
     with pytest.raises(ValueError, match="backend"):
         fastformer.set_backend("cuda")
+
+
+def test_positions_in_halves_are_the_interleaved_table_with_channels_regrouped():
+    from fastformer.model import sinusoidal_positions
+    interleaved = sinusoidal_positions(16, 8)
+    halves = sinusoidal_positions(16, 8, "halves")
+    torch.testing.assert_close(halves, torch.cat([interleaved[:, 0::2], interleaved[:, 1::2]], dim=1))
+    assert halves[3, 0].item() == pytest.approx(math.sin(3.0))
+    assert halves[3, 4].item() == pytest.approx(math.cos(3.0))
+
+
+def test_marian_style_model_options_change_the_forward_as_defined():
+    """swish FFN, [sin | cos] positions, unscaled embeddings, an output bias, and a decoder started from pad."""
+    torch.manual_seed(0)
+    config = TransformerConfig.tiny(40, activation="swish", position_layout="halves", scale_embedding=False,
+                                    output_bias=True, pad_id=39, bos_id=39, eos_id=0)
+    model = fastformer.Transformer(config).eval()
+    with torch.no_grad():
+        model.output_bias.normal_()
+    src = torch.tensor([[5, 6, 0, 39]])
+    tgt_in = torch.tensor([[39, 7, 8]])  # starts from pad == bos
+    with fastformer.backend("reference"):
+        logits = model(src, tgt_in)
+        hidden = model.decode_hidden(tgt_in, model.encode(src))
+        embedded = model.embed(tgt_in)
+    torch.testing.assert_close(logits, hidden @ model.embed_tokens.weight.T + model.output_bias)
+    torch.testing.assert_close(embedded, model.embed_tokens(tgt_in) + model.positions[:3])
+    assert model.decoder.layers[0].ffn.activation is torch.nn.functional.silu
+    assert model.lengths(tgt_in, "tgt_in", starts_with_bos=True).tolist() == [3]
+    with pytest.raises(ValueError, match="right-padded"):
+        model.lengths(tgt_in, "src_tokens")
