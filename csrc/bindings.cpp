@@ -1,5 +1,5 @@
-// fastformer._C: the torch ops fastformer::{self_attention_step, cross_attention, beam_step} (CPU, CUDA and Meta
-// kernels) and the pybind11 module with the whole beam search and the incremental decoder.
+// fastformer._C: the torch ops fastformer::{self_attention_step, cross_attention} (CPU, CUDA and Meta kernels) and
+// the pybind11 module with the whole beam search, the incremental decoder and their named argument structs.
 #include <torch/extension.h>
 #include <torch/library.h>
 
@@ -8,13 +8,6 @@
 
 namespace fastformer {
 namespace {
-
-void beam_step_op(const at::Tensor& logits, const at::Tensor& active, const at::Tensor& max_lens,
-                  at::TensorList state, int64_t step, int64_t beam_size, int64_t min_len, int64_t pad_id,
-                  int64_t bos_id, int64_t eos_id, double length_penalty) {
-  beam_step(logits, active, max_lens, state.vec(), step,
-            SearchOptions{beam_size, length_penalty, min_len, pad_id, bos_id, eos_id});
-}
 
 at::Tensor self_attention_step_meta(const at::Tensor& qkv, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                     const at::Tensor&, int64_t, int64_t) {
@@ -26,8 +19,43 @@ at::Tensor cross_attention_meta(const at::Tensor& q, const at::Tensor&, const at
   return at::empty_like(q);
 }
 
-void beam_step_meta(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::TensorList, int64_t, int64_t,
-                    int64_t, int64_t, int64_t, int64_t, double) {}
+// The argument structs of decoder.h as Python classes with named, writable fields (unknown names are rejected).
+void bind_structs(pybind11::module_& m) {
+  namespace py = pybind11;
+  py::class_<LayerNormWeights>(m, "LayerNormWeights", "weight and bias [d_model], eps")
+      .def(py::init<>())
+      .def_readwrite("weight", &LayerNormWeights::weight)
+      .def_readwrite("bias", &LayerNormWeights::bias)
+      .def_readwrite("eps", &LayerNormWeights::eps);
+  py::class_<DecoderLayerWeights> layer(m, "DecoderLayerWeights", "one decoder layer's tensors (decoder.h)");
+  layer.def(py::init<>());
+#define FASTFORMER_BIND_FIELD(name) layer.def_readwrite(#name, &DecoderLayerWeights::name);
+  FASTFORMER_DECODER_LAYER_TENSORS(FASTFORMER_BIND_FIELD)
+#undef FASTFORMER_BIND_FIELD
+  layer.def_readwrite("norm1", &DecoderLayerWeights::norm1)
+      .def_readwrite("norm2", &DecoderLayerWeights::norm2)
+      .def_readwrite("norm3", &DecoderLayerWeights::norm3);
+  py::class_<DecoderWeights>(m, "DecoderWeights", "the decoder's layers and global tensors (decoder.h)")
+      .def(py::init<>())
+      .def_readwrite("layers", &DecoderWeights::layers)
+      .def_readwrite("embedding", &DecoderWeights::embedding)
+      .def_readwrite("positions", &DecoderWeights::positions)
+      .def_readwrite("output_weight", &DecoderWeights::output_weight)
+      .def_readwrite("final_norm", &DecoderWeights::final_norm);
+  py::class_<DecoderOptions>(m, "DecoderOptions", "the decoder's hyperparameters (decoder.h)")
+      .def(py::init<>())
+      .def_readwrite("n_heads", &DecoderOptions::n_heads)
+      .def_readwrite("norm_first", &DecoderOptions::norm_first)
+      .def_readwrite("activation", &DecoderOptions::activation);
+  py::class_<SearchOptions>(m, "SearchOptions", "the beam search's rules (decoder.h)")
+      .def(py::init<>())
+      .def_readwrite("beam_size", &SearchOptions::beam_size)
+      .def_readwrite("length_penalty", &SearchOptions::length_penalty)
+      .def_readwrite("min_len", &SearchOptions::min_len)
+      .def_readwrite("pad_id", &SearchOptions::pad_id)
+      .def_readwrite("bos_id", &SearchOptions::bos_id)
+      .def_readwrite("eos_id", &SearchOptions::eos_id);
+}
 
 }  // namespace
 }  // namespace fastformer
@@ -37,28 +65,23 @@ TORCH_LIBRARY(fastformer, m) {
         "Tensor row_slots, int beam_size, int step) -> Tensor");
   m.def("cross_attention(Tensor q, Tensor k, Tensor v, Tensor src_lengths, Tensor row_slots, int beam_size) "
         "-> Tensor");
-  m.def("beam_step(Tensor logits, Tensor active, Tensor max_lens, Tensor(a!)[] state, int step, int beam_size, "
-        "int min_len, int pad_id, int bos_id, int eos_id, float length_penalty) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(fastformer, CPU, m) {
   m.impl("self_attention_step", &fastformer::self_attention_step);
   m.impl("cross_attention", &fastformer::cross_attention);
-  m.impl("beam_step", &fastformer::beam_step_op);
 }
 
 #ifdef FASTFORMER_WITH_CUDA
 TORCH_LIBRARY_IMPL(fastformer, CUDA, m) {
   m.impl("self_attention_step", &fastformer::self_attention_step);
   m.impl("cross_attention", &fastformer::cross_attention);
-  m.impl("beam_step", &fastformer::beam_step_op);
 }
 #endif
 
 TORCH_LIBRARY_IMPL(fastformer, Meta, m) {
   m.impl("self_attention_step", &fastformer::self_attention_step_meta);
   m.impl("cross_attention", &fastformer::cross_attention_meta);
-  m.impl("beam_step", &fastformer::beam_step_meta);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -75,34 +98,26 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #else
       false;
 #endif
+  fastformer::bind_structs(m);
   m.def(
       "beam_search",
-      [](const at::Tensor& memory, const at::Tensor& src_lengths, std::vector<at::Tensor> weights, int64_t n_heads,
-         bool norm_first, bool gelu, std::vector<double> norm_eps, int64_t beam_size, double length_penalty,
-         std::vector<int64_t> max_lens, int64_t min_len, int64_t n_best, int64_t pad_id, int64_t bos_id,
-         int64_t eos_id) {
+      [](const at::Tensor& memory, const at::Tensor& src_lengths, fastformer::DecoderWeights weights,
+         const fastformer::DecoderOptions& decoder_options, const fastformer::SearchOptions& search_options,
+         std::vector<int64_t> max_lens, int64_t n_best) {
         py::gil_scoped_release no_gil;
-        return fastformer::beam_search(
-            memory, src_lengths, std::move(weights),
-            fastformer::DecoderOptions{n_heads, norm_first, gelu, std::move(norm_eps)},
-            fastformer::SearchOptions{beam_size, length_penalty, min_len, pad_id, bos_id, eos_id}, max_lens, n_best);
+        return fastformer::beam_search(memory, src_lengths, std::move(weights), decoder_options, search_options,
+                                       max_lens, n_best);
       },
-      "memory [n_sentences, src_len, d_model], src_lengths [n_sentences], the decoder's weights (decoder.h) -> per "
-      "sentence up to n_best (tokens, score), best first",
-      py::arg("memory"), py::arg("src_lengths"), py::arg("weights"), py::arg("n_heads"), py::arg("norm_first"),
-      py::arg("gelu"), py::arg("norm_eps"), py::arg("beam_size"), py::arg("length_penalty"), py::arg("max_lens"),
-      py::arg("min_len"), py::arg("n_best"), py::arg("pad_id"), py::arg("bos_id"), py::arg("eos_id"));
+      "memory [n_sentences, src_len, d_model], src_lengths [n_sentences], max_lens [n_sentences] -> per sentence up "
+      "to n_best (tokens, score), best first",
+      py::arg("memory"), py::arg("src_lengths"), py::arg("weights"), py::arg("decoder_options"),
+      py::arg("search_options"), py::arg("max_lens"), py::arg("n_best"));
   py::class_<CachedDecoder>(m, "CachedDecoder",
                             "The decoder one position at a time over a preallocated KV cache (decoder.h)")
-      .def(py::init([](const at::Tensor& memory, const at::Tensor& src_lengths, std::vector<at::Tensor> weights,
-                       int64_t n_heads, bool norm_first, bool gelu, std::vector<double> norm_eps, int64_t beam_size,
-                       int64_t cache_len) {
-             return new CachedDecoder(memory, src_lengths, std::move(weights),
-                                      fastformer::DecoderOptions{n_heads, norm_first, gelu, std::move(norm_eps)},
-                                      beam_size, cache_len);
-           }),
-           py::arg("memory"), py::arg("src_lengths"), py::arg("weights"), py::arg("n_heads"), py::arg("norm_first"),
-           py::arg("gelu"), py::arg("norm_eps"), py::arg("beam_size"), py::arg("cache_len"))
+      .def(py::init<const at::Tensor&, const at::Tensor&, fastformer::DecoderWeights, fastformer::DecoderOptions,
+                    int64_t, int64_t>(),
+           py::arg("memory"), py::arg("src_lengths"), py::arg("weights"), py::arg("options"), py::arg("beam_size"),
+           py::arg("cache_len"))
       .def("step", &CachedDecoder::step, py::arg("tokens"), py::arg("row_slots"), py::arg("indirection"),
            py::arg("step"),
            "tokens [n_rows], row_slots [n_rows] int32, indirection [n_slots, cache_len] int32 -> logits [n_rows, "

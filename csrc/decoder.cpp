@@ -9,6 +9,8 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <string>
+#include <tuple>
 
 #include "beam_ops.h"
 
@@ -48,10 +50,203 @@ DType cuda_dtype(const at::Tensor& t, const char* op) {
   }
 }
 
-void check_launch(cudaError_t error, const char* op) {
-  TORCH_CHECK(error == cudaSuccess, op, " failed to launch: ", cudaGetErrorString(error));
+cudaError_t launch_cuda(const SelfAttentionArgs& args, DType dtype, cudaStream_t stream) {
+  return self_attention_step_cuda(args, dtype, stream);
+}
+cudaError_t launch_cuda(const CrossAttentionArgs& args, DType dtype, cudaStream_t stream) {
+  return cross_attention_cuda(args, dtype, stream);
+}
+cudaError_t launch_cuda(const BeamStepArgs& args, DType dtype, cudaStream_t stream) {
+  return beam_step_cuda(args, dtype, stream);
 }
 #endif
+
+void run_cpu(const SelfAttentionArgs& args) { self_attention_step_cpu(args); }
+void run_cpu(const CrossAttentionArgs& args) { cross_attention_cpu(args); }
+void run_cpu(const BeamStepArgs& args) { beam_step_cpu(args); }
+
+// Runs the fused op `op` of `args` where `data` lives: its CUDA kernels on the current stream, or its fp32 CPU loops.
+template <typename Args>
+void run_fused_op(const char* op, const at::Tensor& data, const Args& args) {
+  if (data.is_cuda()) {
+#ifdef FASTFORMER_WITH_CUDA
+    c10::DeviceGuard guard(data.device());
+    const cudaError_t error = launch_cuda(args, cuda_dtype(data, op), c10::cuda::getCurrentCUDAStream().stream());
+    TORCH_CHECK(error == cudaSuccess, op, " failed to launch: ", cudaGetErrorString(error));
+#else
+    TORCH_CHECK(false, "fastformer._C was built without CUDA");
+#endif
+  } else {
+    check_cpu_float(data, op);
+    run_cpu(args);
+  }
+}
+
+// Checks of a beam step's inputs against the state's shapes (the state may have room for more rows than active).
+void check_beam_step_inputs(const at::Tensor& logits, const at::Tensor& active, const at::Tensor& max_lens,
+                            const BeamState& state, int64_t step, const SearchOptions& options) {
+  const int64_t k = options.beam_size, n_sentences = state.finished_count.numel(), n_slots = n_sentences * k;
+  const int64_t n_active = active.numel(), cache_len = state.indirection_in().size(1);
+  const at::Device device = logits.device();
+  TORCH_CHECK(k >= 1, "beam_size must be >= 1, got ", k);
+  TORCH_CHECK(!logits.is_cuda() || k <= kMaxCudaBeamSize, "beam_size must be <= ", kMaxCudaBeamSize,
+              " on CUDA, got ", k);
+  TORCH_CHECK(logits.dim() == 2 && logits.size(0) == n_active * k && logits.is_contiguous(),
+              "logits must be a contiguous [n_active * beam_size=", n_active * k, ", vocab], got ", logits.sizes());
+  TORCH_CHECK(step >= 0 && step < cache_len, "step must be in [0, cache_len=", cache_len, "), got ", step);
+  TORCH_CHECK(options.pad_id >= 0 && options.bos_id >= 0 && options.eos_id >= 0 &&
+                  std::max({options.pad_id, options.bos_id, options.eos_id}) < logits.size(1),
+              "pad_id, bos_id and eos_id must be in [0, vocab)");
+  check_int32(active, "active", device);
+  check_int32(max_lens, "max_lens", device);
+  TORCH_CHECK(max_lens.numel() == n_sentences, "max_lens must have n_sentences=", n_sentences, " entries");
+  const std::tuple<const char*, const at::Tensor*, at::ScalarType, int64_t> tensors[] = {
+      {"sums", &state.sums, at::kFloat, n_slots},
+      {"tokens", &state.tokens, at::kInt, n_slots},
+      {"indirection_in", &state.indirection_in(), at::kInt, n_slots * cache_len},
+      {"indirection_out", &state.indirection_out(), at::kInt, n_slots * cache_len},
+      {"history_tokens", &state.history_tokens, at::kInt, n_slots * cache_len},
+      {"history_beams", &state.history_beams, at::kInt, n_slots * cache_len},
+      {"finished_count", &state.finished_count, at::kInt, n_sentences},
+      {"finished_scores", &state.finished_scores, at::kDouble, n_sentences * 2 * k},
+      {"finished_steps", &state.finished_steps, at::kInt, n_sentences * 2 * k},
+      {"finished_beams", &state.finished_beams, at::kInt, n_sentences * 2 * k},
+      {"done", &state.done, at::kInt, n_sentences},
+      {"candidate_scores", &state.candidate_scores, at::kFloat, n_active * k * 2 * k},
+      {"candidate_ids", &state.candidate_ids, at::kInt, n_active * k * 2 * k}};
+  for (const auto& [name, tensor, dtype, numel] : tensors) {
+    TORCH_CHECK(tensor->scalar_type() == dtype && tensor->is_contiguous() && tensor->device() == device, "beam state ",
+                name, " must be a contiguous ", dtype, " tensor on ", device);
+    TORCH_CHECK(tensor->numel() >= numel, "beam state ", name, " must hold at least ", numel, " elements, got ",
+                tensor->sizes());
+  }
+}
+
+BeamStepArgs beam_step_args(const at::Tensor& logits, const at::Tensor& active, const at::Tensor& max_lens,
+                            BeamState& state, int64_t step, const SearchOptions& options) {
+  BeamStepArgs args{};
+  args.logits = logits.data_ptr();
+  args.active = active.data_ptr<int32_t>();
+  args.max_lens = max_lens.data_ptr<int32_t>();
+  args.sums = state.sums.data_ptr<float>();
+  args.tokens = state.tokens.data_ptr<int32_t>();
+  args.indirection_in = state.indirection_in().data_ptr<int32_t>();
+  args.indirection_out = state.indirection_out().data_ptr<int32_t>();
+  args.history_tokens = state.history_tokens.data_ptr<int32_t>();
+  args.history_beams = state.history_beams.data_ptr<int32_t>();
+  args.finished_count = state.finished_count.data_ptr<int32_t>();
+  args.finished_scores = state.finished_scores.data_ptr<double>();
+  args.finished_steps = state.finished_steps.data_ptr<int32_t>();
+  args.finished_beams = state.finished_beams.data_ptr<int32_t>();
+  args.done = state.done.data_ptr<int32_t>();
+  args.candidate_scores = state.candidate_scores.data_ptr<float>();
+  args.candidate_ids = state.candidate_ids.data_ptr<int32_t>();
+  args.n_sentences = static_cast<int>(state.finished_count.numel());
+  args.n_active = static_cast<int>(active.numel());
+  args.vocab = static_cast<int>(logits.size(1));
+  args.beam_size = static_cast<int>(options.beam_size);
+  args.cache_len = static_cast<int>(state.indirection_in().size(1));
+  args.step = static_cast<int>(step);
+  args.min_len = static_cast<int>(options.min_len);
+  args.pad_id = static_cast<int>(options.pad_id);
+  args.bos_id = static_cast<int>(options.bos_id);
+  args.eos_id = static_cast<int>(options.eos_id);
+  args.length_penalty = options.length_penalty;
+  return args;
+}
+
+Activation parse_activation(const std::string& name) {
+  if (name == "relu") return Activation::kRelu;
+  if (name == "gelu") return Activation::kGelu;
+  TORCH_CHECK(false, "the compiled decoder takes activation \"relu\" or \"gelu\", got \"", name, "\"");
+}
+
+// The sentences still searching, on the host and the device, and their rows' slots (row a * k + j is slot
+// active[a] * k + j).
+class ActiveSentences {
+ public:
+  ActiveSentences(int64_t n_sentences, int64_t beam_size, const at::Device& device)
+      : sentences_(n_sentences), beam_size_(beam_size), device_(device) {
+    std::iota(sentences_.begin(), sentences_.end(), 0);
+    upload();
+  }
+
+  bool empty() const { return sentences_.empty(); }
+  const at::Tensor& on_device() const { return on_device_; }     // [n_active] int32
+  const at::Tensor& row_slots() const { return row_slots_; }     // [n_active * beam_size] int32
+  const at::Tensor& row_slots_long() const { return row_slots_long_; }
+
+  // Drops the sentences whose `done` flag is set. The one host sync of a step.
+  void drop_done(const at::Tensor& done) {
+    const at::Tensor flags = done.index_select(0, on_device_.to(at::kLong)).cpu();
+    const int32_t* is_done = flags.data_ptr<int32_t>();
+    if (std::none_of(is_done, is_done + sentences_.size(), [](int32_t d) { return d != 0; })) return;
+    std::vector<int32_t> still_active;
+    for (size_t a = 0; a < sentences_.size(); ++a) {
+      if (!is_done[a]) still_active.push_back(sentences_[a]);
+    }
+    sentences_ = std::move(still_active);
+    if (!sentences_.empty()) upload();
+  }
+
+ private:
+  void upload() {
+    on_device_ = at::tensor(sentences_, at::kInt).to(device_);
+    row_slots_ = (on_device_.unsqueeze(1) * beam_size_ + at::arange(beam_size_, on_device_.options())).view({-1});
+    row_slots_long_ = row_slots_.to(at::kLong);
+  }
+
+  std::vector<int32_t> sentences_;
+  int64_t beam_size_;
+  at::Device device_;
+  at::Tensor on_device_, row_slots_, row_slots_long_;
+};
+
+// Steps the decoder and the search until every sentence is done.
+void run_search(CachedDecoder& decoder, BeamState& state, const at::Tensor& max_lens, const SearchOptions& options) {
+  const int64_t n_sentences = state.finished_count.numel();
+  ActiveSentences active(n_sentences, options.beam_size, state.sums.device());
+  for (int64_t step = 0; step < decoder.cache_len() && !active.empty(); ++step) {
+    const at::Tensor logits = decoder.step(state.tokens.index_select(0, active.row_slots_long()),
+                                           active.row_slots(), state.indirection_in(), step);
+    beam_step(logits, active.on_device(), max_lens, state, step, options);
+    state.swap_indirection();
+    active.drop_done(state.done);
+  }
+  TORCH_CHECK(active.empty(), "internal error: the search ended with sentences still searching");
+}
+
+// Each sentence's finished hypotheses, back-tracked through the history: best score first, ties in finishing
+// order, at most n_best.
+std::vector<Hypotheses> backtrack(const BeamState& state, int64_t beam_size, int64_t n_best) {
+  const at::Tensor count = state.finished_count.cpu(), scores = state.finished_scores.cpu();
+  const at::Tensor steps = state.finished_steps.cpu(), beams = state.finished_beams.cpu();
+  const at::Tensor history_tokens = state.history_tokens.cpu(), history_beams = state.history_beams.cpu();
+  const int32_t* tokens_at = history_tokens.data_ptr<int32_t>();
+  const int32_t* beams_at = history_beams.data_ptr<int32_t>();
+  const int64_t k = beam_size, n_sentences = count.numel(), n_slots = n_sentences * k;
+  std::vector<Hypotheses> results(n_sentences);
+  for (int64_t s = 0; s < n_sentences; ++s) {
+    const int n_finished = count.data_ptr<int32_t>()[s];
+    std::vector<int> order(n_finished);
+    std::iota(order.begin(), order.end(), 0);
+    const double* sentence_scores = scores.data_ptr<double>() + s * 2 * k;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return sentence_scores[a] > sentence_scores[b]; });
+    for (int i = 0; i < n_finished && i < n_best; ++i) {
+      const int length = steps.data_ptr<int32_t>()[s * 2 * k + order[i]];
+      int beam = beams.data_ptr<int32_t>()[s * 2 * k + order[i]];
+      std::vector<int64_t> tokens(length);
+      for (int position = length - 1; position >= 0; --position) {
+        const int64_t at = position * n_slots + s * k + beam;
+        tokens[position] = tokens_at[at];
+        beam = beams_at[at];
+      }
+      results[s].emplace_back(std::move(tokens), sentence_scores[order[i]]);
+    }
+  }
+  return results;
+}
 
 }  // namespace
 
@@ -77,19 +272,7 @@ at::Tensor self_attention_step(const at::Tensor& qkv, const at::Tensor& k_cache,
                                indirection.data_ptr<int32_t>(), row_slots.data_ptr<int32_t>(), out.data_ptr(),
                                static_cast<int>(n_rows), static_cast<int>(heads), static_cast<int>(head_dim),
                                static_cast<int>(cache_len), static_cast<int>(beam_size), static_cast<int>(step)};
-  if (qkv.is_cuda()) {
-#ifdef FASTFORMER_WITH_CUDA
-    c10::DeviceGuard guard(qkv.device());
-    check_launch(self_attention_step_cuda(args, cuda_dtype(qkv, "self_attention_step"),
-                                          c10::cuda::getCurrentCUDAStream().stream()),
-                 "self_attention_step");
-#else
-    TORCH_CHECK(false, "fastformer._C was built without CUDA");
-#endif
-  } else {
-    check_cpu_float(qkv, "self_attention_step");
-    self_attention_step_cpu(args);
-  }
+  run_fused_op("self_attention_step", qkv, args);
   return out;
 }
 
@@ -114,19 +297,7 @@ at::Tensor cross_attention(const at::Tensor& q, const at::Tensor& k, const at::T
                                 row_slots.data_ptr<int32_t>(), out.data_ptr(), static_cast<int>(n_rows),
                                 static_cast<int>(heads), static_cast<int>(head_dim), static_cast<int>(src_len),
                                 static_cast<int>(beam_size)};
-  if (q.is_cuda()) {
-#ifdef FASTFORMER_WITH_CUDA
-    c10::DeviceGuard guard(q.device());
-    check_launch(cross_attention_cuda(args, cuda_dtype(q, "cross_attention"),
-                                      c10::cuda::getCurrentCUDAStream().stream()),
-                 "cross_attention");
-#else
-    TORCH_CHECK(false, "fastformer._C was built without CUDA");
-#endif
-  } else {
-    check_cpu_float(q, "cross_attention");
-    cross_attention_cpu(args);
-  }
+  run_fused_op("cross_attention", q, args);
   return out;
 }
 
@@ -141,9 +312,9 @@ BeamState::BeamState(int64_t n_sentences, int64_t beam_size, int64_t cache_len, 
   sums = sums.view({n_slots});
   tokens = at::full({n_slots}, bos_id, ints);
   // Every slot starts holding its own history.
-  indirection[0] = at::arange(beam_size, ints).repeat({n_sentences}).unsqueeze(1).expand({n_slots, cache_len})
-                       .contiguous();
-  indirection[1] = at::empty_like(indirection[0]);
+  indirection_[0] = at::arange(beam_size, ints).repeat({n_sentences}).unsqueeze(1).expand({n_slots, cache_len})
+                        .contiguous();
+  indirection_[1] = at::empty_like(indirection_[0]);
   history_tokens = at::empty({cache_len, n_slots}, ints);
   history_beams = at::empty({cache_len, n_slots}, ints);
   finished_count = at::zeros({n_sentences}, ints);
@@ -155,116 +326,28 @@ BeamState::BeamState(int64_t n_sentences, int64_t beam_size, int64_t cache_len, 
   candidate_ids = at::empty({n_slots, 2 * beam_size}, ints);
 }
 
-std::vector<at::Tensor> BeamState::as_list(int read_indirection) const {
-  return {sums, tokens, indirection[read_indirection], indirection[1 - read_indirection], history_tokens,
-          history_beams, finished_count, finished_scores, finished_steps, finished_beams, done, candidate_scores,
-          candidate_ids};
+void beam_step(const at::Tensor& logits, const at::Tensor& active, const at::Tensor& max_lens, BeamState& state,
+               int64_t step, const SearchOptions& options) {
+  check_beam_step_inputs(logits, active, max_lens, state, step, options);
+  run_fused_op("beam_step", logits, beam_step_args(logits, active, max_lens, state, step, options));
 }
 
-void beam_step(const at::Tensor& logits, const at::Tensor& active, const at::Tensor& max_lens,
-               const std::vector<at::Tensor>& state, int64_t step, const SearchOptions& options) {
-  TORCH_CHECK(state.size() == BeamState::kListSize, "state must hold ", BeamState::kListSize, " tensors, got ",
-              state.size());
-  const at::Tensor &sums = state[0], &tokens = state[1], &indirection_in = state[2], &indirection_out = state[3];
-  const at::Tensor &history_tokens = state[4], &history_beams = state[5], &finished_count = state[6];
-  const at::Tensor &finished_scores = state[7], &finished_steps = state[8], &finished_beams = state[9];
-  const at::Tensor &done = state[10], &candidate_scores = state[11], &candidate_ids = state[12];
-  const int64_t k = options.beam_size, n_sentences = finished_count.numel(), n_slots = n_sentences * k;
-  const int64_t n_active = active.numel(), cache_len = indirection_in.size(1);
-  const at::Device device = logits.device();
-  TORCH_CHECK(k >= 1, "beam_size must be >= 1, got ", k);
-  TORCH_CHECK(logits.dim() == 2 && logits.size(0) == n_active * k && logits.is_contiguous(),
-              "logits must be a contiguous [n_active * beam_size=", n_active * k, ", vocab], got ", logits.sizes());
-  TORCH_CHECK(step >= 0 && step < cache_len, "step must be in [0, cache_len=", cache_len, "), got ", step);
-  TORCH_CHECK(options.pad_id >= 0 && options.bos_id >= 0 && options.eos_id >= 0 &&
-                  std::max({options.pad_id, options.bos_id, options.eos_id}) < logits.size(1),
-              "pad_id, bos_id and eos_id must be in [0, vocab)");
-  check_int32(active, "active", device);
-  check_int32(max_lens, "max_lens", device);
-  TORCH_CHECK(max_lens.numel() == n_sentences, "max_lens must have n_sentences=", n_sentences, " entries");
-  TORCH_CHECK(sums.scalar_type() == at::kFloat && sums.numel() == n_slots && sums.is_contiguous() &&
-                  sums.device() == device, "sums must be a contiguous float32 [", n_slots, "] on ", device);
-  TORCH_CHECK(finished_scores.scalar_type() == at::kDouble && finished_scores.numel() == n_sentences * 2 * k &&
-                  finished_scores.device() == device && finished_scores.is_contiguous(),
-              "finished_scores must be a contiguous float64 [", n_sentences, ", ", 2 * k, "] on ", device);
-  TORCH_CHECK(candidate_scores.scalar_type() == at::kFloat && candidate_scores.numel() >= n_active * k * 2 * k &&
-                  candidate_scores.device() == device && candidate_scores.is_contiguous(),
-              "candidate_scores must be a contiguous float32 workspace of at least [", n_active * k, ", ", 2 * k,
-              "]");
-  const std::pair<const at::Tensor*, int64_t> int_tensors[] = {
-      {&tokens, n_slots}, {&indirection_in, n_slots * cache_len}, {&indirection_out, n_slots * cache_len},
-      {&history_tokens, n_slots * cache_len}, {&history_beams, n_slots * cache_len},
-      {&finished_count, n_sentences}, {&finished_steps, n_sentences * 2 * k}, {&finished_beams, n_sentences * 2 * k},
-      {&done, n_sentences}, {&candidate_ids, n_active * k * 2 * k}};
-  for (const auto& [tensor, numel] : int_tensors) {
-    check_int32(*tensor, "every int32 tensor of the beam state", device);
-    TORCH_CHECK(tensor->numel() >= numel, "a beam-state tensor is too small: ", tensor->sizes());
-  }
-  BeamStepArgs args{};
-  args.logits = logits.data_ptr();
-  args.active = active.data_ptr<int32_t>();
-  args.max_lens = max_lens.data_ptr<int32_t>();
-  args.sums = sums.data_ptr<float>();
-  args.tokens = tokens.data_ptr<int32_t>();
-  args.indirection_in = indirection_in.data_ptr<int32_t>();
-  args.indirection_out = indirection_out.data_ptr<int32_t>();
-  args.history_tokens = history_tokens.data_ptr<int32_t>();
-  args.history_beams = history_beams.data_ptr<int32_t>();
-  args.finished_count = finished_count.data_ptr<int32_t>();
-  args.finished_scores = finished_scores.data_ptr<double>();
-  args.finished_steps = finished_steps.data_ptr<int32_t>();
-  args.finished_beams = finished_beams.data_ptr<int32_t>();
-  args.done = done.data_ptr<int32_t>();
-  args.candidate_scores = candidate_scores.data_ptr<float>();
-  args.candidate_ids = candidate_ids.data_ptr<int32_t>();
-  args.n_sentences = static_cast<int>(n_sentences);
-  args.n_active = static_cast<int>(n_active);
-  args.vocab = static_cast<int>(logits.size(1));
-  args.beam_size = static_cast<int>(k);
-  args.cache_len = static_cast<int>(cache_len);
-  args.step = static_cast<int>(step);
-  args.min_len = static_cast<int>(options.min_len);
-  args.pad_id = static_cast<int>(options.pad_id);
-  args.bos_id = static_cast<int>(options.bos_id);
-  args.eos_id = static_cast<int>(options.eos_id);
-  args.length_penalty = options.length_penalty;
-  if (logits.is_cuda()) {
-#ifdef FASTFORMER_WITH_CUDA
-    TORCH_CHECK(k <= kMaxCudaBeamSize, "beam_size must be <= ", kMaxCudaBeamSize, " on CUDA, got ", k);
-    c10::DeviceGuard guard(device);
-    check_launch(beam_step_cuda(args, cuda_dtype(logits, "beam_step"), c10::cuda::getCurrentCUDAStream().stream()),
-                 "beam_step");
-#else
-    TORCH_CHECK(false, "fastformer._C was built without CUDA");
-#endif
-  } else {
-    check_cpu_float(logits, "beam_step");
-    beam_step_cpu(args);
-  }
-}
-
-CachedDecoder::CachedDecoder(const at::Tensor& memory, const at::Tensor& src_lengths, std::vector<at::Tensor> weights,
+CachedDecoder::CachedDecoder(const at::Tensor& memory, const at::Tensor& src_lengths, DecoderWeights weights,
                              DecoderOptions options, int64_t beam_size, int64_t cache_len)
     : weights_(std::move(weights)), options_(std::move(options)), beam_size_(beam_size), cache_len_(cache_len) {
   c10::InferenceMode inference;
   TORCH_CHECK(memory.dim() == 3, "memory must be [n_sentences, src_len, d_model], got ", memory.sizes());
-  TORCH_CHECK(weights_.size() > 5 && (weights_.size() - 5) % kTensorsPerLayer == 0, "weights must hold ",
-              kTensorsPerLayer, " tensors per layer plus 5, got ", weights_.size());
   TORCH_CHECK(beam_size >= 1 && cache_len >= 1, "beam_size and cache_len must be >= 1");
-  n_layers_ = static_cast<int64_t>((weights_.size() - 5) / kTensorsPerLayer);
-  TORCH_CHECK(options_.norm_eps.size() == static_cast<size_t>(3 * n_layers_ + 1), "norm_eps must hold ",
-              3 * n_layers_ + 1, " values, got ", options_.norm_eps.size());
+  activation_ = parse_activation(options_.activation);
+  n_layers_ = static_cast<int64_t>(weights_.layers.size());
   const int64_t n_sentences = memory.size(0), src_len = memory.size(1);
   d_model_ = memory.size(2);
   const int64_t heads = options_.n_heads;
   TORCH_CHECK(heads >= 1 && d_model_ % heads == 0, "n_heads must divide d_model=", d_model_);
   const int64_t head_dim = d_model_ / heads;
-  const at::Tensor& positions = weights_[n_layers_ * kTensorsPerLayer + 1];
-  TORCH_CHECK(cache_len <= positions.size(0), "cache_len=", cache_len, " exceeds max_positions=", positions.size(0));
-  for (const at::Tensor& w : weights_) {
-    TORCH_CHECK(!w.defined() || w.numel() == 0 || w.device() == memory.device(), "every weight must be on ",
-                memory.device());
-  }
+  check_weights(memory.device());
+  TORCH_CHECK(cache_len <= weights_.positions.size(0), "cache_len=", cache_len, " exceeds max_positions=",
+              weights_.positions.size(0));
   TORCH_CHECK(src_lengths.dim() == 1 && src_lengths.size(0) == n_sentences, "src_lengths must be [", n_sentences,
               "], got ", src_lengths.sizes());
   c10::DeviceGuard guard(memory.device());
@@ -272,8 +355,8 @@ CachedDecoder::CachedDecoder(const at::Tensor& memory, const at::Tensor& src_len
   n_slots_ = n_sentences * beam_size;
   // Each layer's cross-attention keys/values: [2, n_sentences, heads, src_len, head_dim], computed once.
   std::vector<at::Tensor> keys_values;
-  for (int64_t layer = 0; layer < n_layers_; ++layer) {
-    keys_values.push_back(at::linear(memory, weight(layer, 6), weight(layer, 7))
+  for (const DecoderLayerWeights& layer : weights_.layers) {
+    keys_values.push_back(at::linear(memory, layer.cross_kv_weight, layer.cross_kv_bias)
                               .view({n_sentences, src_len, 2, heads, head_dim})
                               .permute({2, 0, 3, 1, 4}));
   }
@@ -282,30 +365,56 @@ CachedDecoder::CachedDecoder(const at::Tensor& memory, const at::Tensor& src_len
   v_cache_ = at::empty_like(k_cache_);
 }
 
-at::Tensor CachedDecoder::layer_norm(const at::Tensor& x, int64_t layer, int64_t which) {
-  return at::layer_norm(x, {d_model_}, weight(layer, 14 + 2 * which), weight(layer, 15 + 2 * which),
-                        options_.norm_eps[3 * layer + which]);
+void CachedDecoder::check_weights(const at::Device& device) const {
+  TORCH_CHECK(n_layers_ >= 1, "the decoder must have at least one layer");
+  TORCH_CHECK(options_.norm_first == weights_.final_norm.has_value(),
+              "a pre-LN decoder (norm_first) needs final_norm and a post-LN one has none");
+  auto check = [&](const std::string& name, const at::Tensor& tensor) {
+    TORCH_CHECK(tensor.defined(), "decoder weight ", name, " is missing");
+    TORCH_CHECK(tensor.device() == device, "decoder weight ", name, " is on ", tensor.device(), ", expected ",
+                device);
+  };
+  for (size_t i = 0; i < weights_.layers.size(); ++i) {
+    weights_.layers[i].for_each_tensor(
+        [&](const char* name, const at::Tensor& tensor) { check("layers." + std::to_string(i) + "." + name, tensor); });
+  }
+  check("embedding", weights_.embedding);
+  check("positions", weights_.positions);
+  check("output_weight", weights_.output_weight);
+  if (weights_.final_norm) {
+    check("final_norm.weight", weights_.final_norm->weight);
+    check("final_norm.bias", weights_.final_norm->bias);
+  }
+}
+
+at::Tensor CachedDecoder::layer_norm(const at::Tensor& x, const LayerNormWeights& norm) const {
+  return at::layer_norm(x, {d_model_}, norm.weight, norm.bias, norm.eps);
 }
 
 at::Tensor CachedDecoder::self_block(const at::Tensor& h, int64_t layer, const at::Tensor& row_slots,
                                      const at::Tensor& indirection, int64_t step) {
-  const at::Tensor qkv = at::linear(h, weight(layer, 0), weight(layer, 1));
+  const DecoderLayerWeights& w = weights_.layers[layer];
+  const at::Tensor qkv = at::linear(h, w.self_qkv_weight, w.self_qkv_bias);
   const at::Tensor attended = self_attention_step(qkv, k_cache_[layer], v_cache_[layer], indirection, row_slots,
                                                   beam_size_, step);
-  return at::linear(attended, weight(layer, 2), weight(layer, 3));
+  return at::linear(attended, w.self_out_weight, w.self_out_bias);
 }
 
 at::Tensor CachedDecoder::cross_block(const at::Tensor& h, int64_t layer, const at::Tensor& row_slots) {
-  const at::Tensor q = at::linear(h, weight(layer, 4), weight(layer, 5));
+  const DecoderLayerWeights& w = weights_.layers[layer];
+  const at::Tensor q = at::linear(h, w.cross_q_weight, w.cross_q_bias);
   const at::Tensor keys_values = cross_keys_values_[layer];
   const at::Tensor attended = cross_attention(q, keys_values[0], keys_values[1], src_lengths_, row_slots, beam_size_);
-  return at::linear(attended, weight(layer, 8), weight(layer, 9));
+  return at::linear(attended, w.cross_out_weight, w.cross_out_bias);
 }
 
-at::Tensor CachedDecoder::feed_forward(const at::Tensor& h, int64_t layer) {
-  at::Tensor hidden = at::linear(h, weight(layer, 10), weight(layer, 11));
-  hidden = options_.gelu ? at::gelu(hidden) : at::relu_(hidden);
-  return at::linear(hidden, weight(layer, 12), weight(layer, 13));
+at::Tensor CachedDecoder::feed_forward(const at::Tensor& h, const DecoderLayerWeights& w) const {
+  at::Tensor hidden = at::linear(h, w.linear1_weight, w.linear1_bias);
+  switch (activation_) {
+    case Activation::kRelu: hidden = at::relu_(hidden); break;
+    case Activation::kGelu: hidden = at::gelu(hidden); break;
+  }
+  return at::linear(hidden, w.linear2_weight, w.linear2_bias);
 }
 
 at::Tensor CachedDecoder::step(const at::Tensor& tokens, const at::Tensor& row_slots, const at::Tensor& indirection,
@@ -315,32 +424,28 @@ at::Tensor CachedDecoder::step(const at::Tensor& tokens, const at::Tensor& row_s
   TORCH_CHECK(step >= 0 && step < cache_len_, "step must be in [0, cache_len=", cache_len_, "), got ", step);
   TORCH_CHECK(tokens.dim() == 1 && tokens.numel() == row_slots.numel(), "tokens must be [n_rows=",
               row_slots.numel(), "], got ", tokens.sizes());
-  const int64_t globals = n_layers_ * kTensorsPerLayer;
-  const at::Tensor &embedding = weights_[globals], &positions = weights_[globals + 1];
   // The model's embed(): embedding * sqrt(d_model) + the position's sinusoid, in the same operation order.
-  at::Tensor x = at::embedding(embedding, tokens).mul(std::sqrt(static_cast<double>(d_model_)))
-                     .add(positions[step]);
+  at::Tensor x = at::embedding(weights_.embedding, tokens).mul(std::sqrt(static_cast<double>(d_model_)))
+                     .add(weights_.positions[step]);
   for (int64_t layer = 0; layer < n_layers_; ++layer) {
+    const DecoderLayerWeights& w = weights_.layers[layer];
     if (options_.norm_first) {
-      x = x + self_block(layer_norm(x, layer, 0), layer, row_slots, indirection, step);
-      x = x + cross_block(layer_norm(x, layer, 1), layer, row_slots);
-      x = x + feed_forward(layer_norm(x, layer, 2), layer);
+      x = x + self_block(layer_norm(x, w.norm1), layer, row_slots, indirection, step);
+      x = x + cross_block(layer_norm(x, w.norm2), layer, row_slots);
+      x = x + feed_forward(layer_norm(x, w.norm3), w);
     } else {
-      x = layer_norm(x + self_block(x, layer, row_slots, indirection, step), layer, 0);
-      x = layer_norm(x + cross_block(x, layer, row_slots), layer, 1);
-      x = layer_norm(x + feed_forward(x, layer), layer, 2);
+      x = layer_norm(x + self_block(x, layer, row_slots, indirection, step), w.norm1);
+      x = layer_norm(x + cross_block(x, layer, row_slots), w.norm2);
+      x = layer_norm(x + feed_forward(x, w), w.norm3);
     }
   }
-  if (options_.norm_first) {
-    x = at::layer_norm(x, {d_model_}, weights_[globals + 3], weights_[globals + 4], options_.norm_eps.back());
-  }
-  return at::linear(x, weights_[globals + 2]);
+  if (weights_.final_norm) x = layer_norm(x, *weights_.final_norm);
+  return at::linear(x, weights_.output_weight);
 }
 
-std::vector<Hypotheses> beam_search(const at::Tensor& memory, const at::Tensor& src_lengths,
-                                    std::vector<at::Tensor> weights, const DecoderOptions& decoder_options,
-                                    const SearchOptions& search_options, const std::vector<int64_t>& max_lens,
-                                    int64_t n_best) {
+std::vector<Hypotheses> beam_search(const at::Tensor& memory, const at::Tensor& src_lengths, DecoderWeights weights,
+                                    const DecoderOptions& decoder_options, const SearchOptions& search_options,
+                                    const std::vector<int64_t>& max_lens, int64_t n_best) {
   c10::InferenceMode inference;
   c10::DeviceGuard guard(memory.device());
   const int64_t n_sentences = memory.size(0), k = search_options.beam_size;
@@ -349,68 +454,9 @@ std::vector<Hypotheses> beam_search(const at::Tensor& memory, const at::Tensor& 
   if (n_sentences == 0) return {};
   const int64_t cache_len = *std::max_element(max_lens.begin(), max_lens.end()) + 1;
   CachedDecoder decoder(memory, src_lengths, std::move(weights), decoder_options, k, cache_len);
-  const at::Device device = memory.device();
-  BeamState state(n_sentences, k, cache_len, search_options.bos_id, device);
-  const at::Tensor max_lens_device = at::tensor(max_lens, at::kLong).to(device, at::kInt);
-
-  // The sentences still searching, and their rows' slots (row a * k + j is slot active[a] * k + j).
-  std::vector<int32_t> active(n_sentences);
-  std::iota(active.begin(), active.end(), 0);
-  at::Tensor active_device, row_slots, row_slots_long;
-  auto upload_active = [&] {
-    active_device = at::tensor(active, at::kInt).to(device);
-    row_slots = (active_device.unsqueeze(1) * k + at::arange(k, active_device.options())).view({-1});
-    row_slots_long = row_slots.to(at::kLong);
-  };
-  upload_active();
-  int read_indirection = 0;
-  for (int64_t step = 0; step < cache_len && !active.empty(); ++step) {
-    const at::Tensor logits = decoder.step(state.tokens.index_select(0, row_slots_long), row_slots,
-                                           state.indirection[read_indirection], step);
-    beam_step(logits, active_device, max_lens_device, state.as_list(read_indirection), step, search_options);
-    read_indirection = 1 - read_indirection;
-    // The one host sync of a step: which sentences are done, to drop them from the next step's batch.
-    const at::Tensor done = state.done.index_select(0, active_device.to(at::kLong)).cpu();
-    const int32_t* done_flags = done.data_ptr<int32_t>();
-    if (std::any_of(done_flags, done_flags + active.size(), [](int32_t d) { return d != 0; })) {
-      std::vector<int32_t> still_active;
-      for (size_t a = 0; a < active.size(); ++a) {
-        if (!done_flags[a]) still_active.push_back(active[a]);
-      }
-      active = std::move(still_active);
-      if (!active.empty()) upload_active();
-    }
-  }
-  TORCH_CHECK(active.empty(), "internal error: the search ended with sentences still searching");
-
-  // Back-track each finished hypothesis through the history; best score first, ties in finishing order.
-  const at::Tensor count = state.finished_count.cpu(), scores = state.finished_scores.cpu();
-  const at::Tensor steps = state.finished_steps.cpu(), beams = state.finished_beams.cpu();
-  const at::Tensor history_tokens = state.history_tokens.cpu(), history_beams = state.history_beams.cpu();
-  const int32_t* tokens_at = history_tokens.data_ptr<int32_t>();
-  const int32_t* beams_at = history_beams.data_ptr<int32_t>();
-  const int64_t n_slots = n_sentences * k;
-  std::vector<Hypotheses> results(n_sentences);
-  for (int64_t s = 0; s < n_sentences; ++s) {
-    const int n_finished = count.data_ptr<int32_t>()[s];
-    std::vector<int> order(n_finished);
-    std::iota(order.begin(), order.end(), 0);
-    const double* sentence_scores = scores.data_ptr<double>() + s * 2 * k;
-    std::stable_sort(order.begin(), order.end(),
-                     [&](int a, int b) { return sentence_scores[a] > sentence_scores[b]; });
-    for (int i = 0; i < n_finished && i < n_best; ++i) {
-      const int length = steps.data_ptr<int32_t>()[s * 2 * k + order[i]];
-      int beam = beams.data_ptr<int32_t>()[s * 2 * k + order[i]];
-      std::vector<int64_t> tokens(length);
-      for (int position = length - 1; position >= 0; --position) {
-        const int64_t at = position * n_slots + s * k + beam;
-        tokens[position] = tokens_at[at];
-        beam = beams_at[at];
-      }
-      results[s].emplace_back(std::move(tokens), sentence_scores[order[i]]);
-    }
-  }
-  return results;
+  BeamState state(n_sentences, k, cache_len, search_options.bos_id, memory.device());
+  run_search(decoder, state, at::tensor(max_lens, at::kLong).to(memory.device(), at::kInt), search_options);
+  return backtrack(state, k, n_best);
 }
 
 }  // namespace fastformer

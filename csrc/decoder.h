@@ -1,12 +1,20 @@
 // The incremental decoder and the whole beam-search loop in C++ (ATen for the GEMMs, the fused ops for the rest),
 // plus the ATen-level wrappers of the fused ops (device dispatch and checks) that the torch ops register.
+//
+// The Python side hands the decoder over as named structs (DecoderWeights, DecoderOptions, SearchOptions), bound
+// field by field in bindings.cpp and filled by name in fastformer/decoding.py: a new model feature is one field here
+// and one keyword there.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
+
+#include "beam_ops.h"
 
 namespace fastformer {
 
@@ -22,11 +30,74 @@ at::Tensor self_attention_step(const at::Tensor& qkv, const at::Tensor& k_cache,
 at::Tensor cross_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const at::Tensor& src_lengths, const at::Tensor& row_slots, int64_t beam_size);
 
-// The search's per-sentence state, [n_sentences * beam_size] slots (see beam_ops.h for each field's meaning).
+struct LayerNormWeights {
+  at::Tensor weight, bias;  // [d_model] each
+  double eps = 1e-5;
+};
+
+// The tensors of one decoder layer, listed once: X(name) for each, in the order of a layer's computation.
+#define FASTFORMER_DECODER_LAYER_TENSORS(X)                                                            \
+  X(self_qkv_weight)  /* [3 * d_model, d_model]: self-attention q | k | v */                           \
+  X(self_qkv_bias)    /* [3 * d_model] */                                                              \
+  X(self_out_weight)  /* [d_model, d_model] */                                                         \
+  X(self_out_bias)    /* [d_model] */                                                                  \
+  X(cross_q_weight)   /* [d_model, d_model]: cross-attention q */                                      \
+  X(cross_q_bias)     /* [d_model] */                                                                  \
+  X(cross_kv_weight)  /* [2 * d_model, d_model]: cross-attention k | v of the encoder's memory */      \
+  X(cross_kv_bias)    /* [2 * d_model] */                                                              \
+  X(cross_out_weight) /* [d_model, d_model] */                                                         \
+  X(cross_out_bias)   /* [d_model] */                                                                  \
+  X(linear1_weight)   /* [d_ff, d_model] */                                                            \
+  X(linear1_bias)     /* [d_ff] */                                                                     \
+  X(linear2_weight)   /* [d_model, d_ff] */                                                            \
+  X(linear2_bias)     /* [d_model] */
+
+struct DecoderLayerWeights {
+#define FASTFORMER_TENSOR_FIELD(name) at::Tensor name;
+  FASTFORMER_DECODER_LAYER_TENSORS(FASTFORMER_TENSOR_FIELD)
+#undef FASTFORMER_TENSOR_FIELD
+  // After self-attention, cross-attention and the feed-forward (post-LN), or before each of them (pre-LN).
+  LayerNormWeights norm1, norm2, norm3;
+
+  // f(name, tensor) for every tensor of the layer, the norms' included.
+  template <typename Visit>
+  void for_each_tensor(Visit&& visit) const {
+#define FASTFORMER_VISIT_FIELD(name) visit(#name, name);
+    FASTFORMER_DECODER_LAYER_TENSORS(FASTFORMER_VISIT_FIELD)
+#undef FASTFORMER_VISIT_FIELD
+    visit("norm1.weight", norm1.weight), visit("norm1.bias", norm1.bias);
+    visit("norm2.weight", norm2.weight), visit("norm2.bias", norm2.bias);
+    visit("norm3.weight", norm3.weight), visit("norm3.bias", norm3.bias);
+  }
+};
+
+struct DecoderWeights {
+  std::vector<DecoderLayerWeights> layers;
+  at::Tensor embedding;                        // [vocab, d_model]
+  at::Tensor positions;                        // [max_positions, d_model]: the model's table, in its own layout
+  at::Tensor output_weight;                    // [vocab, d_model]
+  std::optional<LayerNormWeights> final_norm;  // closes a pre-LN decoder; none for post-LN
+};
+
+enum class Activation { kRelu, kGelu };
+
+struct DecoderOptions {
+  int64_t n_heads = 1;
+  bool norm_first = false;
+  std::string activation = "relu";  // fastformer.TransformerConfig.activation: "relu" or "gelu"
+};
+
+struct SearchOptions {
+  int64_t beam_size = 1;
+  double length_penalty = 0.0;
+  int64_t min_len = 0, pad_id = 0, bos_id = 0, eos_id = 0;
+};
+
+// The search's per-sentence state, n_slots = n_sentences * beam_size slots (see beam_ops.h for each field's
+// meaning).
 struct BeamState {
   at::Tensor sums;              // [n_slots] float32
   at::Tensor tokens;            // [n_slots] int32
-  at::Tensor indirection[2];    // [n_slots, cache_len] int32 each: read one, write the other, swap
   at::Tensor history_tokens;    // [cache_len, n_slots] int32
   at::Tensor history_beams;     // [cache_len, n_slots] int32
   at::Tensor finished_count;    // [n_sentences] int32
@@ -38,42 +109,27 @@ struct BeamState {
   at::Tensor candidate_ids;     // [n_slots, 2 * beam_size] int32 workspace
 
   BeamState(int64_t n_sentences, int64_t beam_size, int64_t cache_len, int64_t bos_id, const at::Device& device);
-  // The tensors in the order of the torch op fastformer::beam_step's `state` argument.
-  std::vector<at::Tensor> as_list(int read_indirection) const;
-  static constexpr size_t kListSize = 13;
-};
+  // [n_slots, cache_len] int32: the cache indirection this step reads, and the one it writes for the next.
+  const at::Tensor& indirection_in() const { return indirection_[read_]; }
+  const at::Tensor& indirection_out() const { return indirection_[1 - read_]; }
+  void swap_indirection() { read_ = 1 - read_; }
 
-struct SearchOptions {
-  int64_t beam_size;
-  double length_penalty;
-  int64_t min_len, pad_id, bos_id, eos_id;
+ private:
+  at::Tensor indirection_[2];
+  int read_ = 0;
 };
 
 // One step of the search (beam_ops.h's BeamStepArgs): logits [n_active * beam_size, vocab], active [n_active] and
-// max_lens [n_sentences] int32; state: BeamState::as_list's tensors, updated in place.
-void beam_step(const at::Tensor& logits, const at::Tensor& active, const at::Tensor& max_lens,
-               const std::vector<at::Tensor>& state, int64_t step, const SearchOptions& options);
-
-struct DecoderOptions {
-  int64_t n_heads;
-  bool norm_first;
-  bool gelu;
-  std::vector<double> norm_eps;  // norm1..3 of each layer, then the final norm (used with norm_first only)
-};
+// max_lens [n_sentences] int32; `state` is updated in place (its indirection written, not swapped).
+void beam_step(const at::Tensor& logits, const at::Tensor& active, const at::Tensor& max_lens, BeamState& state,
+               int64_t step, const SearchOptions& options);
 
 // The decoder of fastformer.Transformer, one position at a time, with a preallocated self-attention cache
 // ([layers, n_sentences * beam_size, heads, cache_len, head_dim] in the weights' dtype) and the encoder's
 // keys/values computed once per layer ([n_sentences, heads, src_len, head_dim], shared by a sentence's beams).
-//
-// weights, per decoder layer: self q|k|v weight [3d, d] and bias, self out weight and bias, cross q weight [d, d]
-// and bias, cross k|v weight [2d, d] and bias, cross out weight and bias, linear1 weight and bias, linear2 weight
-// and bias, norm1..3 weight and bias (20 tensors); then embedding [vocab, d], positions [max_positions, d], output
-// weight [vocab, d], final norm weight and bias (read with norm_first only).
 class CachedDecoder {
  public:
-  static constexpr size_t kTensorsPerLayer = 20;
-
-  CachedDecoder(const at::Tensor& memory, const at::Tensor& src_lengths, std::vector<at::Tensor> weights,
+  CachedDecoder(const at::Tensor& memory, const at::Tensor& src_lengths, DecoderWeights weights,
                 DecoderOptions options, int64_t beam_size, int64_t cache_len);
 
   // tokens: [n_rows] ids at position `step` of the rows' hypotheses, row_slots: [n_rows] int32, indirection:
@@ -85,15 +141,16 @@ class CachedDecoder {
   int64_t cache_len() const { return cache_len_; }
 
  private:
+  void check_weights(const at::Device& device) const;
   at::Tensor self_block(const at::Tensor& h, int64_t layer, const at::Tensor& row_slots,
                         const at::Tensor& indirection, int64_t step);
   at::Tensor cross_block(const at::Tensor& h, int64_t layer, const at::Tensor& row_slots);
-  at::Tensor feed_forward(const at::Tensor& h, int64_t layer);
-  at::Tensor layer_norm(const at::Tensor& x, int64_t layer, int64_t which);
-  const at::Tensor& weight(int64_t layer, int64_t index) const { return weights_[layer * kTensorsPerLayer + index]; }
+  at::Tensor feed_forward(const at::Tensor& h, const DecoderLayerWeights& layer) const;
+  at::Tensor layer_norm(const at::Tensor& x, const LayerNormWeights& norm) const;
 
-  std::vector<at::Tensor> weights_;
+  DecoderWeights weights_;
   DecoderOptions options_;
+  Activation activation_;
   int64_t n_layers_, d_model_, beam_size_, cache_len_, n_slots_;
   at::Tensor src_lengths_;          // [n_sentences] int32
   at::Tensor cross_keys_values_;    // [layers, 2, n_sentences, heads, src_len, head_dim]
@@ -105,9 +162,8 @@ using Hypotheses = std::vector<std::pair<std::vector<int64_t>, double>>;
 
 // The whole search (rules of fastformer/reference/beam_search.py) for memory [n_sentences, src_len, d_model] and
 // src_lengths [n_sentences]; max_lens: per sentence, the step at which EOS is forced. -> up to n_best per sentence.
-std::vector<Hypotheses> beam_search(const at::Tensor& memory, const at::Tensor& src_lengths,
-                                    std::vector<at::Tensor> weights, const DecoderOptions& decoder_options,
-                                    const SearchOptions& search_options, const std::vector<int64_t>& max_lens,
-                                    int64_t n_best);
+std::vector<Hypotheses> beam_search(const at::Tensor& memory, const at::Tensor& src_lengths, DecoderWeights weights,
+                                    const DecoderOptions& decoder_options, const SearchOptions& search_options,
+                                    const std::vector<int64_t>& max_lens, int64_t n_best);
 
 }  // namespace fastformer

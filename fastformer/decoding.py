@@ -14,8 +14,7 @@ import torch
 
 from fastformer.reference.beam_search import Hypothesis, check_search_arguments, max_target_lengths
 
-__all__ = ["Hypothesis", "translate", "cached_decoder", "decoder_weights"]
-
+__all__ = ["Hypothesis", "translate", "cached_decoder", "decoder_options", "decoder_weights"]
 
 
 def _extension():
@@ -39,18 +38,18 @@ def translate(model, src_tokens: torch.Tensor, beam_size: int = 4, length_penalt
     """src_tokens: [batch, src_len] right-padded -> per sentence, up to n_best hypotheses, best first."""
     check_search_arguments(beam_size, length_penalty, max_len_a, max_len_b, min_len, n_best)
     config = model.config
+    extension = _extension()
     with torch.no_grad():
         memory, src_lengths = model.encode(src_tokens)
         if memory.shape[0] == 0:
             return []
         max_lens = max_target_lengths(src_lengths, max_len_a, max_len_b, config.max_positions)
-        weights, norm_eps = decoder_weights(model, memory.dtype)
+        weights = decoder_weights(model, memory.dtype)
         _check_cuda_limits(memory, beam_size, config.head_dim, max(max_lens) + 1)
-        results = _extension().beam_search(
-            memory.to(weights[0].dtype).contiguous(), src_lengths, weights, n_heads=config.n_heads,
-            norm_first=config.norm_first, gelu=config.activation == "gelu", norm_eps=norm_eps, beam_size=beam_size,
-            length_penalty=float(length_penalty), max_lens=max_lens, min_len=min_len, n_best=n_best,
-            pad_id=config.pad_id, bos_id=config.bos_id, eos_id=config.eos_id)
+        search_options = _named(extension.SearchOptions(), beam_size=beam_size, length_penalty=float(length_penalty),
+                                min_len=min_len, pad_id=config.pad_id, bos_id=config.bos_id, eos_id=config.eos_id)
+        results = extension.beam_search(memory.to(weights.embedding.dtype).contiguous(), src_lengths, weights,
+                                        decoder_options(model), search_options, max_lens=max_lens, n_best=n_best)
     return [[Hypothesis(list(tokens), score) for tokens, score in sentence] for sentence in results]
 
 
@@ -58,39 +57,59 @@ def cached_decoder(model, encoder_out, beam_size: int, cache_len: int):
     """The extension's incremental decoder over `encoder_out` (a batch's EncoderOutput) with beam_size slots per
     sentence and room for cache_len positions: `.step(tokens [n_rows], row_slots [n_rows] int32, indirection
     [n_slots, cache_len] int32, step) -> logits [n_rows, vocab]`."""
-    weights, norm_eps = decoder_weights(model, encoder_out.memory.dtype)
-    config = model.config
-    return _extension().CachedDecoder(encoder_out.memory.to(weights[0].dtype).contiguous(), encoder_out.src_lengths,
-                                      weights, n_heads=config.n_heads, norm_first=config.norm_first,
-                                      gelu=config.activation == "gelu", norm_eps=norm_eps, beam_size=beam_size,
+    weights = decoder_weights(model, encoder_out.memory.dtype)
+    return _extension().CachedDecoder(encoder_out.memory.to(weights.embedding.dtype).contiguous(),
+                                      encoder_out.src_lengths, weights, decoder_options(model), beam_size=beam_size,
                                       cache_len=cache_len)
 
 
-def decoder_weights(model, dtype: torch.dtype) -> tuple[list[torch.Tensor], list[float]]:
-    """The decoder's tensors in the order of csrc/decoder.h (20 per layer, then embedding, positions, output weight,
-    final norm) and the LayerNorms' eps. The CPU kernels compute in fp32, so a CPU model in fp16/bf16 is widened."""
+def decoder_options(model):
+    """The model's decoder hyperparameters as the extension's DecoderOptions (csrc/decoder.h)."""
+    config = model.config
+    return _named(_extension().DecoderOptions(), n_heads=config.n_heads, norm_first=config.norm_first,
+                  activation=config.activation)
+
+
+def decoder_weights(model, dtype: torch.dtype):
+    """The decoder's tensors as the extension's DecoderWeights (csrc/decoder.h), in `dtype`. The CPU kernels
+    compute in fp32, so a CPU model in fp16/bf16 is widened."""
     if dtype != torch.float32 and model.output_weight.device.type == "cpu":
         dtype = torch.float32
+    extension = _extension()
+
+    def tensor(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().to(dtype).contiguous()
+
+    def norm(layer_norm):
+        return _named(extension.LayerNormWeights(), weight=tensor(layer_norm.weight), bias=tensor(layer_norm.bias),
+                      eps=float(layer_norm.eps))
+
     d = model.config.d_model
-    weights: list[torch.Tensor] = []
-    norm_eps: list[float] = []
+    layers = []
     for layer in model.decoder.layers:
         self_attn, cross_attn = layer.self_attn, layer.multihead_attn
         self_bias, cross_bias = _in_proj_bias(self_attn), _in_proj_bias(cross_attn)
-        weights += [self_attn.in_proj_weight, self_bias, self_attn.out_proj.weight, _out_proj_bias(self_attn),
-                    cross_attn.in_proj_weight[:d], cross_bias[:d], cross_attn.in_proj_weight[d:], cross_bias[d:],
-                    cross_attn.out_proj.weight, _out_proj_bias(cross_attn),
-                    layer.ffn.linear1.weight, layer.ffn.linear1.bias, layer.ffn.linear2.weight, layer.ffn.linear2.bias]
-        for norm in (layer.norm1, layer.norm2, layer.norm3):
-            weights += [norm.weight, norm.bias]
-            norm_eps.append(float(norm.eps))
+        layers.append(_named(
+            extension.DecoderLayerWeights(),
+            self_qkv_weight=tensor(self_attn.in_proj_weight), self_qkv_bias=tensor(self_bias),
+            self_out_weight=tensor(self_attn.out_proj.weight), self_out_bias=tensor(_out_proj_bias(self_attn)),
+            cross_q_weight=tensor(cross_attn.in_proj_weight[:d]), cross_q_bias=tensor(cross_bias[:d]),
+            cross_kv_weight=tensor(cross_attn.in_proj_weight[d:]), cross_kv_bias=tensor(cross_bias[d:]),
+            cross_out_weight=tensor(cross_attn.out_proj.weight), cross_out_bias=tensor(_out_proj_bias(cross_attn)),
+            linear1_weight=tensor(layer.ffn.linear1.weight), linear1_bias=tensor(layer.ffn.linear1.bias),
+            linear2_weight=tensor(layer.ffn.linear2.weight), linear2_bias=tensor(layer.ffn.linear2.bias),
+            norm1=norm(layer.norm1), norm2=norm(layer.norm2), norm3=norm(layer.norm3)))
     final_norm = model.decoder.norm
-    empty = model.output_weight.new_empty(0)
-    weights += [model.embed_tokens.weight, model.positions, model.output_weight,
-                final_norm.weight if final_norm is not None else empty,
-                final_norm.bias if final_norm is not None else empty]
-    norm_eps.append(float(final_norm.eps) if final_norm is not None else 0.0)
-    return [w.detach().to(dtype).contiguous() for w in weights], norm_eps
+    return _named(extension.DecoderWeights(), layers=layers, embedding=tensor(model.embed_tokens.weight),
+                  positions=tensor(model.positions), output_weight=tensor(model.output_weight),
+                  final_norm=norm(final_norm) if final_norm is not None else None)
+
+
+def _named(native, **fields):
+    """Sets each field of an extension struct by name (the struct rejects a name it does not have) -> the struct."""
+    for name, value in fields.items():
+        setattr(native, name, value)
+    return native
 
 
 def _in_proj_bias(attention) -> torch.Tensor:
