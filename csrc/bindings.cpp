@@ -41,12 +41,14 @@ void bind_structs(pybind11::module_& m) {
       .def_readwrite("embedding", &DecoderWeights::embedding)
       .def_readwrite("positions", &DecoderWeights::positions)
       .def_readwrite("output_weight", &DecoderWeights::output_weight)
+      .def_readwrite("output_bias", &DecoderWeights::output_bias)
       .def_readwrite("final_norm", &DecoderWeights::final_norm);
   py::class_<DecoderOptions>(m, "DecoderOptions", "the decoder's hyperparameters (decoder.h)")
       .def(py::init<>())
       .def_readwrite("n_heads", &DecoderOptions::n_heads)
       .def_readwrite("norm_first", &DecoderOptions::norm_first)
-      .def_readwrite("activation", &DecoderOptions::activation);
+      .def_readwrite("activation", &DecoderOptions::activation)
+      .def_readwrite("embedding_scale", &DecoderOptions::embedding_scale);
   py::class_<SearchOptions>(m, "SearchOptions", "the beam search's rules (decoder.h)")
       .def(py::init<>())
       .def_readwrite("beam_size", &SearchOptions::beam_size)

@@ -158,7 +158,8 @@ BeamStepArgs beam_step_args(const at::Tensor& logits, const at::Tensor& active, 
 Activation parse_activation(const std::string& name) {
   if (name == "relu") return Activation::kRelu;
   if (name == "gelu") return Activation::kGelu;
-  TORCH_CHECK(false, "the compiled decoder takes activation \"relu\" or \"gelu\", got \"", name, "\"");
+  if (name == "swish") return Activation::kSwish;
+  TORCH_CHECK(false, "the compiled decoder takes activation \"relu\", \"gelu\" or \"swish\", got \"", name, "\"");
 }
 
 // The sentences still searching, on the host and the device, and their rows' slots (row a * k + j is slot
@@ -381,6 +382,7 @@ void CachedDecoder::check_weights(const at::Device& device) const {
   check("embedding", weights_.embedding);
   check("positions", weights_.positions);
   check("output_weight", weights_.output_weight);
+  if (weights_.output_bias) check("output_bias", *weights_.output_bias);
   if (weights_.final_norm) {
     check("final_norm.weight", weights_.final_norm->weight);
     check("final_norm.bias", weights_.final_norm->bias);
@@ -413,6 +415,7 @@ at::Tensor CachedDecoder::feed_forward(const at::Tensor& h, const DecoderLayerWe
   switch (activation_) {
     case Activation::kRelu: hidden = at::relu_(hidden); break;
     case Activation::kGelu: hidden = at::gelu(hidden); break;
+    case Activation::kSwish: hidden = at::silu_(hidden); break;
   }
   return at::linear(hidden, w.linear2_weight, w.linear2_bias);
 }
@@ -424,9 +427,8 @@ at::Tensor CachedDecoder::step(const at::Tensor& tokens, const at::Tensor& row_s
   TORCH_CHECK(step >= 0 && step < cache_len_, "step must be in [0, cache_len=", cache_len_, "), got ", step);
   TORCH_CHECK(tokens.dim() == 1 && tokens.numel() == row_slots.numel(), "tokens must be [n_rows=",
               row_slots.numel(), "], got ", tokens.sizes());
-  // The model's embed(): embedding * sqrt(d_model) + the position's sinusoid, in the same operation order.
-  at::Tensor x = at::embedding(weights_.embedding, tokens).mul(std::sqrt(static_cast<double>(d_model_)))
-                     .add(weights_.positions[step]);
+  // The model's embed(): embedding * embedding_scale + the position's sinusoid, in the same operation order.
+  at::Tensor x = at::embedding(weights_.embedding, tokens).mul(options_.embedding_scale).add(weights_.positions[step]);
   for (int64_t layer = 0; layer < n_layers_; ++layer) {
     const DecoderLayerWeights& w = weights_.layers[layer];
     if (options_.norm_first) {
@@ -440,7 +442,7 @@ at::Tensor CachedDecoder::step(const at::Tensor& tokens, const at::Tensor& row_s
     }
   }
   if (weights_.final_norm) x = layer_norm(x, *weights_.final_norm);
-  return at::linear(x, weights_.output_weight);
+  return at::linear(x, weights_.output_weight, weights_.output_bias);
 }
 
 std::vector<Hypotheses> beam_search(const at::Tensor& memory, const at::Tensor& src_lengths, DecoderWeights weights,

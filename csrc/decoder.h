@@ -76,15 +76,17 @@ struct DecoderWeights {
   at::Tensor embedding;                        // [vocab, d_model]
   at::Tensor positions;                        // [max_positions, d_model]: the model's table, in its own layout
   at::Tensor output_weight;                    // [vocab, d_model]
+  std::optional<at::Tensor> output_bias;       // [vocab], added to the logits (Marian's final_logits_bias)
   std::optional<LayerNormWeights> final_norm;  // closes a pre-LN decoder; none for post-LN
 };
 
-enum class Activation { kRelu, kGelu };
+enum class Activation { kRelu, kGelu, kSwish };
 
 struct DecoderOptions {
   int64_t n_heads = 1;
   bool norm_first = false;
-  std::string activation = "relu";  // fastformer.TransformerConfig.activation: "relu" or "gelu"
+  std::string activation = "relu";  // fastformer.TransformerConfig.activation: "relu", "gelu" or "swish" (SiLU)
+  double embedding_scale = 1.0;     // the embeddings' factor before the positions are added (sqrt(d_model) or 1)
 };
 
 struct SearchOptions {

@@ -67,7 +67,7 @@ def decoder_options(model):
     """The model's decoder hyperparameters as the extension's DecoderOptions (csrc/decoder.h)."""
     config = model.config
     return _named(_extension().DecoderOptions(), n_heads=config.n_heads, norm_first=config.norm_first,
-                  activation=config.activation)
+                  activation=config.activation, embedding_scale=float(model.embedding_scale))
 
 
 def decoder_weights(model, dtype: torch.dtype):
@@ -102,6 +102,7 @@ def decoder_weights(model, dtype: torch.dtype):
     final_norm = model.decoder.norm
     return _named(extension.DecoderWeights(), layers=layers, embedding=tensor(model.embed_tokens.weight),
                   positions=tensor(model.positions), output_weight=tensor(model.output_weight),
+                  output_bias=tensor(model.output_bias) if model.output_bias is not None else None,
                   final_norm=norm(final_norm) if final_norm is not None else None)
 
 

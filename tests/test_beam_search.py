@@ -32,6 +32,8 @@ def make_model(norm_first: bool = False, vocab: int = VOCAB, seed: int = 0, eos_
     model = Transformer(TransformerConfig.tiny(vocab, norm_first=norm_first, dropout=0.0, **overrides)).eval()
     with torch.no_grad():
         model.embed_tokens.weight[model.config.eos_id].mul_(eos_scale)
+        if model.output_bias is not None:  # a zero bias would test nothing
+            model.output_bias.normal_(0.0, 1.0)
     return model
 
 
@@ -39,18 +41,24 @@ def padded_sources(model: Transformer, lengths: list[int], seed: int = 1) -> tor
     """-> [len(lengths), max(lengths)] right-padded random sources, each ending with EOS."""
     config = model.config
     generator = torch.Generator().manual_seed(seed)
+    real_tokens = torch.tensor(real_token_ids(config))
     src = torch.full((len(lengths), max(lengths)), config.pad_id)
     for row, length in enumerate(lengths):
-        src[row, :length - 1] = torch.randint(3, config.vocab_size, (length - 1,), generator=generator)
+        src[row, :length - 1] = real_tokens[torch.randint(len(real_tokens), (length - 1,), generator=generator)]
         src[row, length - 1] = config.eos_id
     return src
+
+
+def real_token_ids(config: TransformerConfig) -> list[int]:
+    """The ids that are neither PAD, BOS nor EOS."""
+    return [t for t in range(config.vocab_size) if t not in (config.pad_id, config.bos_id, config.eos_id)]
 
 
 def brute_force(model: Transformer, src: torch.Tensor, max_len: int, min_len: int,
                 length_penalty: float) -> list[Hypothesis]:
     """src: [1, src_len] -> every target of min_len..max_len real tokens, scored by teacher forcing, best first."""
     config = model.config
-    real_tokens = [t for t in range(config.vocab_size) if t not in (config.pad_id, config.bos_id, config.eos_id)]
+    real_tokens = real_token_ids(config)
     encoder_out = model.encode(src)
     hypotheses = []
     for length in range(min_len, max_len + 1):
@@ -138,6 +146,40 @@ def test_translate_matches_reference(norm_first, activation, beam_size, n_best, 
                                        max_len_a=max_len_a, max_len_b=max_len_b, length_penalty=length_penalty)
 
 
+# Marian/OPUS-MT model options, one at a time and all together (Marian starts from pad, and its EOS is id 0).
+MARIAN = dict(activation="swish", scale_embedding=False, output_bias=True, position_layout="halves",
+              pad_id=VOCAB - 1, bos_id=VOCAB - 1, eos_id=0)
+MODEL_OPTIONS = [
+    pytest.param(False, dict(activation="swish"), id="swish"),
+    pytest.param(False, dict(scale_embedding=False), id="unscaled-embedding"),
+    pytest.param(True, dict(activation="gelu", scale_embedding=False), id="pre-ln-unscaled-embedding"),
+    pytest.param(False, dict(output_bias=True), id="output-bias"),
+    pytest.param(False, dict(position_layout="halves"), id="halves"),
+    pytest.param(False, dict(pad_id=VOCAB - 1, bos_id=VOCAB - 1, eos_id=0), id="pad-is-bos-eos-0"),
+    pytest.param(False, MARIAN, id="marian"),
+    pytest.param(True, MARIAN, id="marian-pre-ln"),
+]
+
+
+@pytest.mark.parametrize("norm_first,options", MODEL_OPTIONS)
+def test_translate_matches_reference_for_each_model_option(norm_first, options):
+    model = make_model(norm_first, eos_scale=8.0, **options)
+    src = padded_sources(model, [7, 2, 5, 1, 4, 9], seed=5)
+    assert_translate_matches_reference(model, src, beam_size=4, n_best=4, min_len=1, max_len_a=1.0, max_len_b=6)
+
+
+def test_translate_never_emits_pad_when_it_is_bos():
+    # Pad (= BOS) made the likeliest token everywhere: the search must still never emit it.
+    model = make_model(eos_scale=8.0, **MARIAN)
+    with torch.no_grad():
+        model.output_bias[model.config.pad_id] = 50.0
+    src = padded_sources(model, [5, 3], seed=2)
+    got = model.translate(src, beam_size=3, n_best=3, max_len_b=6)
+    # Scores near -100 (the bias of 50 on pad is in every log-softmax): fp32 rounding is ~1e-5 there.
+    assert_same_hypotheses(got, beam_search(model, src, beam_size=3, n_best=3, max_len_b=6), atol=1e-4)
+    assert all(model.config.pad_id not in h.tokens for hyps in got for h in hyps)
+
+
 def test_translate_matches_reference_when_every_hypothesis_runs_to_max_len():
     # With no boost EOS hardly ever wins before it is forced: the batch shrinks only by max_len.
     model = make_model(seed=3)
@@ -196,19 +238,21 @@ def test_translate_rejects_bad_sources(src, match):
 
 # The incremental decoder step by step against the full recompute.
 
-@pytest.mark.parametrize("norm_first,activation", [(False, "relu"), (True, "gelu")])
-def test_cached_decoder_logits_match_full_recompute(norm_first, activation):
+@pytest.mark.parametrize("norm_first,options", [(False, dict(activation="relu")), (True, dict(activation="gelu")),
+                                                *MODEL_OPTIONS])
+def test_cached_decoder_logits_match_full_recompute(norm_first, options):
     from fastformer.decoding import cached_decoder
     from tolerances import FP32
 
-    model = make_model(norm_first, activation=activation)
+    model = make_model(norm_first, **options)
     config = model.config
     beam_size, length = 3, 6
     src = padded_sources(model, [5, 2, 7])
     encoder_out = model.encode(src)
     n_slots = src.shape[0] * beam_size
     # Every slot decodes its own random target: [BOS, y1 .. y5].
-    targets = torch.randint(3, config.vocab_size, (n_slots, length), generator=torch.Generator().manual_seed(2))
+    real_tokens = torch.tensor(real_token_ids(config))
+    targets = real_tokens[torch.randint(len(real_tokens), (n_slots, length), generator=torch.Generator().manual_seed(2))]
     targets[:, 0] = config.bos_id
     decoder = cached_decoder(model, encoder_out, beam_size, cache_len=length)
     row_slots = torch.arange(n_slots, dtype=torch.int32)
@@ -255,6 +299,17 @@ def test_cuda_translate_matches_reference_with_a_large_vocabulary(beam_size):
     model = cuda_model(vocab=3000, eos_scale=8.0)
     src = padded_sources(model, [12, 3, 8, 20], seed=11).cuda()
     search = dict(beam_size=beam_size, n_best=4, max_len_a=0.5, max_len_b=6)
+    with fastformer.backend("reference"):
+        assert_same_hypotheses(model.translate(src, **search), beam_search(model, src, **search), atol=1e-4)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("norm_first,options", MODEL_OPTIONS)
+def test_cuda_translate_matches_reference_for_each_model_option(norm_first, options):
+    model = cuda_model(norm_first, eos_scale=8.0, **options)
+    src = padded_sources(model, [7, 2, 5, 1, 4, 9], seed=5).cuda()
+    search = dict(beam_size=4, n_best=4, max_len_a=1.0, max_len_b=6)
     with fastformer.backend("reference"):
         assert_same_hypotheses(model.translate(src, **search), beam_search(model, src, **search), atol=1e-4)
 
