@@ -51,6 +51,10 @@ struct CrossAttentionArgs {
   int n_rows, heads, head_dim, src_len, beam_size;
 };
 
+// How a finished hypothesis's sum of log-probabilities is normalized by its length |Y| (real tokens plus EOS):
+// GNMT's ((5 + |Y|) / 6) ** alpha, or |Y| ** alpha as fairseq, transformers, CTranslate2 and Marian do.
+enum class LengthPenaltyForm : int { kGnmt = 0, kLength = 1 };
+
 // One step of the search for every active sentence: log-softmax, running sums, masks, top-2k candidates,
 // finished-hypothesis bookkeeping, the next beams (tokens, sums, history, cache indirection).
 struct BeamStepArgs {
@@ -72,6 +76,7 @@ struct BeamStepArgs {
   int32_t* candidate_ids;       // [n_active * beam_size, 2 * beam_size] workspace (CUDA only)
   int n_sentences, n_active, vocab, beam_size, cache_len, step, min_len, pad_id, bos_id, eos_id;
   double length_penalty;
+  LengthPenaltyForm length_penalty_form;
 };
 
 // A candidate of a sentence's step: id = beam * vocab + token.
@@ -92,9 +97,11 @@ FASTFORMER_HOST_DEVICE inline bool token_allowed(const BeamStepArgs& args, int t
   return token != args.eos_id || args.step >= args.min_len;
 }
 
-// GNMT's ((5 + length) / 6) ** length_penalty, length counting EOS.
-FASTFORMER_HOST_DEVICE inline double length_penalty_divisor(int length, double length_penalty) {
-  return pow((5.0 + length) / 6.0, length_penalty);
+// The divisor of a finished hypothesis's sum of log-probabilities; length counts its real tokens and EOS.
+FASTFORMER_HOST_DEVICE inline double length_penalty_divisor(int length, double length_penalty,
+                                                            LengthPenaltyForm form) {
+  const double base = form == LengthPenaltyForm::kGnmt ? (5.0 + length) / 6.0 : static_cast<double>(length);
+  return pow(base, length_penalty);
 }
 
 // The next beams of one sentence from its best 2k candidates (`ranked`, best first; -inf or NaN past the finite
@@ -112,7 +119,8 @@ FASTFORMER_HOST_DEVICE inline int select_next_beams(const BeamStepArgs& args, in
     if (token == args.eos_id) {
       if (rank < k) {
         const int at = sentence * 2 * k + n_finished++;
-        args.finished_scores[at] = c.score / length_penalty_divisor(args.step + 1, args.length_penalty);
+        args.finished_scores[at] = c.score / length_penalty_divisor(args.step + 1, args.length_penalty,
+                                                                     args.length_penalty_form);
         args.finished_steps[at] = args.step;
         args.finished_beams[at] = beam;
       }

@@ -53,6 +53,7 @@ void bind_structs(pybind11::module_& m) {
       .def(py::init<>())
       .def_readwrite("beam_size", &SearchOptions::beam_size)
       .def_readwrite("length_penalty", &SearchOptions::length_penalty)
+      .def_readwrite("length_penalty_form", &SearchOptions::length_penalty_form)
       .def_readwrite("min_len", &SearchOptions::min_len)
       .def_readwrite("pad_id", &SearchOptions::pad_id)
       .def_readwrite("bos_id", &SearchOptions::bos_id)

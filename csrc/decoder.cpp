@@ -122,6 +122,12 @@ void check_beam_step_inputs(const at::Tensor& logits, const at::Tensor& active, 
   }
 }
 
+LengthPenaltyForm parse_length_penalty_form(const std::string& name) {
+  if (name == "gnmt") return LengthPenaltyForm::kGnmt;
+  if (name == "length") return LengthPenaltyForm::kLength;
+  TORCH_CHECK(false, "length_penalty_form must be \"gnmt\" or \"length\", got \"", name, "\"");
+}
+
 BeamStepArgs beam_step_args(const at::Tensor& logits, const at::Tensor& active, const at::Tensor& max_lens,
                             BeamState& state, int64_t step, const SearchOptions& options) {
   BeamStepArgs args{};
@@ -152,6 +158,7 @@ BeamStepArgs beam_step_args(const at::Tensor& logits, const at::Tensor& active, 
   args.bos_id = static_cast<int>(options.bos_id);
   args.eos_id = static_cast<int>(options.eos_id);
   args.length_penalty = options.length_penalty;
+  args.length_penalty_form = parse_length_penalty_form(options.length_penalty_form);
   return args;
 }
 

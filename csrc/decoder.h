@@ -92,6 +92,7 @@ struct DecoderOptions {
 struct SearchOptions {
   int64_t beam_size = 1;
   double length_penalty = 0.0;
+  std::string length_penalty_form = "gnmt";  // "gnmt" or "length" (beam_ops.h's LengthPenaltyForm)
   int64_t min_len = 0, pad_id = 0, bos_id = 0, eos_id = 0;
 };
 

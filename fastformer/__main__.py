@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from fastformer import checkpoint, evaluate
+from fastformer.search_rules import LENGTH_PENALTY_FORMS
 from fastformer.data import find_split, read_lines, read_parallel
 from fastformer.train import TrainOptions, TrainResult, train
 
@@ -95,7 +96,8 @@ def _inference_device(device: str) -> str:
 
 
 def _evaluate(checkpoint_path: Path, data_dir: Path | None, split: str, src_lang: str, tgt_lang: str,
-              beam_size: int, length_penalty: float, device: str, output: Path | None, max_sentences: int = 0) -> float:
+              beam_size: int, length_penalty: float, device: str, output: Path | None, max_sentences: int = 0,
+              length_penalty_form: str = "gnmt") -> float:
     """Translates a split (its first max_sentences, if > 0), prints cased sacreBLEU (13a and intl) with signatures;
     -> the 13a score."""
     files = find_split(data_dir, split, src_lang, tgt_lang)
@@ -105,7 +107,7 @@ def _evaluate(checkpoint_path: Path, data_dir: Path | None, split: str, src_lang
     model, tokenizer = evaluate.load_model(checkpoint_path, device)
     start = time.perf_counter()
     hypotheses = evaluate.translate_sentences(model, tokenizer, [pair[0] for pair in pairs], beam_size=beam_size,
-                                              length_penalty=length_penalty)
+                                              length_penalty=length_penalty, length_penalty_form=length_penalty_form)
     elapsed = time.perf_counter() - start
     if output is not None:
         output.write_text("".join(line + "\n" for line in hypotheses), encoding="utf-8")
@@ -131,7 +133,8 @@ def _run_translate(args: argparse.Namespace) -> None:
     model, tokenizer = evaluate.load_model(_newest_checkpoint(args), _inference_device(args.device))
     sentences = read_lines(Path(args.input)) if args.input else [line.rstrip("\n") for line in sys.stdin]
     translations = evaluate.translate_sentences(model, tokenizer, sentences, beam_size=args.beam,
-                                                length_penalty=args.length_penalty, batch_tokens=args.batch_tokens)
+                                                length_penalty=args.length_penalty, batch_tokens=args.batch_tokens,
+                                                length_penalty_form=args.length_penalty_form)
     text = "".join(line + "\n" for line in translations)
     if args.output:
         Path(args.output).write_text(text, encoding="utf-8")
@@ -142,7 +145,7 @@ def _run_translate(args: argparse.Namespace) -> None:
 def _run_evaluate(args: argparse.Namespace) -> None:
     _evaluate(_newest_checkpoint(args), None if args.data_dir is None else Path(args.data_dir), args.split,
               args.src_lang, args.tgt_lang, args.beam, args.length_penalty, _inference_device(args.device),
-              None if args.output is None else Path(args.output), args.max_sentences)
+              None if args.output is None else Path(args.output), args.max_sentences, args.length_penalty_form)
 
 
 def _run_average(args: argparse.Namespace) -> None:
@@ -162,6 +165,8 @@ def _add_inference_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-dir", default="runs/demo", help="the training run's directory")
     parser.add_argument("--beam", type=int, default=4)
     parser.add_argument("--length-penalty", type=float, default=0.6)
+    parser.add_argument("--length-penalty-form", choices=LENGTH_PENALTY_FORMS, default="gnmt",
+                        help="gnmt: sum / ((5 + |Y|) / 6) ** alpha; length: sum / |Y| ** alpha (fairseq, transformers)")
     parser.add_argument("--batch-tokens", type=int, default=4096)
     parser.add_argument("--device", default="auto")
 

@@ -33,10 +33,10 @@ def _extension():
 
 
 def translate(model, src_tokens: torch.Tensor, beam_size: int = 4, length_penalty: float = 0.6,
-              max_len_a: float = 1.0, max_len_b: int = 50, min_len: int = 1,
-              n_best: int = 1) -> list[list[Hypothesis]]:
+              max_len_a: float = 1.0, max_len_b: int = 50, min_len: int = 1, n_best: int = 1,
+              length_penalty_form: str = "gnmt") -> list[list[Hypothesis]]:
     """src_tokens: [batch, src_len] right-padded -> per sentence, up to n_best hypotheses, best first."""
-    check_search_arguments(beam_size, length_penalty, max_len_a, max_len_b, min_len, n_best)
+    check_search_arguments(beam_size, length_penalty, max_len_a, max_len_b, min_len, n_best, length_penalty_form)
     config = model.config
     extension = _extension()
     with torch.no_grad():
@@ -47,7 +47,8 @@ def translate(model, src_tokens: torch.Tensor, beam_size: int = 4, length_penalt
         weights = decoder_weights(model, memory.dtype)
         _check_cuda_limits(memory, beam_size, config.head_dim, max(max_lens) + 1)
         search_options = _named(extension.SearchOptions(), beam_size=beam_size, length_penalty=float(length_penalty),
-                                min_len=min_len, pad_id=config.pad_id, bos_id=config.bos_id, eos_id=config.eos_id)
+                                length_penalty_form=length_penalty_form, min_len=min_len, pad_id=config.pad_id,
+                                bos_id=config.bos_id, eos_id=config.eos_id)
         results = extension.beam_search(memory.to(weights.embedding.dtype).contiguous(), src_lengths, weights,
                                         decoder_options(model), search_options, max_lens=max_lens, n_best=n_best)
     return [[Hypothesis(list(tokens), score) for tokens, score in sentence] for sentence in results]

@@ -28,7 +28,8 @@ def load_model(path: Path, device: str | torch.device = "cpu") -> tuple[Transfor
 
 
 def translate_sentences(model: Transformer, tokenizer: Tokenizer, sentences: list[str], beam_size: int = 4,
-                        length_penalty: float = 0.6, batch_tokens: int = 4096) -> list[str]:
+                        length_penalty: float = 0.6, batch_tokens: int = 4096,
+                        length_penalty_form: str = "gnmt") -> list[str]:
     """Translates sentences in length-sorted batches of about batch_tokens source tokens; output keeps input order."""
     device = model.output_weight.device
     limit = model.config.max_positions - 1
@@ -46,7 +47,8 @@ def translate_sentences(model: Transformer, tokenizer: Tokenizer, sentences: lis
         indices = order[start:end]
         src = torch.nn.utils.rnn.pad_sequence([torch.tensor(sources[i]) for i in indices], batch_first=True,
                                               padding_value=PAD_ID).to(device)
-        hypotheses = model.translate(src, beam_size=beam_size, length_penalty=length_penalty)
+        hypotheses = model.translate(src, beam_size=beam_size, length_penalty=length_penalty,
+                                     length_penalty_form=length_penalty_form)
         for i, text in zip(indices, tokenizer.decode([best[0].tokens for best in hypotheses])):
             translations[i] = text
         start = end

@@ -54,9 +54,12 @@ def real_token_ids(config: TransformerConfig) -> list[int]:
     return [t for t in range(config.vocab_size) if t not in (config.pad_id, config.bos_id, config.eos_id)]
 
 
-def brute_force(model: Transformer, src: torch.Tensor, max_len: int, min_len: int,
-                length_penalty: float) -> list[Hypothesis]:
-    """src: [1, src_len] -> every target of min_len..max_len real tokens, scored by teacher forcing, best first."""
+def brute_force(model: Transformer, src: torch.Tensor, max_len: int, min_len: int, length_penalty: float,
+                length_penalty_form: str = "gnmt") -> list[Hypothesis]:
+    """src: [1, src_len] -> every target of min_len..max_len real tokens, scored by teacher forcing, best first.
+
+    |Y| counts the real tokens and EOS: GNMT's ((5 + |Y|) / 6) ** alpha, or |Y| ** alpha as transformers' generate
+    divides an encoder-decoder hypothesis (cur_len + 1 - decoder_prompt_len, the tokens after the start token)."""
     config = model.config
     real_tokens = real_token_ids(config)
     encoder_out = model.encode(src)
@@ -67,7 +70,9 @@ def brute_force(model: Transformer, src: torch.Tensor, max_len: int, min_len: in
             tgt_out = torch.tensor([*tokens, config.eos_id])
             log_probs = F.log_softmax(model.decode(tgt_in, encoder_out)[0].float(), dim=-1)
             total = log_probs[torch.arange(length + 1), tgt_out].sum().item()
-            hypotheses.append(Hypothesis(list(tokens), total / length_penalty_divisor(length + 1, length_penalty)))
+            n = length + 1
+            divisor = ((5 + n) / 6) ** length_penalty if length_penalty_form == "gnmt" else n ** length_penalty
+            hypotheses.append(Hypothesis(list(tokens), total / divisor))
     return sorted(hypotheses, key=lambda h: -h.score)
 
 
@@ -79,14 +84,16 @@ def assert_same_hypotheses(got: list[list[Hypothesis]], expected: list[list[Hypo
             assert g.score == pytest.approx(e.score, abs=atol, rel=0), f"sentence {sentence}: {g} vs {e}"
 
 
-@pytest.mark.parametrize("min_len,length_penalty", [(1, 0.6), (0, 1.0), (2, 0.0)])
-def test_reference_finds_the_exact_optimum_with_a_large_beam(min_len, length_penalty):
+@pytest.mark.parametrize("length_penalty_form", ["gnmt", "length"])
+@pytest.mark.parametrize("min_len,length_penalty", [(1, 0.6), (0, 1.0), (2, 0.0), (1, 2.0)])
+def test_reference_finds_the_exact_optimum_with_a_large_beam(min_len, length_penalty, length_penalty_form):
     # 3 real tokens and at most 3 of them: at most 36 candidates a step, so a beam of 40 is exhaustive.
     model = make_model(vocab=6)
     src = padded_sources(model, [4])
-    expected = brute_force(model, src, max_len=3, min_len=min_len, length_penalty=length_penalty)
+    expected = brute_force(model, src, max_len=3, min_len=min_len, length_penalty=length_penalty,
+                           length_penalty_form=length_penalty_form)
     got = beam_search(model, src, beam_size=40, length_penalty=length_penalty, max_len_a=0.0, max_len_b=3,
-                      min_len=min_len, n_best=len(expected))
+                      min_len=min_len, n_best=len(expected), length_penalty_form=length_penalty_form)
     assert_same_hypotheses(got, [expected])
 
 
@@ -180,6 +187,16 @@ def test_translate_never_emits_pad_when_it_is_bos():
     assert all(model.config.pad_id not in h.tokens for hyps in got for h in hyps)
 
 
+@pytest.mark.parametrize("beam_size,n_best,min_len,max_len_a,max_len_b,length_penalty", SEARCHES[::3])
+def test_translate_matches_reference_with_the_length_form(beam_size, n_best, min_len, max_len_a, max_len_b,
+                                                          length_penalty):
+    model = make_model(eos_scale=8.0)
+    src = padded_sources(model, [7, 2, 5, 1, 4, 9], seed=beam_size)
+    assert_translate_matches_reference(model, src, beam_size=beam_size, n_best=n_best, min_len=min_len,
+                                       max_len_a=max_len_a, max_len_b=max_len_b, length_penalty=length_penalty,
+                                       length_penalty_form="length")
+
+
 def test_translate_matches_reference_when_every_hypothesis_runs_to_max_len():
     # With no boost EOS hardly ever wins before it is forced: the batch shrinks only by max_len.
     model = make_model(seed=3)
@@ -195,13 +212,26 @@ def test_translate_caps_max_len_at_max_positions():
     assert max(len(h.tokens) for hyps in got for h in hyps) <= 7
 
 
-def test_translate_finds_the_exact_optimum_with_a_large_beam():
+@pytest.mark.parametrize("length_penalty_form,length_penalty", [("gnmt", 0.6), ("length", 1.0), ("length", 2.0)])
+def test_translate_finds_the_exact_optimum_with_a_large_beam(length_penalty_form, length_penalty):
     model = make_model(vocab=6, norm_first=True)
     src = padded_sources(model, [3])
-    expected = brute_force(model, src, max_len=3, min_len=1, length_penalty=0.6)
-    got = model.translate(src, beam_size=40, length_penalty=0.6, max_len_a=0.0, max_len_b=3, min_len=1,
-                          n_best=len(expected))
+    expected = brute_force(model, src, max_len=3, min_len=1, length_penalty=length_penalty,
+                           length_penalty_form=length_penalty_form)
+    got = model.translate(src, beam_size=40, length_penalty=length_penalty, max_len_a=0.0, max_len_b=3, min_len=1,
+                          n_best=len(expected), length_penalty_form=length_penalty_form)
     assert_same_hypotheses(got, [expected])
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate"])
+def test_cli_takes_the_length_penalty_form(command):
+    from fastformer.__main__ import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args([command]).length_penalty_form == "gnmt"
+    assert parser.parse_args([command, "--length-penalty-form", "length"]).length_penalty_form == "length"
+    with pytest.raises(SystemExit):
+        parser.parse_args([command, "--length-penalty-form", "fairseq"])
 
 
 def test_translate_of_an_empty_batch_is_empty():
@@ -218,6 +248,7 @@ def test_translate_of_an_empty_batch_is_empty():
     (dict(max_len_b=-2), ValueError),
     (dict(length_penalty=float("nan")), ValueError),
     (dict(beam_size=2.0), TypeError),
+    (dict(length_penalty_form="fairseq"), ValueError),
 ])
 def test_translate_rejects_bad_arguments(kwargs, error):
     model = make_model()
@@ -310,6 +341,16 @@ def test_cuda_translate_matches_reference_for_each_model_option(norm_first, opti
     model = cuda_model(norm_first, eos_scale=8.0, **options)
     src = padded_sources(model, [7, 2, 5, 1, 4, 9], seed=5).cuda()
     search = dict(beam_size=4, n_best=4, max_len_a=1.0, max_len_b=6)
+    with fastformer.backend("reference"):
+        assert_same_hypotheses(model.translate(src, **search), beam_search(model, src, **search), atol=1e-4)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_cuda_translate_matches_reference_with_the_length_form():
+    model = cuda_model(eos_scale=8.0)
+    src = padded_sources(model, [7, 2, 5, 1, 4, 9], seed=4).cuda()
+    search = dict(beam_size=4, n_best=4, max_len_b=8, length_penalty=1.0, length_penalty_form="length")
     with fastformer.backend("reference"):
         assert_same_hypotheses(model.translate(src, **search), beam_search(model, src, **search), atol=1e-4)
 

@@ -130,7 +130,7 @@ struct Expected {
 
 // The rules of one step for one sentence, spelled out over every candidate in double precision.
 Expected brute_force_step(const float* logits, const float* sums, int beam, int vocab, int step, int min_len,
-                          int max_len, int pad, int bos, int eos, double length_penalty) {
+                          int max_len, int pad, int bos, int eos, double length_penalty, bool gnmt) {
   struct Scored {
     double score;
     int beam, token;
@@ -151,7 +151,8 @@ Expected brute_force_step(const float* logits, const float* sums, int beam, int 
     const Scored& c = all[rank];
     if (c.token == eos) {
       if (rank < beam) {
-        e.finished_scores.push_back(c.score / std::pow((5.0 + step + 1) / 6.0, length_penalty));
+        const double length = step + 1;  // the real tokens and EOS
+        e.finished_scores.push_back(c.score / std::pow(gnmt ? (5.0 + length) / 6.0 : length, length_penalty));
         e.finished_beams.push_back(c.beam);
       }
     } else if (int(e.parents.size()) < beam) {
@@ -163,7 +164,8 @@ Expected brute_force_step(const float* logits, const float* sums, int beam, int 
   return e;
 }
 
-void test_beam_step(int beam, int vocab, int step, int min_len, int max_len) {
+void test_beam_step(int beam, int vocab, int step, int min_len, int max_len,
+                    fastformer::LengthPenaltyForm form = fastformer::LengthPenaltyForm::kGnmt) {
   const int n_sentences = 3, pad = 0, bos = 1, eos = 2, cache_len = step + 2;
   const int n_slots = n_sentences * beam;
   const double length_penalty = 0.6;
@@ -209,6 +211,7 @@ void test_beam_step(int beam, int vocab, int step, int min_len, int max_len) {
   args.bos_id = bos;
   args.eos_id = eos;
   args.length_penalty = length_penalty;
+  args.length_penalty_form = form;
   fastformer::beam_step_cpu(args);
 
   EXPECT(finished_count[1] == 0 && done[1] == 0 && tokens[beam] == -7);  // the inactive sentence is untouched
@@ -216,7 +219,8 @@ void test_beam_step(int beam, int vocab, int step, int min_len, int max_len) {
     const int s = active[a];
     const int already = s == 0 ? 1 : 0;
     const Expected e = brute_force_step(logits.data() + size_t(a) * beam * vocab, sums_before.data() + s * beam,
-                                        beam, vocab, step, min_len, max_len, pad, bos, eos, length_penalty);
+                                        beam, vocab, step, min_len, max_len, pad, bos, eos, length_penalty,
+                                        form == fastformer::LengthPenaltyForm::kGnmt);
     const int n_alive = int(e.parents.size()), n_finished = int(e.finished_scores.size());
     EXPECT(finished_count[s] == already + n_finished);
     EXPECT(done[s] == (already + n_finished >= beam || n_alive == 0));
@@ -254,6 +258,8 @@ int main() {
     test_beam_step(beam, 9, 3, 5, 10);   // EOS barred (min_len)
     test_beam_step(beam, 9, 3, 1, 3);    // EOS forced (max_len)
     test_beam_step(beam, 40, 0, 0, 10);  // a larger vocabulary, the first step
+    test_beam_step(beam, 9, 3, 1, 10, fastformer::LengthPenaltyForm::kLength);
+    test_beam_step(beam, 9, 3, 1, 3, fastformer::LengthPenaltyForm::kLength);
   }
   if (failures) {
     std::fprintf(stderr, "%d check(s) failed\n", failures);

@@ -1,9 +1,16 @@
 """Beam search that recomputes the decoder over the whole prefix at every step: the oracle of the compiled decoder.
 
 The scoring rules (issue 5; fairseq's candidate rule) that every beam search in fastformer follows exactly:
-- score(Y) = sum of the log-probabilities of Y's tokens including the final EOS, divided by the GNMT length penalty
-  ((5 + |Y|) / 6) ** length_penalty with |Y| counting EOS; log-probabilities are the fp32 log-softmax over the
-  whole vocabulary.
+- score(Y) = sum of the log-probabilities of Y's tokens including the final EOS, divided by a length penalty of |Y|,
+  the number of Y's real tokens plus its EOS (BOS is not counted); log-probabilities are the fp32 log-softmax over
+  the whole vocabulary. With alpha = length_penalty, length_penalty_form chooses the penalty:
+  - "gnmt" (the default; Wu et al. 2016): ((5 + |Y|) / 6) ** alpha.
+  - "length": |Y| ** alpha, the form of fairseq, transformers, CTranslate2 and Marian. |Y| is counted as
+    transformers' `generate` counts it for encoder-decoder models: the tokens generated after the decoder's start
+    token, EOS included (a hypothesis that takes EOS at sequence length cur_len is divided by
+    (cur_len + 1 - decoder_prompt_len) ** length_penalty, decoder_prompt_len being 1, the start token).
+    CTranslate2 divides by the length of the hypothesis it returns, which for translation leaves EOS out: its |Y|
+    is one less (the real tokens alone), except for a hypothesis cut at max_length, which has no EOS.
 - PAD and BOS are never emitted. EOS is barred while a hypothesis has fewer than `min_len` real tokens, and forced
   once it has max_len = min(floor(max_len_a * src_len + max_len_b), max_positions - 1) of them (src_len counts the
   source's real tokens, its EOS included); forcing wins over barring.
@@ -23,20 +30,19 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from fastformer.search_rules import LENGTH_PENALTY_FORMS, length_penalty_divisor
+
 
 class Hypothesis(NamedTuple):
     tokens: list[int]  # without BOS/EOS
-    score: float  # sum of log-probabilities (EOS included) / length_penalty_divisor(len(tokens) + 1)
-
-
-def length_penalty_divisor(length: int, length_penalty: float) -> float:
-    """GNMT's ((5 + length) / 6) ** length_penalty, length counting EOS."""
-    return ((5.0 + length) / 6.0) ** length_penalty
+    score: float  # sum of log-probabilities (EOS included) / length_penalty_divisor(len(tokens) + 1, ...)
 
 
 def check_search_arguments(beam_size: int, length_penalty: float, max_len_a: float, max_len_b: int, min_len: int,
-                           n_best: int) -> None:
+                           n_best: int, length_penalty_form: str = "gnmt") -> None:
     """Raises a ValueError/TypeError naming the first bad argument of a beam search."""
+    if length_penalty_form not in LENGTH_PENALTY_FORMS:
+        raise ValueError(f"length_penalty_form must be one of {LENGTH_PENALTY_FORMS}, got {length_penalty_form!r}")
     for name, value in (("beam_size", beam_size), ("max_len_b", max_len_b), ("min_len", min_len),
                         ("n_best", n_best)):
         if not isinstance(value, int) or isinstance(value, bool):
@@ -61,23 +67,24 @@ def max_target_lengths(src_lengths: torch.Tensor, max_len_a: float, max_len_b: i
 
 
 def beam_search(model, src_tokens: torch.Tensor, beam_size: int = 4, length_penalty: float = 0.6,
-                max_len_a: float = 1.0, max_len_b: int = 50, min_len: int = 1,
-                n_best: int = 1) -> list[list[Hypothesis]]:
+                max_len_a: float = 1.0, max_len_b: int = 50, min_len: int = 1, n_best: int = 1,
+                length_penalty_form: str = "gnmt") -> list[list[Hypothesis]]:
     """src_tokens: [batch, src_len] right-padded -> per sentence, up to n_best hypotheses, best first.
 
     `model` is a fastformer.Transformer; each sentence is searched on its own with `model.decode` over the whole
     prefix at every step (no cache), which is slow and obviously faithful to the rules above.
     """
-    check_search_arguments(beam_size, length_penalty, max_len_a, max_len_b, min_len, n_best)
+    check_search_arguments(beam_size, length_penalty, max_len_a, max_len_b, min_len, n_best, length_penalty_form)
     with torch.no_grad():
         encoder_out = model.encode(src_tokens)
         max_lens = max_target_lengths(encoder_out.src_lengths, max_len_a, max_len_b, model.config.max_positions)
-        return [_search_sentence(model, encoder_out, i, beam_size, length_penalty, max_lens[i], min_len)[:n_best]
+        return [_search_sentence(model, encoder_out, i, beam_size, length_penalty, length_penalty_form, max_lens[i],
+                                 min_len)[:n_best]
                 for i in range(src_tokens.shape[0])]
 
 
-def _search_sentence(model, encoder_out, sentence: int, beam_size: int, length_penalty: float, max_len: int,
-                     min_len: int) -> list[Hypothesis]:
+def _search_sentence(model, encoder_out, sentence: int, beam_size: int, length_penalty: float,
+                     length_penalty_form: str, max_len: int, min_len: int) -> list[Hypothesis]:
     """encoder_out: the whole batch's EncoderOutput; searches one sentence -> its finished hypotheses, best first."""
     config = model.config
     memory, src_lengths = encoder_out
@@ -110,8 +117,8 @@ def _search_sentence(model, encoder_out, sentence: int, beam_size: int, length_p
             beam, token = divmod(index, vocab)
             if token == config.eos_id:
                 if rank < beam_size:
-                    finished.append(Hypothesis(alive[beam], running_sum
-                                               / length_penalty_divisor(step + 1, length_penalty)))
+                    divisor = length_penalty_divisor(step + 1, length_penalty, length_penalty_form)
+                    finished.append(Hypothesis(alive[beam], running_sum / divisor))
             elif len(next_alive) < beam_size:
                 next_alive.append(alive[beam] + [token])
                 next_sums.append(running_sum)
