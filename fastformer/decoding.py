@@ -2,7 +2,8 @@
 
 The whole loop runs in C++ (csrc/decoder.cpp): a KV cache preallocated once per call, the encoder's keys/values
 computed once per layer, fused single-query attention and beam-step ops, and sentences dropped from the batch as
-they finish. The scoring rules are those of fastformer/reference/beam_search.py, the oracle this is tested against.
+they finish. The rules are those of fastformer/search_rules.py, shared with the reference search (the oracle this
+is tested against).
 Dropout is never applied here: translation is inference.
 """
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from fastformer.reference.beam_search import Hypothesis, check_search_arguments, max_target_lengths
+from fastformer.search_rules import Hypothesis, check_search_arguments, max_target_lengths
 
 __all__ = ["Hypothesis", "translate", "cached_decoder", "decoder_options", "decoder_weights"]
 
