@@ -236,6 +236,9 @@ std::vector<Hypotheses> backtrack(const BeamState& state, int64_t beam_size, int
   std::vector<Hypotheses> results(n_sentences);
   for (int64_t s = 0; s < n_sentences; ++s) {
     const int n_finished = count.data_ptr<int32_t>()[s];
+    // Finite scores always finish a hypothesis (EOS is forced at max_len); none means NaN or inf scores.
+    TORCH_CHECK(n_finished > 0, "beam search found no hypothesis for sentence ", s,
+                ": the model's scores are not finite (NaN or inf in its weights or activations)");
     std::vector<int> order(n_finished);
     std::iota(order.begin(), order.end(), 0);
     const double* sentence_scores = scores.data_ptr<double>() + s * 2 * k;

@@ -3,12 +3,14 @@
 The whole loop runs in C++ (csrc/decoder.cpp): a KV cache preallocated once per call, the encoder's keys/values
 computed once per layer, fused single-query attention and beam-step ops, and sentences dropped from the batch as
 they finish. The rules are those of fastformer/search_rules.py, shared with the reference search (the oracle this
-is tested against).
-Dropout is never applied here: translation is inference.
+is tested against). Translation is inference whatever the model's mode: the encoder runs in eval mode (no dropout),
+and the model's modes are restored afterwards.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -40,7 +42,7 @@ def translate(model, src_tokens: torch.Tensor, beam_size: int = 4, length_penalt
     check_search_arguments(beam_size, length_penalty, max_len_a, max_len_b, min_len, n_best, length_penalty_form)
     config = model.config
     extension = _extension()
-    with torch.no_grad():
+    with torch.no_grad(), _eval_mode(model):
         memory, src_lengths = model.encode(src_tokens)
         if memory.shape[0] == 0:
             return []
@@ -53,6 +55,18 @@ def translate(model, src_tokens: torch.Tensor, beam_size: int = 4, length_penalt
         results = extension.beam_search(memory.to(weights.embedding.dtype).contiguous(), src_lengths, weights,
                                         decoder_options(model), search_options, max_lens=max_lens, n_best=n_best)
     return [[Hypothesis(list(tokens), score) for tokens, score in sentence] for sentence in results]
+
+
+@contextmanager
+def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """Puts every module of `model` in eval mode for the block, then gives each back its own mode."""
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
 
 
 def cached_decoder(model, encoder_out, beam_size: int, cache_len: int):

@@ -197,6 +197,31 @@ def test_translate_matches_reference_with_the_length_form(beam_size, n_best, min
                                        length_penalty_form="length")
 
 
+def test_translate_is_inference_whatever_the_models_mode():
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig.tiny(VOCAB, dropout=0.3, attention_dropout=0.3))
+    src = padded_sources(model, [7, 2, 5, 9], seed=3)
+    expected = model.eval().translate(src, beam_size=3, n_best=3, max_len_b=8)
+    model.train()
+    model.decoder.eval()  # a mixed state, given back as it was
+    for _ in range(2):
+        assert_same_hypotheses(model.translate(src, beam_size=3, n_best=3, max_len_b=8), expected)
+    assert model.training and model.encoder.training and model.embed_dropout.training
+    assert not model.decoder.training and not model.decoder.layers[0].training
+
+
+@pytest.mark.parametrize("where", ["encoder", "decoder", "output_bias"])
+def test_translate_rejects_a_model_with_non_finite_weights(where):
+    model = make_model(output_bias=True)
+    with torch.no_grad():
+        if where == "output_bias":
+            model.output_bias[5] = float("inf")
+        else:
+            getattr(model, where).layers[0].ffn.linear1.weight[0, 0] = float("nan")
+    with pytest.raises(RuntimeError, match="not finite"):
+        model.translate(padded_sources(model, [4, 3]))
+
+
 def test_translate_matches_reference_when_every_hypothesis_runs_to_max_len():
     # With no boost EOS hardly ever wins before it is forced: the batch shrinks only by max_len.
     model = make_model(seed=3)
