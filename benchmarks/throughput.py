@@ -301,7 +301,7 @@ def ctranslate2_translator(model: Transformer, settings: Settings,
     index = {token: i for i, token in enumerate(vocabulary)}
 
     def translate(src: torch.Tensor) -> list:
-        steps = int((src != model.config.pad_id).sum(dim=1).max())
+        steps = int((src != model.config.pad_id).sum(dim=1).max()) + 1  # + fastformer's forced EOS step
         results = engine.translate_batch(source_pieces(src, model.config, vocabulary), beam_size=settings.beam_size,
                                          length_penalty=settings.length_penalty, min_decoding_length=steps,
                                          max_decoding_length=steps, max_batch_size=0)
@@ -320,7 +320,7 @@ def transformers_translator(model: Transformer, settings: Settings) -> Callable[
     config = model.config
 
     def translate(src: torch.Tensor) -> list:
-        steps = int((src != config.pad_id).sum(dim=1).max())
+        steps = int((src != config.pad_id).sum(dim=1).max()) + 1  # + fastformer's forced EOS step
         with torch.no_grad():
             output = marian.generate(input_ids=src, attention_mask=(src != config.pad_id).long(),
                                      num_beams=settings.beam_size, length_penalty=settings.length_penalty,
