@@ -158,7 +158,8 @@ def test_throughput_smoke_run_on_cpu(tmp_path):
             assert row["tokens_per_s"]["median"] > 0
     for row in results["inference"]:
         if row["status"] == "ok":
-            assert row["tokens_match"] or row["system"] == "transformers", row  # generate: one length per batch
+            # The engines take one length limit per call, so they decode each batch's longest forced length.
+            assert row["tokens_match"] or row["system"] in ("ctranslate2", "ctranslate2-int8", "transformers"), row
     cached = next(row for row in results["inference"] if row["system"] == "cached-pytorch")
     assert cached["status"] != "ok" or cached["same_tokens_as_fastformer"] == 1.0, cached
     assert [t["target"] for t in results["targets"]]
