@@ -269,3 +269,70 @@ def cached_beam_search(model: Transformer, src_tokens: torch.Tensor, beam_size: 
         tokens = torch.cat([tokens.index_select(0, rows), words.gather(1, kept).view(-1, 1)], dim=1)
         decoder.reorder(state, rows)
     return [sorted(hypotheses, key=lambda h: -h.score)[:n_best] for hypotheses in finished]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The engines people deploy: CTranslate2 (through fastformer.export) and Hugging Face's MarianMTModel.generate
+
+
+def placeholder_vocabulary(config: TransformerConfig) -> list[str]:
+    """Distinct token strings for random-weight benchmarks, with the special pieces at the config's ids."""
+    tokens = [f"t{i}" for i in range(config.vocab_size)]
+    tokens[config.pad_id], tokens[config.eos_id] = "<pad>", "</s>"
+    if config.bos_id != config.pad_id:
+        tokens[config.bos_id] = "<s>"
+    tokens[next(i for i in range(config.vocab_size) if i not in (config.pad_id, config.bos_id, config.eos_id))] = "<unk>"
+    return tokens
+
+
+def marian_model(model: Transformer):
+    """fastformer's weights in a transformers MarianMTModel -> (the model, None), or (None, why not) for a config
+    Marian cannot express."""
+    config = model.config
+    if config.norm_first:
+        return None, "MarianMTModel is post-LN only"
+    from transformers import MarianConfig, MarianMTModel
+
+    marian_config = MarianConfig(
+        vocab_size=config.vocab_size, d_model=config.d_model, encoder_layers=config.n_encoder_layers,
+        decoder_layers=config.n_decoder_layers, encoder_attention_heads=config.n_heads,
+        decoder_attention_heads=config.n_heads, encoder_ffn_dim=config.d_ff, decoder_ffn_dim=config.d_ff,
+        activation_function={"relu": "relu", "gelu": "gelu", "swish": "silu"}[config.activation],
+        max_position_embeddings=config.max_positions, scale_embedding=config.scale_embedding,
+        pad_token_id=config.pad_id, eos_token_id=config.eos_id, decoder_start_token_id=config.bos_id,
+        forced_eos_token_id=None, bad_words_ids=None, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+        tie_word_embeddings=config.tie_embeddings, share_encoder_decoder_embeddings=True)
+    marian = MarianMTModel(marian_config).eval()
+    state = {}
+    for side, layers in (("encoder", model.encoder.layers), ("decoder", model.decoder.layers)):
+        state[f"model.{side}.embed_positions.weight"] = model.positions[:config.max_positions]
+        for i, layer in enumerate(layers):
+            prefix = f"model.{side}.layers.{i}."
+            attentions = [("self_attn", layer.self_attn, layer.norm1)]
+            if side == "decoder":
+                attentions.append(("encoder_attn", layer.multihead_attn, layer.norm2))
+            for name, attention, norm in attentions:
+                for part, weight, bias in zip("qkv", attention.in_proj_weight.chunk(3), attention.in_proj_bias.chunk(3)):
+                    state[f"{prefix}{name}.{part}_proj.weight"], state[f"{prefix}{name}.{part}_proj.bias"] = weight, bias
+                state[f"{prefix}{name}.out_proj.weight"] = attention.out_proj.weight
+                state[f"{prefix}{name}.out_proj.bias"] = attention.out_proj.bias
+                state[f"{prefix}{name}_layer_norm.weight"], state[f"{prefix}{name}_layer_norm.bias"] = norm.weight, norm.bias
+            last_norm = layer.norm3 if side == "decoder" else layer.norm2
+            state[f"{prefix}fc1.weight"], state[f"{prefix}fc1.bias"] = layer.ffn.linear1.weight, layer.ffn.linear1.bias
+            state[f"{prefix}fc2.weight"], state[f"{prefix}fc2.bias"] = layer.ffn.linear2.weight, layer.ffn.linear2.bias
+            state[f"{prefix}final_layer_norm.weight"], state[f"{prefix}final_layer_norm.bias"] = (last_norm.weight,
+                                                                                              last_norm.bias)
+    state["model.shared.weight"] = model.embed_tokens.weight
+    state["lm_head.weight"] = model.output_weight
+    state["final_logits_bias"] = (model.output_bias if model.output_bias is not None
+                                  else model.output_weight.new_zeros(config.vocab_size))[None]
+    own = marian.state_dict()
+    missing = {name for name in own if name not in state and not name.endswith("embed_tokens.weight")}
+    if missing:
+        return None, f"no fastformer weight for {sorted(missing)[:3]}"
+    with torch.no_grad():
+        for name, value in state.items():
+            own[name].copy_(value.detach().to(own[name].dtype))
+        for side in ("encoder", "decoder"):
+            own[f"model.{side}.embed_tokens.weight"].copy_(model.embed_tokens.weight)
+    return marian, None

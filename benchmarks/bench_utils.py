@@ -18,7 +18,9 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
+# Runs write here unless told otherwise: git ignores /runs/, so a run never dirties the checkout. Results worth
+# keeping are copied into benchmarks/results/ with their command.
+RUNS = REPO / "runs" / "benchmarks"
 
 # Dense bf16 tensor-core peaks in TFLOP/s (vendor datasheets, without sparsity), matched against the device name.
 # The H200 has the H100 SXM's compute, with more and faster memory.
@@ -83,9 +85,9 @@ def git_commit() -> str | None:
 
 
 def default_out_dir(device: torch.device) -> Path:
-    """benchmarks/results/<date>-<device>/, the device name reduced to a file-name-safe slug."""
+    """runs/benchmarks/<date>-<device>/, the device name reduced to a file-name-safe slug."""
     slug = re.sub(r"[^a-z0-9]+", "-", device_name(device).lower()).strip("-")
-    return RESULTS / f"{datetime.date.today().isoformat()}-{slug}"
+    return RUNS / f"{datetime.date.today().isoformat()}-{slug}"
 
 
 def write_json(path: Path, payload: dict) -> None:

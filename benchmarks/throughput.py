@@ -32,31 +32,34 @@ import contextlib
 import os
 import statistics
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
 import bench_utils as bu
 import fastformer
-from baselines import TorchTransformer, cached_beam_search
+from baselines import TorchTransformer, cached_beam_search, marian_model, placeholder_vocabulary
 from fastformer import Transformer, TransformerConfig
+from fastformer.export import to_ctranslate2
 from fastformer.reference.beam_search import beam_search as reference_beam_search
 
 TRAIN_SYSTEMS = ("fastformer", "reference", "reference-compile", "torch-nn", "fastformer-compile")
 DEFAULT_TRAIN_SYSTEMS = TRAIN_SYSTEMS[:4]
-INFER_SYSTEMS = ("fastformer", "cached-pytorch", "reference")
+INFER_SYSTEMS = ("fastformer", "cached-pytorch", "reference", "ctranslate2", "ctranslate2-int8", "transformers")
 PRESETS = ("tiny", "base", "big")
 TINY_VOCAB = 1000
 
-# Issue 6's targets, for transformer-base on an H100 in bf16.
+# The training targets, for transformer-base on an H100 in bf16.
 TARGET_TRAIN_TOKENS_PER_S = 750_000
 TARGET_TRAIN_VS_REFERENCE = 1.5
 TARGET_TRAIN_VS_COMPILED = 1.15
-# Issue 5's inference targets.
+# The inference targets.
 TARGET_INFER_VS_CACHED = 3.0
 TARGET_INFER_VS_REFERENCE = 10.0
 
@@ -74,7 +77,8 @@ class Settings:
     compile_backend: str
     compile_mode: str
     sentences: int
-    batch_size: int
+    batch_sizes: list[int]
+    source_len: int | None
     reference_sentences: int
     latency_sentences: int
     beam_size: int
@@ -184,21 +188,12 @@ def run_training(system: str, config: TransformerConfig, batches: list[bu.Batch]
     }
 
 
-def training_section(presets: list[str], settings: Settings, device: torch.device, results: dict,
-                     save: Callable[[], None], clock: Callable[[], bool]) -> None:
+def training_section(presets: list[str], settings: Settings, device: torch.device, record: Recorder) -> None:
     for preset in presets:
         max_tokens = settings.max_tokens or default_max_tokens(preset)
         for system in settings.train_systems:
-            row = {"preset": preset, "system": system}
-            started = time.monotonic()
-            if not clock():
-                row.update(status="skipped", error="time budget spent")
-            else:
-                row.update(measure_training_with_fallback(system, preset, max_tokens, settings, device))
-            row["wall_s"] = time.monotonic() - started
-            results["training"].append(row)
-            save()
-            print(f"  train {preset:5s} {system:18s} {describe(row)}", flush=True)
+            record("training", {"preset": preset, "system": system, "runs": runs_on(system, "train", device)},
+                   lambda: measure_training_with_fallback(system, preset, max_tokens, settings, device))
 
 
 def measure_training_with_fallback(system: str, preset: str, max_tokens: int, settings: Settings,
@@ -236,10 +231,14 @@ def describe(row: dict) -> str:
 # Inference
 
 
-def newstest_like_sources(n: int, config: TransformerConfig, max_len: int, seed: int) -> list[torch.Tensor]:
-    """n source sentences (ids with a final EOS), lengths like newstest's (mean ~27)."""
+def newstest_like_sources(n: int, config: TransformerConfig, max_len: int, seed: int,
+                          source_len: int | None = None) -> list[torch.Tensor]:
+    """n source sentences (ids with a final EOS), lengths like newstest's (mean ~27), or all source_len tokens plus
+    EOS."""
     generator = torch.Generator().manual_seed(seed + 1)
     src_lengths, _ = bu.wmt_lengths(n, generator, max_len)
+    if source_len is not None:
+        src_lengths = torch.full((n,), source_len + 1)
     sentences = []
     for length in src_lengths.tolist():
         ids = torch.randint(3, config.vocab_size, (length,), generator=generator)
@@ -265,6 +264,10 @@ def translator(system: str, model: Transformer, settings: Settings) -> Callable[
         return lambda src: model.translate(src, **options)
     if system == "cached-pytorch":
         return lambda src: cached_beam_search(model, src, **options)
+    if system.startswith("ctranslate2"):
+        return ctranslate2_translator(model, settings, quantization="int8" if system.endswith("int8") else "float32")
+    if system == "transformers":
+        return transformers_translator(model, settings)
 
     def reference(src: torch.Tensor) -> list:
         with fastformer.backend("reference"):
@@ -273,11 +276,66 @@ def translator(system: str, model: Transformer, settings: Settings) -> Callable[
     return reference
 
 
+class Best(NamedTuple):
+    tokens: list[int]
+
+
+def source_pieces(src: torch.Tensor, config: TransformerConfig, vocabulary: list[str]) -> list[list[str]]:
+    """[batch, src_len] right-padded ids ending in EOS -> token strings without padding and EOS (CTranslate2 adds
+    EOS itself)."""
+    return [[vocabulary[i] for i in row if i != config.pad_id][:-1] for row in src.tolist()]
+
+
+def ctranslate2_translator(model: Transformer, settings: Settings,
+                           quantization: str) -> Callable[[torch.Tensor], list]:
+    """CTranslate2 on the exported weights, decoding as many steps as fastformer's forced length (the batch's
+    longest source with EOS): EOS is barred until then by min_decoding_length and the cut is max_decoding_length."""
+    import ctranslate2
+
+    out_dir = Path(tempfile.mkdtemp(prefix="fastformer-ct2-"))
+    vocabulary = placeholder_vocabulary(model.config)
+    to_ctranslate2(model, vocabulary, out_dir, quantization=quantization)
+    device = "cuda" if settings.device.startswith("cuda") else "cpu"
+    engine = ctranslate2.Translator(str(out_dir), device=device, inter_threads=1,
+                                    intra_threads=torch.get_num_threads() if device == "cpu" else 0)
+    index = {token: i for i, token in enumerate(vocabulary)}
+
+    def translate(src: torch.Tensor) -> list:
+        steps = int((src != model.config.pad_id).sum(dim=1).max()) + 1  # + fastformer's forced EOS step
+        results = engine.translate_batch(source_pieces(src, model.config, vocabulary), beam_size=settings.beam_size,
+                                         length_penalty=settings.length_penalty, min_decoding_length=steps,
+                                         max_decoding_length=steps, max_batch_size=0)
+        return [[Best([index[p] for p in result.hypotheses[0]])] for result in results]
+
+    return translate
+
+
+def transformers_translator(model: Transformer, settings: Settings) -> Callable[[torch.Tensor], list]:
+    """MarianMTModel.generate on fastformer's weights, decoding as many steps as fastformer's forced length."""
+    marian, why_not = marian_model(model.float().cpu())
+    model.to(dtype=getattr(torch, settings.infer_dtype), device=settings.device)
+    if marian is None:
+        raise NotImplementedError(f"transformers: {why_not}")
+    marian = marian.to(device=settings.device, dtype=getattr(torch, settings.infer_dtype))
+    config = model.config
+
+    def translate(src: torch.Tensor) -> list:
+        steps = int((src != config.pad_id).sum(dim=1).max()) + 1  # + fastformer's forced EOS step
+        with torch.no_grad():
+            output = marian.generate(input_ids=src, attention_mask=(src != config.pad_id).long(),
+                                     num_beams=settings.beam_size, length_penalty=settings.length_penalty,
+                                     min_new_tokens=steps, max_new_tokens=steps, do_sample=False)
+        return [[Best([i for i in row[1:] if i not in (config.pad_id, config.eos_id)])] for row in output.tolist()]
+
+    return translate
+
+
 def run_inference(system: str, model: Transformer, sentences: list[torch.Tensor], latency_sentences: list[torch.Tensor],
-                  settings: Settings, device: torch.device, repeats: int) -> tuple[dict, list[list[int]]]:
+                  settings: Settings, device: torch.device, repeats: int,
+                  batch_size: int) -> tuple[dict, list[list[int]]]:
     """-> (the row of the results, the best hypothesis' tokens per sentence in length-sorted order)."""
     translate = translator(system, model, settings)
-    batches = length_sorted_batches(sentences, settings.batch_size, model.config.pad_id, device)
+    batches = length_sorted_batches(sentences, batch_size, model.config.pad_id, device)
     outputs: list[list[int]] = []
 
     def one_pass() -> None:
@@ -292,12 +350,15 @@ def run_inference(system: str, model: Transformer, sentences: list[torch.Tensor]
         one_pass()
     times = bu.time_calls(one_pass, device, warmup=0, repeats=repeats)
     expected_tokens = sum(len(s) + 1 for s in sentences)
-    decoded_tokens = sum(len(tokens) + 1 for tokens in outputs)
+    # fastformer's searches end with the forced EOS, the engines with the cut at the same step (no EOS).
+    ends_with_cut = system.startswith("ctranslate2") or system == "transformers"
+    decoded_tokens = sum(len(tokens) + (0 if ends_with_cut else 1) for tokens in outputs)
     latency = []
     for sentence in latency_sentences:
         latency += bu.time_calls(lambda: translate(sentence[None].to(device)), device, warmup=1, repeats=1)
     row = {
         "sentences": len(sentences),
+        "batch_size": batch_size,
         "target_tokens": decoded_tokens,
         "tokens_match": decoded_tokens == expected_tokens,
         "tokens_per_s": bu.summary([decoded_tokens / t for t in times]),
@@ -307,41 +368,75 @@ def run_inference(system: str, model: Transformer, sentences: list[torch.Tensor]
     return row, list(outputs)
 
 
-def inference_section(settings: Settings, device: torch.device, results: dict, save: Callable[[], None],
-                      clock: Callable[[], bool]) -> None:
+def inference_section(settings: Settings, device: torch.device, record: Recorder) -> None:
     preset = "tiny" if "tiny" in settings.presets else "base"
     config = model_config(preset)
     torch.manual_seed(0)
     dtype = getattr(torch, settings.infer_dtype)
     model = Transformer(config).to(device=device, dtype=dtype).eval()
-    sentences = newstest_like_sources(settings.sentences, config, max_sentence_len(preset), settings.seed)
+    sentences = newstest_like_sources(settings.sentences, config, max_sentence_len(preset), settings.seed,
+                                      settings.source_len)
     # Single-sentence latency on sentences of typical length.
     typical = sorted(sentences, key=lambda s: abs(len(s) - bu.WMT_MEAN_TARGET_LEN))[:settings.latency_sentences]
-    cached_outputs = None
-    for system in settings.infer_systems:
-        row = {"preset": preset, "system": system, "dtype": settings.infer_dtype}
-        subset = sentences[:settings.reference_sentences] if system == "reference" else sentences
-        latency_subset = typical[:2] if system == "reference" else typical
+    fastformer_outputs: dict[int, list[list[int]]] = {}
+    for batch_size in settings.batch_sizes:
+        for system in settings.infer_systems:
+            slow = system == "reference"
+            subset = sentences[:settings.reference_sentences] if slow else sentences
+
+            def measure() -> dict:
+                row, outputs = run_inference(system, model, subset, typical[:2] if slow else typical, settings,
+                                             device, 1 if slow else settings.infer_repeats, batch_size)
+                if system == "fastformer":
+                    fastformer_outputs[batch_size] = outputs
+                elif batch_size in fastformer_outputs and not slow:
+                    reference = fastformer_outputs[batch_size]
+                    row["same_tokens_as_fastformer"] = sum(a == b for a, b in zip(outputs, reference)) / len(outputs)
+                return {"status": "ok", **row}
+
+            record("inference", {"preset": preset, "system": system, "dtype": settings.infer_dtype,
+                                 "runs": runs_on(system, "infer", device)}, measure)
+    del model
+    bu.free_memory(device)
+
+
+def runs_on(system: str, section: str, device: torch.device) -> str:
+    """What a system really executes on this device (on a CPU, "fastformer" training is Triton's interpreter)."""
+    cpu = device.type == "cpu"
+    if system.startswith("fastformer"):
+        if section == "infer":
+            return "C++ beam search, CPU ops" if cpu else "C++ beam search, CUDA kernels"
+        return "Triton interpreter (not a speed figure)" if cpu else "Triton kernels"
+    if system.startswith("ctranslate2"):
+        return f"CTranslate2 {'int8' if system.endswith('int8') else 'fp32'} on {device.type}"
+    return {"transformers": "MarianMTModel.generate", "torch-nn": "torch.nn layers + SDPA",
+            "cached-pytorch": "PyTorch KV-cache loop", "reference": "plain PyTorch, no cache" if section == "infer"
+            else "plain PyTorch"}.get(system, "plain PyTorch (torch.compile)" if system.endswith("-compile") else "")
+
+
+class Recorder:
+    """Runs one measurement into a row of the results (or a "skipped"/"error" row), saves the JSON, prints a line."""
+
+    def __init__(self, results: dict, settings: Settings, save: Callable[[], None]) -> None:
+        self.results, self.settings, self.save = results, settings, save
+        self.started = time.monotonic()
+
+    def __call__(self, section: str, row: dict, measure: Callable[[], dict]) -> None:
+        label = f"{section[:5]} {row['preset']:5s} {row['system']:18s}"
+        print(f"  {label} ({row['runs']}) ...", flush=True)
         started = time.monotonic()
-        if not clock():
+        budget = self.settings.time_budget_s
+        if budget is not None and started - self.started >= budget:
             row.update(status="skipped", error="time budget spent")
         else:
             try:
-                repeats = 1 if system == "reference" else settings.infer_repeats
-                measured, outputs = run_inference(system, model, subset, latency_subset, settings, device, repeats)
-                row.update(status="ok", **measured)
-                if system == "cached-pytorch":
-                    cached_outputs = outputs
-                elif cached_outputs is not None and len(subset) == len(sentences):
-                    row["same_tokens_as_cached"] = sum(a == b for a, b in zip(outputs, cached_outputs)) / len(outputs)
+                row.update(measure())
             except Exception as error:  # noqa: BLE001 - a failing system is reported, the others still run
                 row.update(status="error", error=f"{type(error).__name__}: {error}"[:500])
         row["wall_s"] = time.monotonic() - started
-        results["inference"].append(row)
-        save()
-        print(f"  infer {preset:5s} {system:18s} {describe(row)}", flush=True)
-    del model
-    bu.free_memory(device)
+        self.results[section].append(row)
+        self.save()
+        print(f"  {label} {describe(row)}", flush=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -364,7 +459,7 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 def targets(results: dict) -> list[dict]:
-    """Issue 6's training targets and issue 5's inference targets (transformer-base) against what was measured."""
+    """The training and inference targets (transformer-base) against what was measured."""
     train, infer = results["training"], results["inference"]
     fused = median_of(find(train, preset="base", system="fastformer"))
     reference = median_of(find(train, preset="base", system="reference"))
@@ -400,27 +495,31 @@ def tables(results: dict) -> str:
     infer_rows = []
     for row in results["inference"]:
         ok = row["status"] == "ok"
-        cached = find(results["inference"], preset=row["preset"], system="cached-pytorch")
+        cached = find(results["inference"], preset=row["preset"], system="cached-pytorch",
+                      batch_size=row.get("batch_size"))
         infer_rows.append({
             **row, "tok_s": median_of(row) if ok else None,
             "spread": bu.spread_percent(row["tokens_per_s"]) if ok else None,
             "sent_s": median_of(row, "sentences_per_s") if ok else None,
             "latency": row["latency_ms"]["median"] if ok and row.get("latency_ms") else None,
             "vs_cached": ratio(median_of(row), median_of(cached)) if ok else None,
+            "same": row.get("same_tokens_as_fastformer"),
             "status_note": row["status"] if ok else f"{row['status']}: {row.get('error', '')[:60]}",
         })
     parts = [
         "Training (target tokens/s of a full update)",
-        bu.format_table(train_rows, [("preset", "preset"), ("system", "system"), ("tok_s", "tokens/s"),
+        bu.format_table(train_rows, [("preset", "preset"), ("system", "system"), ("runs", "runs"), ("tok_s", "tokens/s"),
                                      ("spread", "spread %"), ("vs_ref", "x reference"), ("peak_memory_gib", "peak GiB"),
                                      ("mfu_pct", "MFU %"), ("mflop_tok", "MFLOP/tok"), ("max_tokens", "max_tokens"),
                                      ("status_note", "status")]),
         "",
         "Inference (beam search, forced output length = source length)",
-        bu.format_table(infer_rows, [("preset", "preset"), ("system", "system"), ("sentences", "sentences"),
+        bu.format_table(infer_rows, [("preset", "preset"), ("system", "system"), ("runs", "runs"),
+                                     ("batch_size", "batch"), ("sentences", "sentences"),
                                      ("tok_s", "tokens/s"), ("spread", "spread %"), ("sent_s", "sentences/s"),
                                      ("latency", "latency ms"), ("vs_cached", "x cached"),
-                                     ("tokens_match", "tokens ok"), ("status_note", "status")]),
+                                     ("same", "same as fastformer"), ("tokens_match", "tokens ok"),
+                                     ("status_note", "status")]),
         "",
         "Targets (transformer-base on an H100, bf16)",
         bu.format_table(results["targets"], [("target", "target"), ("measured", "measured"), ("goal", "goal"),
@@ -471,47 +570,63 @@ def plot(results: dict, path: Path) -> None:
 # Command line
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namespace]:
+# Defaults of the sizing flags in the three modes: a full GPU run, --quick, and a CPU smoke run (fast: < 1 minute).
+MODE_DEFAULTS = {
+    "batches": (6, 3, 1),
+    "repeats": (5, 3, 1),
+    "warmup": (1, 1, 0),
+    "max_tokens": (None, None, 128),
+    "sentences": (1024, 256, 8),
+    "reference_sentences": (32, 16, 2),
+    "latency_sentences": (8, 4, 1),
+    "infer_repeats": (3, 2, 1),
+    "batch_sizes": ([1, 32, 256], [1, 32, 256], [8]),
+}
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[Settings, Path]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--preset", nargs="+", choices=PRESETS, help="default: base big on CUDA, tiny on CPU")
-    parser.add_argument("--train", action="store_true", help="run the training section (default: both sections)")
-    parser.add_argument("--infer", action="store_true", help="run the inference section (default: both sections)")
-    parser.add_argument("--systems", help=f"comma-separated subset of {TRAIN_SYSTEMS + INFER_SYSTEMS[1:]}; "
-                                          f"default: {','.join(DEFAULT_TRAIN_SYSTEMS)} and every inference system")
-    parser.add_argument("--quick", action="store_true",
-                        help="fewer batches, repeats and sentences; training on base only unless --preset is given")
-    parser.add_argument("--max-tokens", type=int, help="token budget of a batch (default 25000; 256 for tiny)")
-    parser.add_argument("--batches", type=int, help="distinct batches per pass (default 6; quick 3)")
-    parser.add_argument("--warmup", type=int, default=1,
-                        help="untimed passes over the batches (default 1; 0 times compilation too: smoke runs only)")
-    parser.add_argument("--repeats", type=int, help="timed passes (default 5; quick 3)")
-    parser.add_argument("--compile-backend",
-                        help="torch.compile backend (default inductor on CUDA, aot_eager on CPU: a smoke run)")
-    parser.add_argument("--compile-mode", default="default",
-                        choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
-                        help="torch.compile mode of the *-compile systems (inductor only); reduce-overhead captures "
-                             "the step in CUDA graphs")
-    parser.add_argument("--sentences", type=int, help="sentences to translate (default 1024; quick 256)")
-    parser.add_argument("--batch-size", type=int, default=64, help="sentences per translation batch")
-    parser.add_argument("--reference-sentences", type=int, help="sentences for the slow reference (default 32)")
-    parser.add_argument("--latency-sentences", type=int, help="sentences timed one at a time (default 8)")
-    parser.add_argument("--beam", type=int, default=4)
-    parser.add_argument("--length-penalty", type=float, default=0.6)
-    parser.add_argument("--infer-dtype", choices=("float32", "float16", "bfloat16"),
-                        help="dtype of the translating model (default float16 on CUDA, float32 on CPU)")
-    parser.add_argument("--infer-repeats", type=int, help="timed passes over the sentences (default 3; quick 2)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--time-budget-s", type=float,
-                        help="skip (and report as skipped) what would start after this many seconds")
-    parser.add_argument("--peak-tflops", type=float, help="the device's dense bf16 peak (default: from its name)")
-    parser.add_argument("--out-dir", type=Path, help="default benchmarks/results/<date>-<device>/")
+    add = parser.add_argument
+    add("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add("--preset", nargs="+", choices=PRESETS, help="default: base big on CUDA, tiny on CPU")
+    add("--train", action="store_true", help="run the training section (default: both sections)")
+    add("--infer", action="store_true", help="run the inference section (default: both sections)")
+    add("--systems", help=f"comma-separated subset of {TRAIN_SYSTEMS + INFER_SYSTEMS[1:]}; default: "
+                          f"{','.join(DEFAULT_TRAIN_SYSTEMS)} and every inference system")
+    add("--quick", action="store_true", help="fewer batches, repeats and sentences; training on base only")
+    sizes = ", ".join(f"{name.replace('_', '-')} {values}" for name, values in MODE_DEFAULTS.items())
+    parser.epilog = f"Defaults (full run, --quick, CPU): {sizes}."
+    add("--max-tokens", type=int, help="token budget of a training batch (GPU default 25000; 256 for tiny)")
+    add("--batches", type=int, help="distinct training batches per pass")
+    add("--warmup", type=int, help="untimed training passes (0 times compilation too: smoke runs only)")
+    add("--repeats", type=int, help="timed training passes")
+    add("--compile-backend", help="torch.compile backend (default inductor on CUDA, aot_eager on CPU)")
+    add("--compile-mode", default="default",
+        choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
+        help="torch.compile mode of the *-compile systems (inductor only); reduce-overhead: CUDA graphs")
+    add("--sentences", type=int, help="sentences to translate")
+    add("--source-len", type=int, help="every source this many tokens plus EOS (default: newstest-like lengths)")
+    add("--batch-sizes", type=lambda text: [int(n) for n in text.split(",")],
+        help="sentences per translation call, comma-separated; one row per size")
+    add("--reference-sentences", type=int, help="sentences for the slow reference")
+    add("--latency-sentences", type=int, help="sentences timed one at a time")
+    add("--beam", type=int, default=4)
+    add("--length-penalty", type=float, default=0.6)
+    add("--infer-dtype", choices=("float32", "float16", "bfloat16"),
+        help="dtype of the translating model (default float16 on CUDA, float32 on CPU)")
+    add("--infer-repeats", type=int, help="timed passes over the sentences")
+    add("--seed", type=int, default=0)
+    add("--time-budget-s", type=float, help="skip (and report as skipped) what would start after this many seconds")
+    add("--peak-tflops", type=float, help="the device's dense bf16 peak (default: from its name)")
+    add("--out-dir", type=Path, help="where the JSON and chart go (default runs/benchmarks/<date>-<device>/, "
+                                     "which git ignores)")
     args = parser.parse_args(argv)
 
     cpu = args.device == "cpu"
-    quick = args.quick or cpu
-    presets = args.preset or (["tiny"] if cpu else (["base"] if args.quick else ["base", "big"]))
+    mode = 2 if cpu else 1 if args.quick else 0
+    sizing = {name: values[mode] if getattr(args, name) is None else getattr(args, name)
+              for name, values in MODE_DEFAULTS.items()}
     chosen = None if args.systems is None else [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = set(chosen or []) - set(TRAIN_SYSTEMS + INFER_SYSTEMS)
     if unknown:
@@ -521,38 +636,26 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
         parser.error(f"--compile-mode {args.compile_mode} needs the inductor backend, not {compile_backend}")
     both = not args.train and not args.infer
     settings = Settings(
-        device=args.device, presets=presets,
-        train_systems=[s for s in (chosen or DEFAULT_TRAIN_SYSTEMS) if s in TRAIN_SYSTEMS] if args.train or both
-        else [],
-        infer_systems=[s for s in (chosen or INFER_SYSTEMS) if s in INFER_SYSTEMS] if args.infer or both else [],
-        max_tokens=args.max_tokens, batches=args.batches or (2 if cpu else 3 if quick else 6),
-        warmup=args.warmup, repeats=args.repeats or (2 if cpu else 3 if quick else 5),
-        compile_backend=compile_backend, compile_mode=args.compile_mode,
-        sentences=args.sentences or (16 if cpu else 256 if quick else 1024), batch_size=args.batch_size,
-        reference_sentences=args.reference_sentences or (4 if cpu else 16 if quick else 32),
-        latency_sentences=args.latency_sentences or (2 if cpu else 4 if quick else 8),
+        device=args.device, presets=args.preset or (["tiny"] if cpu else ["base"] if args.quick else ["base", "big"]),
+        train_systems=[s for s in chosen or DEFAULT_TRAIN_SYSTEMS if s in TRAIN_SYSTEMS] if args.train or both else [],
+        infer_systems=[s for s in chosen or INFER_SYSTEMS if s in INFER_SYSTEMS] if args.infer or both else [],
+        compile_backend=compile_backend, compile_mode=args.compile_mode, source_len=args.source_len,
         beam_size=args.beam, length_penalty=args.length_penalty,
-        infer_dtype=args.infer_dtype or ("float32" if cpu else "float16"),
-        infer_repeats=args.infer_repeats or (2 if quick else 3), seed=args.seed,
-        time_budget_s=args.time_budget_s, peak_tflops=args.peak_tflops,
+        infer_dtype=args.infer_dtype or ("float32" if cpu else "float16"), seed=args.seed,
+        time_budget_s=args.time_budget_s, peak_tflops=args.peak_tflops, **sizing,
     )
-    return settings, args
+    return settings, args.out_dir or bu.default_out_dir(torch.device(args.device))
 
 
 def main(argv: list[str] | None = None) -> int:
-    settings, args = parse_args(argv)
+    settings, out_dir = parse_args(argv)
     device = torch.device(settings.device)
-    if device.type == "cpu" and "fastformer" in settings.train_systems + settings.infer_systems:
+    if device.type == "cpu" and "fastformer" in settings.train_systems:
         # Triton runs on CPU tensors only in its interpreter, chosen when the kernels are defined (imported).
         os.environ.setdefault("TRITON_INTERPRET", "1")
-        settings.notes.append("CPU: the fused kernels run in Triton's interpreter; timings say nothing of GPU speed")
-    out_dir = args.out_dir or bu.default_out_dir(device)
+        settings.notes.append("CPU: fastformer's training runs its kernels in Triton's interpreter, which says "
+                              "nothing of their speed; its translation runs the compiled C++ beam search")
     out_dir.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-
-    def clock() -> bool:
-        return settings.time_budget_s is None or time.monotonic() - started < settings.time_budget_s
-
     results = {"benchmark": "throughput", "command": " ".join([Path(sys.argv[0]).name] + (argv or sys.argv[1:])),
                "environment": bu.environment(device), "settings": asdict(settings),
                "flops_formula": __doc__[__doc__.index("Model FLOPs"):].strip(),
@@ -566,15 +669,16 @@ def main(argv: list[str] | None = None) -> int:
           f"commit {results['environment']['commit']}) -> {out_dir}", flush=True)
     for note in settings.notes:
         print(f"note: {note}")
+    record = Recorder(results, settings, save)
     interrupted = False
     try:
         # The first preset's training, then inference, then the other presets: under a time budget, big is cut.
         if settings.train_systems:
-            training_section(settings.presets[:1], settings, device, results, save, clock)
+            training_section(settings.presets[:1], settings, device, record)
         if settings.infer_systems:
-            inference_section(settings, device, results, save, clock)
+            inference_section(settings, device, record)
         if settings.train_systems:
-            training_section(settings.presets[1:], settings, device, results, save, clock)
+            training_section(settings.presets[1:], settings, device, record)
     except KeyboardInterrupt:
         # A time limit's SIGINT: report what was measured.
         interrupted = True

@@ -151,14 +151,17 @@ def test_throughput_smoke_run_on_cpu(tmp_path):
                          "--latency-sentences", "1")
     assert {row["system"] for row in results["training"]} == {"fastformer", "reference", "reference-compile",
                                                               "torch-nn"}
-    assert {row["system"] for row in results["inference"]} == {"fastformer", "cached-pytorch", "reference"}
+    assert {row["system"] for row in results["inference"]} == {"fastformer", "cached-pytorch", "reference",
+                                                               "ctranslate2", "ctranslate2-int8", "transformers"}
     for row in results["training"] + results["inference"]:
         if row["status"] == "ok":
             assert row["tokens_per_s"]["median"] > 0
     for row in results["inference"]:
         if row["status"] == "ok":
-            assert row["tokens_match"], row
-            assert row.get("same_tokens_as_cached", 1.0) == 1.0, row
+            # The engines take one length limit per call, so they decode each batch's longest forced length.
+            assert row["tokens_match"] or row["system"] in ("ctranslate2", "ctranslate2-int8", "transformers"), row
+    cached = next(row for row in results["inference"] if row["system"] == "cached-pytorch")
+    assert cached["status"] != "ok" or cached["same_tokens_as_fastformer"] == 1.0, cached
     assert [t["target"] for t in results["targets"]]
 
 
