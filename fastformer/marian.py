@@ -124,8 +124,8 @@ def marian_config(raw: dict, path: Path) -> TransformerConfig:
     if d_model % 2:
         raise unsupported(f"an odd d_model={d_model} (the [sin | cos] positions need an even one)")
     pad_id, eos_id = setting("pad_token_id"), setting("eos_token_id")
-    bad_words = setting("bad_words_ids", [[pad_id]])
-    if any(words != [pad_id] for words in bad_words):
+    bad_words = raw.get("bad_words_ids") or []
+    if not isinstance(bad_words, list) or any(words != [pad_id] for words in bad_words):
         raise unsupported(f"bad_words_ids={bad_words} (the search bans only the pad token)")
     try:
         return TransformerConfig(
