@@ -47,7 +47,7 @@ setup(
     packages=["fastformer", "fastformer.data", "fastformer.nn", "fastformer.reference", "triton_kernels"],
     package_data={"fastformer": ["data/corpus/*"]},
     python_requires=">=3.10",
-    install_requires=["torch>=2.6", "triton>=3.2", "sentencepiece", "sacrebleu", "tqdm"],
+    install_requires=["torch>=2.6", "triton>=3.2", "sentencepiece", "safetensors", "sacrebleu", "tqdm"],
     extras_require={"ctranslate2": ["ctranslate2>=4.0"]},
     ext_modules=[extension()],
     cmdclass={"build_ext": cpp_extension.BuildExtension},

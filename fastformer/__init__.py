@@ -4,7 +4,9 @@ from fastformer import nn
 from fastformer.dispatch import backend, get_backend, set_backend
 from fastformer.config import TransformerConfig
 from fastformer.model import EncoderOutput, Transformer
+from fastformer.translator import Translator, load_translator
 
 __version__ = "0.1.0"
 
-__all__ = ["Transformer", "TransformerConfig", "EncoderOutput", "nn", "backend", "get_backend", "set_backend"]
+__all__ = ["Transformer", "TransformerConfig", "EncoderOutput", "Translator", "load_translator", "nn", "backend",
+           "get_backend", "set_backend"]

@@ -23,6 +23,7 @@ from fastformer import checkpoint, evaluate
 from fastformer.search_rules import LENGTH_PENALTY_FORMS
 from fastformer.data import find_split, read_lines, read_parallel
 from fastformer.train import TrainOptions, TrainResult, train
+from fastformer.translator import load_translator
 
 # The demo fits the bundled corpus and a few CPU minutes: small updates, so that it takes many steps, with a short
 # warmup and a raised peak learning rate. On a 2-core CPU (about 30k target tokens/s, 12 steps/s) its validation
@@ -104,14 +105,14 @@ def _evaluate(checkpoint_path: Path, data_dir: Path | None, split: str, src_lang
     pairs = read_parallel(files.src, files.tgt)
     if max_sentences > 0:
         pairs = pairs[:max_sentences]
-    model, tokenizer = evaluate.load_model(checkpoint_path, device)
+    translator = load_translator(checkpoint_path, device)
     start = time.perf_counter()
-    hypotheses = evaluate.translate_sentences(model, tokenizer, [pair[0] for pair in pairs], beam_size=beam_size,
-                                              length_penalty=length_penalty, length_penalty_form=length_penalty_form)
+    hypotheses = translator.translate([pair[0] for pair in pairs], beam_size=beam_size, length_penalty=length_penalty,
+                                       length_penalty_form=length_penalty_form)
     elapsed = time.perf_counter() - start
     if output is not None:
         output.write_text("".join(line + "\n" for line in hypotheses), encoding="utf-8")
-    generated = sum(len(ids) + 1 for ids in tokenizer.encode(hypotheses))
+    generated = sum(len(ids) + 1 for ids in translator.target_tokenizer.encode(hypotheses))
     print(f"translated {len(pairs)} sentences of {files.src} on {device} in {elapsed:.1f}s "
           f"({len(pairs) / elapsed:.1f} sentences/s, {generated / elapsed:,.0f} generated tokens/s, beam {beam_size})")
     results = evaluate.bleu(hypotheses, [pair[1] for pair in pairs])
@@ -130,11 +131,11 @@ def _newest_checkpoint(args: argparse.Namespace) -> Path:
 
 
 def _run_translate(args: argparse.Namespace) -> None:
-    model, tokenizer = evaluate.load_model(_newest_checkpoint(args), _inference_device(args.device))
+    translator = load_translator(_newest_checkpoint(args), _inference_device(args.device))
     sentences = read_lines(Path(args.input)) if args.input else [line.rstrip("\n") for line in sys.stdin]
-    translations = evaluate.translate_sentences(model, tokenizer, sentences, beam_size=args.beam,
-                                                length_penalty=args.length_penalty, batch_tokens=args.batch_tokens,
-                                                length_penalty_form=args.length_penalty_form)
+    translations = translator.translate(sentences, beam_size=args.beam, length_penalty=args.length_penalty,
+                                        batch_tokens=args.batch_tokens,
+                                        length_penalty_form=args.length_penalty_form)
     text = "".join(line + "\n" for line in translations)
     if args.output:
         Path(args.output).write_text(text, encoding="utf-8")
@@ -161,7 +162,8 @@ def _run_average(args: argparse.Namespace) -> None:
 
 
 def _add_inference_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", help="a checkpoint file (default: the newest in --out-dir)")
+    parser.add_argument("--checkpoint", help="a checkpoint file or a Marian (OPUS-MT) model directory in the "
+                        "transformers layout (default: the newest checkpoint in --out-dir)")
     parser.add_argument("--out-dir", default="runs/demo", help="the training run's directory")
     parser.add_argument("--beam", type=int, default=4)
     parser.add_argument("--length-penalty", type=float, default=0.6)

@@ -7,52 +7,24 @@ from pathlib import Path
 import sacrebleu
 import torch
 
-from fastformer import checkpoint
-from fastformer.config import TransformerConfig
-from fastformer.data import EOS_ID, PAD_ID, TokenBatchSampler, TokenizedCorpus, Tokenizer
+from fastformer.data import TokenBatchSampler, TokenizedCorpus, Tokenizer
 from fastformer.model import Transformer
+from fastformer.translator import Translator, load_checkpoint_model
 
 
 def load_model(path: Path, device: str | torch.device = "cpu") -> tuple[Transformer, Tokenizer]:
     """A checkpoint (trained or averaged) -> (model in eval mode on device, its tokenizer)."""
-    state = checkpoint.load_checkpoint(path)
-    if "tokenizer" not in state:
-        raise ValueError(f"{path} holds no tokenizer: it was not written by `fastformer train`")
-    try:
-        model = Transformer(TransformerConfig(**state["config"]))
-        model.load_state_dict(state["model"])
-        tokenizer = Tokenizer(state["tokenizer"].numpy().tobytes())
-    except (TypeError, ValueError, RuntimeError) as error:
-        raise ValueError(f"{path} does not hold a usable model: {error}") from None
-    return model.to(device).eval(), tokenizer
+    model, tokenizer = load_checkpoint_model(path)
+    return model.to(device), tokenizer
 
 
 def translate_sentences(model: Transformer, tokenizer: Tokenizer, sentences: list[str], beam_size: int = 4,
                         length_penalty: float = 0.6, batch_tokens: int = 4096,
                         length_penalty_form: str = "gnmt") -> list[str]:
     """Translates sentences in length-sorted batches of about batch_tokens source tokens; output keeps input order."""
-    device = model.output_weight.device
-    limit = model.config.max_positions - 1
-    # Sources longer than the model's positions are cut; EOS ends every source as in training.
-    sources = [ids[:limit] + [EOS_ID] for ids in tokenizer.encode(sentences)]
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-    translations: list[str] = [""] * len(sources)
-    start = 0
-    while start < len(order):
-        longest = len(sources[order[start]])
-        end = start + 1
-        while end < len(order) and (end - start + 1) * max(longest, len(sources[order[end]])) <= batch_tokens:
-            longest = max(longest, len(sources[order[end]]))
-            end += 1
-        indices = order[start:end]
-        src = torch.nn.utils.rnn.pad_sequence([torch.tensor(sources[i]) for i in indices], batch_first=True,
-                                              padding_value=PAD_ID).to(device)
-        hypotheses = model.translate(src, beam_size=beam_size, length_penalty=length_penalty,
-                                     length_penalty_form=length_penalty_form)
-        for i, text in zip(indices, tokenizer.decode([best[0].tokens for best in hypotheses])):
-            translations[i] = text
-        start = end
-    return translations
+    return Translator(model, tokenizer, tokenizer).translate(sentences, beam_size=beam_size,
+                                                             length_penalty=length_penalty, batch_tokens=batch_tokens,
+                                                             length_penalty_form=length_penalty_form)
 
 
 @torch.no_grad()

@@ -176,10 +176,13 @@ class Transformer(nn.Module):
         (lengths,) = self._checked_lengths((tokens, name, starts_with_bos))
         return lengths
 
-    def _checked_lengths(self, *named_tokens: tuple[torch.Tensor, str, bool],
-                         targets: torch.Tensor | None = None) -> list[torch.Tensor]:
-        """The lengths of each (tokens [batch, len], name, starts_with_bos), and every check of them and of the ids in
-        `targets`, with one host sync for all: the layers and the loss then trust them and never wait on the GPU."""
+    def _checked_lengths(self, *named_tokens: tuple[torch.Tensor, str, bool], targets: torch.Tensor | None = None,
+                         targets_for_mean: bool = False) -> list[torch.Tensor]:
+        """The lengths of each (tokens [batch, len], name, starts_with_bos), and every check of them and of
+        `targets` (tgt_out [batch, len], aligned with the last of named_tokens, tgt_in), with one host sync for all:
+        the layers and the loss then trust them and never wait on the GPU.
+
+        targets_for_mean: the loss is a mean over the real target tokens, so there must be at least one."""
         lengths, problems, messages = [], [], []
         for tokens, name, starts_with_bos in named_tokens:
             self._check_token_tensor(tokens, name)
@@ -197,8 +200,16 @@ class Transformer(nn.Module):
             lengths.append(length)
         if targets is not None:
             self._check_token_tensor(targets, "tgt_out")
-            problems.append(self._out_of_vocabulary(targets))
-            messages.append(f"tgt_out holds ids outside [0, vocab_size={self.config.vocab_size})")
+            is_target = targets != self.config.pad_id
+            # A target whose decoder input is padding has no hidden state to be predicted from.
+            beyond_input = positions[None, :] >= length[:, None]
+            problems += [self._out_of_vocabulary(targets), (is_target & beyond_input).any()]
+            messages += [f"tgt_out holds ids outside [0, vocab_size={self.config.vocab_size})",
+                         "tgt_out has a real token where tgt_in is padding: each target needs its decoder input"]
+            if targets_for_mean:
+                problems.append(~is_target.any())
+                messages.append("tgt_out is all padding: the mean loss over zero target tokens is undefined "
+                                "(reduction='sum' gives 0.0)")
         for found, message in zip(torch.stack(problems).tolist(), messages):
             if found:
                 raise ValueError(message)
@@ -261,13 +272,15 @@ class Transformer(nn.Module):
         """Teacher-forced label-smoothed cross-entropy; tgt_in = [bos, y...], tgt_out = [y..., eos], both [batch, T].
 
         The output projection is fused into the loss, so the [batch * T, vocab] logits are never held whole.
-        Padding positions of tgt_out (pad_id) are ignored. All three tensors are checked with one host sync.
+        Padding positions of tgt_out (pad_id) are ignored. All three tensors are checked with one host sync; a real
+        tgt_out token where tgt_in is padding is an error, and so is reduction="mean" over a tgt_out that is all
+        padding (PyTorch's mean would be NaN there): "sum" gives 0.0 and "none" zeros for it.
         """
         if not isinstance(tgt_out, torch.Tensor) or tgt_out.shape != tgt_in.shape:
             raise ValueError(f"tgt_out must be a tensor of tgt_in's shape {tuple(tgt_in.shape)}, got "
                              f"{tuple(tgt_out.shape) if isinstance(tgt_out, torch.Tensor) else type(tgt_out).__name__}")
         src_lengths, tgt_lengths = self._checked_lengths((src_tokens, "src_tokens", False), (tgt_in, "tgt_in", True),
-                                                         targets=tgt_out)
+                                                         targets=tgt_out, targets_for_mean=reduction == "mean")
         hidden = self._decode_hidden(tgt_in, tgt_lengths, self._encode(src_tokens, src_lengths))
         criterion = LinearCrossEntropyLoss(ignore_index=self.config.pad_id, label_smoothing=label_smoothing,
                                            reduction=reduction, check_targets=False)

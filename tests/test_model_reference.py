@@ -117,11 +117,26 @@ def test_bad_tokens_are_rejected_by_name(make_src, error, message):
     (torch.tensor([[1, 5], [1, 0]]), torch.tensor([[5, VOCAB], [2, 0]]), "tgt_out holds ids outside"),
     (torch.tensor([[1, 5], [1, 0]]), torch.tensor([[5, -1], [2, 0]]), "tgt_out holds ids outside"),
     (torch.tensor([[1, 5], [1, 0]]), torch.tensor([[5, 2]]), "tgt_out must be a tensor of tgt_in's shape"),
+    (torch.tensor([[1, 5], [1, 0]]), torch.tensor([[5, 2], [2, 7]]), "tgt_out has a real token where tgt_in is pad"),
+    (torch.tensor([[1], [1]]), torch.tensor([[0], [0]]), "tgt_out is all padding"),
 ])
 def test_loss_checks_every_batch_tensor_by_name(tgt_in, tgt_out, message):
     model = make_model(norm_first=False)
     with pytest.raises(ValueError, match=message):
         model.loss(right_padded([3, 2], 7), tgt_in, tgt_out)
+
+
+def test_loss_over_all_padding_targets_sums_to_zero_and_has_no_mean():
+    """reduction="mean" over zero target tokens is undefined (PyTorch: NaN) and rejected above; "sum" is an empty sum,
+    and "none" is zero at every ignored position, as PyTorch gives them."""
+    model = make_model(norm_first=False)
+    src, tgt_in, tgt_out = right_padded([3, 2], 7), torch.tensor([[1, 5], [1, 0]]), torch.zeros(2, 2, dtype=torch.long)
+    logits = model(src, tgt_in)
+    for reduction in ("sum", "none"):
+        expected = F.cross_entropy(logits.transpose(1, 2), tgt_out, ignore_index=0, reduction=reduction)
+        with fastformer.backend("reference"):
+            torch.testing.assert_close(model.loss(src, tgt_in, tgt_out, reduction=reduction), expected)
+    assert F.cross_entropy(logits.transpose(1, 2), tgt_out, ignore_index=0).isnan()
 
 
 def test_batch_mismatch_is_rejected():

@@ -1,0 +1,85 @@
+"""fastformer.load_translator / Translator: text in, text out, for Marian directories (against transformers'
+greedy search and MarianTokenizer) and fastformer checkpoints; the CLI scoring a Marian directory."""
+
+import pytest
+import sacrebleu
+import torch
+
+import fastformer
+from fastformer import checkpoint
+from fastformer.__main__ import main
+from fastformer.data import BUNDLED_CORPUS, EOS_ID, read_lines, train_tokenizer
+from marian_models import CALIBRATION, GREEDY_MAX_TOKENS, built, greedy, one_thread  # noqa: F401 (fixtures)
+
+# swish and the output bias need the compiled decoder of the swish/output-bias branch; relu-scaled-nobias is what
+# the compiled decoder of this branch already represents.
+COMPILED_CONFIGS = ["relu-scaled-nobias", "swish-scaled-bias", "relu-unscaled-nobias"]
+
+
+@pytest.mark.parametrize("name", COMPILED_CONFIGS)
+def test_translator_greedy_matches_transformers_generate_and_decode(built, name):
+    """Text through Translator (the compiled decoder) is text through MarianTokenizer, greedy generate, and
+    MarianTokenizer's target decoding."""
+    directory, reference, tokenizer = built(name)
+    translator = fastformer.load_translator(directory, device="cpu")
+    expected_ids = greedy(reference, tokenizer, CALIBRATION, GREEDY_MAX_TOKENS)
+    expected = [tokenizer.decode(ids, skip_special_tokens=True, use_source_tokenizer=False) for ids in expected_ids]
+    found = translator.translate(CALIBRATION, beam_size=1, max_len_a=0.0, max_len_b=GREEDY_MAX_TOKENS, min_len=0)
+    assert found == expected
+    assert isinstance(translator.model, fastformer.Transformer)
+
+
+def test_translator_batches_keep_order_and_results(built):
+    directory, _, _ = built("relu-scaled-nobias")
+    translator = fastformer.load_translator(directory, device="cpu")
+    sentences = CALIBRATION[::-1] + CALIBRATION[:3]
+    one_batch = translator.translate(sentences, beam_size=2, batch_tokens=100_000)
+    # 1-token budgets: every sentence alone
+    assert translator.translate(sentences, beam_size=2, batch_tokens=1) == one_batch
+    assert translator.translate(sentences, beam_size=2, batch_tokens=60) == one_batch
+    one_by_one = [translator.translate([sentence], beam_size=2)[0] for sentence in sentences]
+    assert one_batch == one_by_one
+    with pytest.raises(ValueError, match="batch_tokens"):
+        translator.translate(sentences, batch_tokens=0)
+
+
+def test_load_translator_reads_a_fastformer_checkpoint(tmp_path):
+    sentences = read_lines(BUNDLED_CORPUS / "valid.en")[:200] + read_lines(BUNDLED_CORPUS / "valid.de")[:200]
+    tokenizer = train_tokenizer(sentences, vocab_size=120)
+    torch.manual_seed(0)
+    model = fastformer.Transformer(fastformer.TransformerConfig.tiny(tokenizer.vocab_size, dropout=0.0)).eval()
+    path = tmp_path / "checkpoint.pt"
+    checkpoint.save_checkpoint({"model": model.state_dict(), "config": model.config.to_dict(),
+                                "tokenizer": torch.frombuffer(bytearray(tokenizer.model_proto), dtype=torch.uint8)},
+                               path)
+    translator = fastformer.load_translator(path, device="cpu")
+    assert translator.source_tokenizer.model_proto == tokenizer.model_proto
+    sources = CALIBRATION[:5]
+    expected = []
+    for ids in tokenizer.encode(sources):
+        best = model.translate(torch.tensor([ids + [EOS_ID]]), beam_size=3)[0][0]
+        expected.append(tokenizer.decode([best.tokens])[0])
+    assert translator.translate(sources, beam_size=3) == expected
+
+
+def test_load_translator_names_a_missing_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match="checkpoint not found"):
+        fastformer.load_translator(tmp_path / "absent.pt")
+
+
+def test_cli_evaluates_a_marian_directory_with_sacrebleu(built, tmp_path, capsys):
+    directory, _, _ = built("relu-scaled-nobias")
+    data = tmp_path / "data"
+    data.mkdir()
+    sources, references = CALIBRATION[:6], read_lines(BUNDLED_CORPUS / "valid.de")[:6]
+    (data / "test.en").write_text("".join(line + "\n" for line in sources), encoding="utf-8")
+    (data / "test.de").write_text("".join(line + "\n" for line in references), encoding="utf-8")
+    output = tmp_path / "hypotheses.de"
+    main(["evaluate", "--checkpoint", str(directory), "--data-dir", str(data), "--beam", "2", "--device", "cpu",
+          "--output", str(output)])
+    printed = capsys.readouterr().out
+    hypotheses = fastformer.load_translator(directory, device="cpu").translate(sources, beam_size=2)
+    assert read_lines(output) == hypotheses
+    metric = sacrebleu.metrics.BLEU(tokenize="13a")
+    line = metric.corpus_score(hypotheses, [references]).format(signature=str(metric.get_signature()))
+    assert line in printed.splitlines()
