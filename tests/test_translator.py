@@ -11,8 +11,7 @@ from fastformer.__main__ import main
 from fastformer.data import BUNDLED_CORPUS, EOS_ID, read_lines, train_tokenizer
 from marian_models import CALIBRATION, GREEDY_MAX_TOKENS, built, greedy, one_thread  # noqa: F401 (fixtures)
 
-# swish and the output bias need the compiled decoder of the swish/output-bias branch; relu-scaled-nobias is what
-# the compiled decoder of this branch already represents.
+# The compiled decoder on each Marian difference: swish, the output bias, unscaled embeddings.
 COMPILED_CONFIGS = ["relu-scaled-nobias", "swish-scaled-bias", "relu-unscaled-nobias"]
 
 
@@ -27,6 +26,31 @@ def test_translator_greedy_matches_transformers_generate_and_decode(built, name)
     found = translator.translate(CALIBRATION, beam_size=1, max_len_a=0.0, max_len_b=GREEDY_MAX_TOKENS, min_len=0)
     assert found == expected
     assert isinstance(translator.model, fastformer.Transformer)
+
+
+@pytest.mark.parametrize("name", ["swish-scaled-bias", "relu-unscaled-nobias"])
+def test_beam4_with_the_peers_length_penalty_matches_generate(built, name):
+    """Beam 4, |Y|**1.0 length normalization (length_penalty_form="length"): where transformers' beam search
+    (early_stopping=True: done once 4 have finished, fastformer's rule) ends its best hypothesis with EOS, the
+    compiled search returns the same hypothesis with the same score. Hypotheses cut at the length limit are left
+    out: transformers scores a forced EOS as log-probability 0, fastformer (as fairseq) with the model's own."""
+    directory, reference, tokenizer = built(name)
+    model = fastformer.load_translator(directory, device="cpu").model
+    batch = tokenizer(CALIBRATION, padding=True, return_tensors="pt")
+    pad, eos = model.config.pad_id, model.config.eos_id
+    with torch.no_grad():
+        output = reference.generate(**batch, num_beams=4, do_sample=False, early_stopping=True, length_penalty=1.0,
+                                    max_new_tokens=GREEDY_MAX_TOKENS + 1, bad_words_ids=[[pad]],
+                                    forced_eos_token_id=eos, eos_token_id=eos, pad_token_id=pad,
+                                    decoder_start_token_id=pad, return_dict_in_generate=True, output_scores=True)
+    expected = [row[:row.index(eos)] if eos in row else row for row in output.sequences[:, 1:].tolist()]
+    found = model.translate(batch["input_ids"], beam_size=4, length_penalty=1.0, length_penalty_form="length",
+                            max_len_a=0.0, max_len_b=GREEDY_MAX_TOKENS, min_len=0)
+    ended = [i for i, tokens in enumerate(expected) if len(tokens) < GREEDY_MAX_TOKENS]
+    assert len(ended) >= 4 and len({len(expected[i]) for i in ended}) >= 2  # EOS reached, at varied lengths
+    assert [found[i][0].tokens for i in ended] == [expected[i] for i in ended]
+    torch.testing.assert_close(torch.tensor([found[i][0].score for i in ended]),
+                               output.sequences_scores[ended].float(), rtol=1e-4, atol=1e-4)
 
 
 def test_translator_batches_keep_order_and_results(built):
