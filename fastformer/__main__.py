@@ -105,7 +105,7 @@ def _inference_device(device: str) -> torch.device:
     return evaluate.resolve_device(device)
 
 
-def _report_truncation(command: str, source: str):
+def _report_truncation(command: str, source: str) -> evaluate.OnTruncated:
     """-> an on_truncated callback that warns on stderr, naming the line of `source` that was cut."""
     def report(index: int, n_tokens: int, limit: int) -> None:
         print(f"fastformer {command}: warning: line {index + 1} of {source} has {n_tokens} source tokens, more than "
