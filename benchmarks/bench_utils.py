@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from fastformer.data import token_budget_batches
+
 REPO = Path(__file__).resolve().parents[1]
 # Runs write here unless told otherwise: git ignores /runs/, so a run never dirties the checkout. Results worth
 # keeping are copied into benchmarks/results/ with their command.
@@ -177,19 +179,8 @@ def padded(length: int) -> int:
 def token_budget_groups(src_lengths: torch.Tensor, tgt_lengths: torch.Tensor, max_tokens: int) -> list[list[int]]:
     """fairseq's batching: sentences sorted by length, grouped while batch x longest padded side <= max_tokens."""
     order = sorted(range(len(tgt_lengths)), key=lambda i: (int(tgt_lengths[i]), int(src_lengths[i])))
-    groups: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for i in order:
-        side = padded(max(int(src_lengths[i]), int(tgt_lengths[i]) + 1))
-        if current and (len(current) + 1) * max(longest, side) > max_tokens:
-            groups.append(current)
-            current, longest = [], 0
-        current.append(i)
-        longest = max(longest, side)
-    if current:
-        groups.append(current)
-    return groups
+    sides = [padded(max(int(src), int(tgt) + 1)) for src, tgt in zip(src_lengths, tgt_lengths)]
+    return token_budget_batches(order, sides, max_tokens)
 
 
 @dataclass

@@ -1,29 +1,98 @@
-"""Checkpoints: atomic saves, strict loads, keeping the last K, and averaging the last N (the paper averages 5).
+"""Checkpoints: what one holds (`Checkpoint`), atomic saves, strict loads, keeping the last K, and averaging the last N
+(the paper averages 5).
 
-A leaf of the package: a checkpoint is a plain dict of tensors and Python values, tagged with FORMAT so that a
-foreign file is told apart from ours; nothing here knows the model class.
+A leaf of the package: a checkpoint file is a plain dict of tensors and Python values, tagged with FORMAT so that a
+foreign file is told apart from ours; `Checkpoint` is the one description of its entries, and nothing here knows the
+model class.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 import torch
 
 FORMAT = "fastformer-checkpoint"
 VERSION = 1
 _NAME = re.compile(r"checkpoint_(\d+)\.pt")
+# save_checkpoint's temp files for step checkpoints; one left behind was a save killed before its rename.
+_STEP_TEMP_NAME = re.compile(r"\.checkpoint_\d+\.pt\..+\.tmp")
+
+
+class DataPosition(TypedDict):
+    """Where the training data stream stood, and what fixes its order (a resumed run must match the last three)."""
+
+    epoch: int
+    index: int
+    seed: int
+    batch_tokens: int
+    world_size: int
+
+
+@dataclass
+class Checkpoint:
+    """What a checkpoint holds. Every checkpoint has the model; `fastformer train` also writes what resuming needs
+    (the fields in RESUME_FIELDS); an averaged checkpoint drops the optimizer, schedule, RNG and data position."""
+
+    model: dict[str, torch.Tensor]  # the model's state_dict, on the CPU
+    config: dict  # TransformerConfig.to_dict()
+    tokenizer: bytes | None = None  # the sentencepiece model proto
+    step: int | None = None  # optimizer steps taken
+    optimizer: dict | None = None  # the optimizer's state_dict
+    schedule: dict | None = None  # the learning-rate scheduler's state_dict
+    rng: list[dict] | None = None  # every rank's generator states, by rank
+    data: DataPosition | None = None
+    options: dict | None = None  # the TrainOptions of the run, as a dict
+    averaged_from: list[str] | None = None  # the files an averaged checkpoint is the mean of
+
+    RESUME_FIELDS = ("step", "optimizer", "schedule", "rng", "data", "tokenizer")
+
+    def missing_for_resume(self) -> list[str]:
+        return [name for name in self.RESUME_FIELDS if getattr(self, name) is None]
+
+    def to_file_dict(self) -> dict:
+        """-> the dict torch.save writes: the fields that are set, the tokenizer as a uint8 tensor (weights_only
+        loading reads tensors), and the FORMAT/VERSION tag."""
+        entries = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
+                   if getattr(self, field.name) is not None}
+        if self.tokenizer is not None:
+            entries["tokenizer"] = torch.frombuffer(bytearray(self.tokenizer), dtype=torch.uint8)
+        return {**entries, "format": FORMAT, "version": VERSION}
+
+    @classmethod
+    def from_file_dict(cls, entries: dict, path: Path) -> Checkpoint:
+        """The inverse of to_file_dict; a missing model/config or an entry the schema does not know raises an error
+        naming path."""
+        known = {field.name for field in dataclasses.fields(cls)}
+        fields = {key: value for key, value in entries.items() if key not in ("format", "version")}
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise ValueError(f"{path} holds entries this fastformer does not know: {unknown}")
+        for key in ("model", "config"):
+            if key not in fields:
+                raise ValueError(f"{path} is a fastformer checkpoint without {key!r}")
+        if isinstance(fields.get("tokenizer"), torch.Tensor):
+            fields["tokenizer"] = fields["tokenizer"].numpy().tobytes()
+        return cls(**fields)
+
+
+class UnreadableCheckpointError(ValueError):
+    """A file that torch cannot load at all: truncated or corrupt (a save killed mid-write on another filesystem,
+    a disk error), as opposed to a readable file that is not a fastformer checkpoint."""
 
 
 def checkpoint_path(directory: Path, step: int) -> Path:
     return Path(directory) / f"checkpoint_{step:08d}.pt"
 
 
-def save_checkpoint(state: dict, path: Path) -> None:
-    """Writes state to path atomically: a temp file in the same directory, fsync, then os.replace, so a crash or
+def save_checkpoint(checkpoint: Checkpoint, path: Path) -> None:
+    """Writes checkpoint to path atomically: a temp file in the same directory, fsync, then os.replace, so a crash or
     error mid-save leaves any existing file at path untouched."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -32,7 +101,7 @@ def save_checkpoint(state: dict, path: Path) -> None:
         # mkstemp creates the file private (0600); a checkpoint gets the permissions of any file the user writes.
         os.chmod(temp_name, 0o666 & ~_umask())
         with os.fdopen(descriptor, "wb") as file:
-            torch.save({**state, "format": FORMAT, "version": VERSION}, file)
+            torch.save(checkpoint.to_file_dict(), file)
             file.flush()
             os.fsync(file.fileno())
         os.replace(temp_name, path)
@@ -53,25 +122,24 @@ def _umask() -> int:
     return mask
 
 
-def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict:
-    """-> the state dict saved by save_checkpoint; a missing, corrupt or foreign file raises an error naming it."""
+def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> Checkpoint:
+    """-> the checkpoint saved by save_checkpoint; a missing, corrupt or foreign file raises an error naming it
+    (UnreadableCheckpointError for a file torch cannot load)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     try:
         # weights_only: a checkpoint holds tensors and plain values only, so nothing in it can run code on load.
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        entries = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as error:
-        raise ValueError(f"{path} is not a readable checkpoint (corrupt or truncated?): "
-                         f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise UnreadableCheckpointError(
+            f"{path} is not a readable checkpoint (corrupt or truncated?): "
+            f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from None
+    if not isinstance(entries, dict) or entries.get("format") != FORMAT:
         raise ValueError(f"{path} is not a fastformer checkpoint (no {FORMAT!r} tag)")
-    if state.get("version") != VERSION:
-        raise ValueError(f"{path} has checkpoint version {state.get('version')!r}; this fastformer reads {VERSION}")
-    for key in ("model", "config"):
-        if key not in state:
-            raise ValueError(f"{path} is a fastformer checkpoint without {key!r}")
-    return state
+    if entries.get("version") != VERSION:
+        raise ValueError(f"{path} has checkpoint version {entries.get('version')!r}; this fastformer reads {VERSION}")
+    return Checkpoint.from_file_dict(entries, path)
 
 
 def list_checkpoints(directory: Path) -> list[Path]:
@@ -83,32 +151,69 @@ def list_checkpoints(directory: Path) -> list[Path]:
     return [path for _, path in sorted(found)]
 
 
+def newest_checkpoint(directory: Path) -> Path:
+    """The newest step checkpoint in directory; none raises FileNotFoundError."""
+    found = list_checkpoints(directory)
+    if not found:
+        raise FileNotFoundError(f"no checkpoint_*.pt in {directory}")
+    return found[-1]
+
+
+def load_newest_readable(directory: Path) -> tuple[Path, Checkpoint, list[str]]:
+    """The newest step checkpoint in directory that torch can read -> (path, checkpoint, why each newer one was
+    skipped). A file that is readable but foreign, or none readable at all, raises the newest file's error."""
+    found = list_checkpoints(directory)
+    if not found:
+        raise FileNotFoundError(f"no checkpoint_*.pt in {directory}")
+    skipped: list[str] = []
+    for path in reversed(found):
+        try:
+            return path, load_checkpoint(path), skipped
+        except UnreadableCheckpointError as error:
+            skipped.append(str(error))
+    raise UnreadableCheckpointError(f"no readable checkpoint in {directory}: " + "; ".join(skipped))
+
+
+def remove_stale_temp_files(directory: Path) -> list[Path]:
+    """Deletes the temp files of step-checkpoint saves that were killed before their rename -> the deleted paths.
+    Only one training run writes to a directory, so call this where that run is not saving."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    stale = [path for path in directory.iterdir() if _STEP_TEMP_NAME.fullmatch(path.name)]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
+
+
 def prune_checkpoints(directory: Path, keep_last: int) -> None:
-    """Deletes all but the newest keep_last step checkpoints."""
+    """Deletes all but the newest keep_last step checkpoints, and any temp file a killed save left behind."""
     if keep_last < 1:
         raise ValueError(f"keep_last must be >= 1, got {keep_last}")
     for path in list_checkpoints(directory)[:-keep_last]:
         path.unlink()
+    remove_stale_temp_files(directory)
 
 
-def average_checkpoints(paths: list[Path]) -> dict:
-    """-> a checkpoint whose floating-point model tensors are the mean over paths (accumulated in fp64); other
-    entries (config, tokenizer) come from the last path. The result has no optimizer state: it is for inference."""
+def average_checkpoints(paths: list[Path]) -> Checkpoint:
+    """-> a checkpoint whose floating-point model tensors are the mean over paths (accumulated in fp64); config,
+    tokenizer, step and options come from the last path. It has no optimizer, schedule, RNG or data position: it is
+    for inference."""
     if not paths:
         raise ValueError("average_checkpoints needs at least one checkpoint")
-    states = [load_checkpoint(path) for path in paths]
-    last = states[-1]
-    for path, state in zip(paths, states):
-        if state["config"] != last["config"]:
+    checkpoints = [load_checkpoint(path) for path in paths]
+    last = checkpoints[-1]
+    for path, loaded in zip(paths, checkpoints):
+        if loaded.config != last.config:
             raise ValueError(f"{path} has another model config than {paths[-1]}: cannot average them")
-        if state["model"].keys() != last["model"].keys():
+        if loaded.model.keys() != last.model.keys():
             raise ValueError(f"{path} has other parameter names than {paths[-1]}: cannot average them")
     averaged = {}
-    for name, tensor in last["model"].items():
+    for name, tensor in last.model.items():
         if tensor.is_floating_point():
-            total = sum(state["model"][name].double() for state in states)
-            averaged[name] = (total / len(states)).to(tensor.dtype)
+            total = sum(loaded.model[name].double() for loaded in checkpoints)
+            averaged[name] = (total / len(checkpoints)).to(tensor.dtype)
         else:
             averaged[name] = tensor
-    keep = {key: value for key, value in last.items() if key not in ("optimizer", "rng", "data", "format", "version")}
-    return {**keep, "model": averaged, "averaged_from": [str(path) for path in paths]}
+    return Checkpoint(model=averaged, config=last.config, tokenizer=last.tokenizer, step=last.step,
+                      options=last.options, averaged_from=[str(path) for path in paths])

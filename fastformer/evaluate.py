@@ -9,7 +9,30 @@ import torch
 
 from fastformer.data import TokenBatchSampler, TokenizedCorpus, Tokenizer
 from fastformer.model import Transformer
-from fastformer.translator import Translator, load_checkpoint_model
+from fastformer.translator import OnTruncated, Translator, load_checkpoint_model
+
+
+def resolve_device(option: str, local_rank: int = 0) -> torch.device:
+    """--device -> the device: "auto" is cuda:local_rank when a GPU is visible, else the CPU. A device this torch or
+    machine lacks is an error here, before any work."""
+    if option == "auto":
+        return torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(option)
+    except RuntimeError:
+        raise ValueError(f"--device {option!r} is not a device: use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cpu":
+        return device
+    if device.type != "cuda":
+        raise ValueError(f"--device {option!r}: fastformer runs on cpu or cuda")
+    if not torch.cuda.is_available():
+        reason = "this torch is built without CUDA" if torch.version.cuda is None else "no GPU is visible"
+        raise ValueError(f"--device {option}: {reason}; use --device cpu (or auto)")
+    if device.index is None:
+        device = torch.device(f"cuda:{local_rank}")
+    if device.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: only {torch.cuda.device_count()} GPU(s) are visible")
+    return device
 
 
 def load_model(path: Path, device: str | torch.device = "cpu") -> tuple[Transformer, Tokenizer]:
@@ -19,12 +42,12 @@ def load_model(path: Path, device: str | torch.device = "cpu") -> tuple[Transfor
 
 
 def translate_sentences(model: Transformer, tokenizer: Tokenizer, sentences: list[str], beam_size: int = 4,
-                        length_penalty: float = 0.6, batch_tokens: int = 4096,
-                        length_penalty_form: str = "gnmt") -> list[str]:
-    """Translates sentences in length-sorted batches of about batch_tokens source tokens; output keeps input order."""
-    return Translator(model, tokenizer, tokenizer).translate(sentences, beam_size=beam_size,
-                                                             length_penalty=length_penalty, batch_tokens=batch_tokens,
-                                                             length_penalty_form=length_penalty_form)
+                        length_penalty: float = 0.6, batch_tokens: int = 4096, length_penalty_form: str = "gnmt",
+                        on_truncated: OnTruncated | None = None) -> list[str]:
+    """`Translator.translate` for a model whose source and target share one tokenizer."""
+    return Translator(model, tokenizer, tokenizer).translate(
+        sentences, beam_size=beam_size, length_penalty=length_penalty, batch_tokens=batch_tokens,
+        length_penalty_form=length_penalty_form, on_truncated=on_truncated)
 
 
 @torch.no_grad()

@@ -11,6 +11,7 @@ import contextlib
 import math
 import os
 import random
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -24,8 +25,9 @@ from tqdm import tqdm
 import fastformer
 from fastformer import checkpoint, evaluate
 from fastformer.config import TransformerConfig
-from fastformer.data import (LengthFilter, TokenBatchSampler, TokenizedCorpus, Tokenizer, find_split, read_parallel,
-                             train_tokenizer)
+from fastformer.data import (LengthFilter, SplitFiles, TokenBatchSampler, TokenizedCorpus, Tokenizer, find_split,
+                             read_parallel, train_tokenizer)
+from fastformer.dispatch import BACKENDS
 from fastformer.model import Transformer
 
 PRESETS = {"tiny": TransformerConfig.tiny, "base": TransformerConfig.base, "big": TransformerConfig.big}
@@ -33,39 +35,51 @@ TOKENIZER_FILE = "spm.model"
 DEFAULT_BUNDLED_VOCAB = 1000
 
 
+def _option(default: object, help: str) -> object:
+    """A TrainOptions field with the help text its command-line flag shows."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
 class TrainOptions:
-    out_dir: str = "runs/demo"
-    data_dir: str | None = None  # None: the bundled toy corpus
-    src_lang: str = "en"
-    tgt_lang: str = "de"
-    preset: str = "tiny"
-    vocab_size: int | None = None  # None: 37000 as the paper for a corpus on disk, 1000 for the bundled one
-    dropout: float | None = None  # None: the preset's
-    batch_tokens: int = 4096  # padded tokens per micro-batch and rank (each side)
-    update_tokens: int = 25000  # tokens per update over all ranks, reached by gradient accumulation
-    lr_scale: float = 1.0
-    warmup: int = 4000
-    label_smoothing: float = 0.1
-    max_steps: int = 100_000
-    max_minutes: float = 0.0  # 0: no time limit
-    log_every: int = 100
-    valid_every: int = 1000  # 0: no validation
-    valid_bleu_sentences: int = 200
-    save_every: int = 1000
-    keep_last: int = 5
-    seed: int = 1
-    device: str = "auto"
-    backend: str = "auto"
-    resume: bool = False
-    min_len: int = 3
-    max_len: int = 150
-    max_ratio: float = 2.0
-    quiet: bool = False
+    out_dir: str = _option("runs/demo", "the run's directory: checkpoints and the vocabulary")
+    data_dir: str | None = _option(None, "corpus directory (train.*, valid.* or newstest2013.*); default: the "
+                                         "bundled toy corpus")
+    src_lang: str = _option("en", "source language: the files' suffix")
+    tgt_lang: str = _option("de", "target language: the files' suffix")
+    preset: str | None = _option(None, f"model size, one of {tuple(PRESETS)}; default: base (the paper) with "
+                                       f"--data-dir, tiny on the bundled corpus")
+    vocab_size: int | None = _option(None, f"shared BPE vocabulary size; default: 37000 (the paper) with --data-dir, "
+                                           f"{DEFAULT_BUNDLED_VOCAB} on the bundled corpus")
+    dropout: float | None = _option(None, "dropout; default: the preset's")
+    batch_tokens: int = _option(4096, "padded tokens per micro-batch and rank (each side)")
+    update_tokens: int = _option(25000, "tokens per update over all ranks, reached by gradient accumulation")
+    lr_scale: float = _option(1.0, "peak learning rate factor: lr = lr_scale * d_model^-0.5 * schedule")
+    warmup: int = _option(4000, "warmup updates of the inverse-square-root schedule")
+    label_smoothing: float = _option(0.1, "label smoothing of the training loss")
+    max_steps: int = _option(100_000, "updates to train (in all, counting those a resumed run already did)")
+    max_minutes: float = _option(0.0, "also stop after this many minutes of wall-clock time (0: no time limit)")
+    log_every: int = _option(100, "updates between log lines")
+    valid_every: int = _option(1000, "updates between validations (0: none)")
+    valid_bleu_sentences: int = _option(200, "validation sentences translated (greedy) for a BLEU score (0: none)")
+    save_every: int = _option(1000, "updates between checkpoints (0: only at the end)")
+    keep_last: int = _option(5, "step checkpoints kept")
+    seed: int = _option(1, "seed of the initial weights, dropout and data order")
+    device: str = _option("auto", "auto (cuda when available, else cpu), cpu, cuda or cuda:N")
+    backend: str = _option("auto", f"kernels, one of {BACKENDS}: auto is Triton on a GPU, plain PyTorch elsewhere")
+    resume: bool = _option(False, "continue the run in --out-dir from its newest readable checkpoint")
+    min_len: int = _option(3, "training pairs need at least this many tokens on each side")
+    max_len: int = _option(150, "training pairs may have at most this many tokens on each side")
+    max_ratio: float = _option(2.0, "training pairs may have at most this length ratio")
+    quiet: bool = _option(False, "no progress bar and no log lines")
 
     def __post_init__(self) -> None:
+        if self.preset is None:
+            self.preset = "tiny" if self.data_dir is None else "base"
         if self.preset not in PRESETS:
             raise ValueError(f"preset must be one of {tuple(PRESETS)}, got {self.preset!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         for name in ("batch_tokens", "update_tokens", "warmup", "max_steps", "log_every", "keep_last"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -76,6 +90,28 @@ class TrainOptions:
             raise ValueError(f"vocab_size must be at least 8, got {self.vocab_size}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+
+
+# What a resumed run must share with its checkpoint: these fix the model, the data and its order, and the update
+# rule. The others (budget, logging, checkpointing, device, backend) may change from one session to the next.
+RESUME_FIXED_OPTIONS = ("data_dir", "src_lang", "tgt_lang", "preset", "vocab_size", "dropout", "batch_tokens",
+                        "update_tokens", "lr_scale", "warmup", "label_smoothing", "seed", "min_len", "max_len",
+                        "max_ratio")
+
+
+def changed_resume_options(saved: dict, options: TrainOptions) -> list[str]:
+    """The RESUME_FIXED_OPTIONS whose value differs from the saved run's, as "--flag NEW (checkpoint: OLD)"; options
+    a checkpoint did not record are not compared."""
+    changed = []
+    for name in RESUME_FIXED_OPTIONS:
+        if name not in saved:
+            continue
+        old, new = saved[name], getattr(options, name)
+        if name == "data_dir" and old is not None and new is not None:
+            old, new = str(Path(old).resolve()), str(Path(new).resolve())
+        if old != new:
+            changed.append(f"--{name.replace('_', '-')} {new} (checkpoint: {old})")
+    return changed
 
 
 @dataclass
@@ -110,6 +146,11 @@ class _LossModule(nn.Module):
         return self.model.loss(src, tgt_in, tgt_out, label_smoothing=self.label_smoothing, reduction="sum")
 
 
+def process_rank() -> int:
+    """This process's rank: torchrun's RANK (readable before and after the process group is joined), 0 alone."""
+    return int(os.environ.get("RANK", "0"))
+
+
 @dataclass
 class _Distributed:
     rank: int
@@ -142,19 +183,62 @@ class _Distributed:
 def _setup_distributed(device_option: str) -> _Distributed:
     """Joins the torchrun process group when launched by torchrun; a lone process needs none."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if device_option == "auto":
-        device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
-    else:
-        device = torch.device(device_option)
-        if device.type == "cuda" and device.index is None:
-            device = torch.device(f"cuda:{local_rank}")
+    device = evaluate.resolve_device(device_option, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if world_size > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    rank = dist.get_rank() if world_size > 1 else 0
-    return _Distributed(rank, world_size, device)
+    return _Distributed(process_rank(), world_size, device)
+
+
+def check_backend(backend: str, device: torch.device) -> None:
+    """Triton kernels on CPU tensors run only in Triton's interpreter, which must be chosen before they are imported:
+    say so before any work rather than at the first kernel call."""
+    if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"--backend triton on {device} needs a GPU (--device cuda) or Triton's interpreter (set "
+                         f"TRITON_INTERPRET=1 before starting fastformer); or use --backend auto or reference")
+
+
+@dataclass(frozen=True)
+class _CorpusFiles:
+    train: SplitFiles
+    valid: SplitFiles
+
+
+def _find_corpus(options: TrainOptions) -> _CorpusFiles:
+    """The run's train and valid files: a missing one is an error before anything is written."""
+    data_dir = None if options.data_dir is None else Path(options.data_dir)
+    return _CorpusFiles(find_split(data_dir, "train", options.src_lang, options.tgt_lang),
+                        find_split(data_dir, "valid", options.src_lang, options.tgt_lang))
+
+
+def check_run(options: TrainOptions) -> None:
+    """What can be checked before any work (and before --overwrite deletes anything): the device, the backend on it,
+    and the corpus files."""
+    device = evaluate.resolve_device(options.device)
+    check_backend(options.backend, device)
+    _find_corpus(options)
+
+
+def _load_resumable(options: TrainOptions, env: _Distributed) -> tuple[Path, checkpoint.Checkpoint]:
+    """--resume: the newest readable checkpoint in out_dir, on the CPU (RNG states must be), with what it lacks or
+    what this run changed refused by name. A corrupt newer file (a crash mid-write) is skipped, with a message."""
+    try:
+        path, saved, skipped = checkpoint.load_newest_readable(Path(options.out_dir))
+    except FileNotFoundError as error:
+        raise FileNotFoundError(f"--resume: {error}") from None
+    if skipped and env.is_main:
+        for reason in skipped:
+            print(f"warning: {reason}; skipped", file=sys.stderr)
+        print(f"warning: resuming from {path}, the newest readable checkpoint (step {saved.step})", file=sys.stderr)
+    missing = saved.missing_for_resume()
+    if missing:
+        raise ValueError(f"{path} has no {missing[0]!r} (an averaged checkpoint?): it cannot be resumed")
+    changed = changed_resume_options(saved.options or {}, options)
+    if changed:
+        raise ValueError(f"--resume: {path} was trained with other options; this run changes " + ", ".join(changed)
+                         + ". Pass the checkpoint's values, or start a new run in another --out-dir")
+    return path, saved
 
 
 def _train_shared_tokenizer(options: TrainOptions, train_pairs: list[tuple[str, str]], env: _Distributed) -> Tokenizer:
@@ -163,11 +247,41 @@ def _train_shared_tokenizer(options: TrainOptions, train_pairs: list[tuple[str, 
     if env.is_main:
         vocab_size = options.vocab_size or (DEFAULT_BUNDLED_VOCAB if options.data_dir is None else 37000)
         tokenizer = train_tokenizer((sentence for pair in train_pairs for sentence in pair), vocab_size=vocab_size)
+        path.parent.mkdir(parents=True, exist_ok=True)
         temp = path.with_name(path.name + ".tmp")
         tokenizer.save(temp)
         os.replace(temp, path)
     env.barrier()
     return Tokenizer.load(path)
+
+
+@dataclass
+class _Data:
+    train: TokenizedCorpus
+    valid_pairs: list[tuple[str, str]]
+    valid: TokenizedCorpus
+
+
+def _encode_corpus(options: TrainOptions, files: _CorpusFiles, train_pairs: list[tuple[str, str]],
+                   tokenizer: Tokenizer) -> _Data:
+    """The training pairs the length filter keeps, and the whole validation set, in the tokenizer's ids."""
+    length_filter = LengthFilter(options.min_len, options.max_len, options.max_ratio)
+    train_data = TokenizedCorpus.encode(tokenizer, train_pairs, length_filter)
+    if len(train_data) == 0:
+        raise ValueError(f"no training pair of {files.train.src} + {files.train.tgt} passes the length filter "
+                         f"{length_filter}")
+    valid_pairs = read_parallel(files.valid.src, files.valid.tgt)
+    return _Data(train_data, valid_pairs, TokenizedCorpus.encode(tokenizer, valid_pairs))
+
+
+def _model_config(options: TrainOptions, tokenizer: Tokenizer) -> TransformerConfig:
+    """The preset at the tokenizer's vocabulary size and special ids."""
+    overrides = {} if options.dropout is None else {"dropout": options.dropout}
+    config = PRESETS[options.preset](tokenizer.vocab_size, **tokenizer.special_ids, **overrides)
+    if options.max_len + 1 > config.max_positions:
+        raise ValueError(f"max_len={options.max_len} tokens plus BOS/EOS exceed the {options.preset} preset's "
+                         f"max_positions={config.max_positions}")
+    return config
 
 
 def _rng_state(device: torch.device) -> dict:
@@ -210,30 +324,29 @@ class Trainer:
     def __init__(self, options: TrainOptions) -> None:
         self.options = options
         self.env = _setup_distributed(options.device)
-        fastformer.set_backend(options.backend)
-        out_dir = Path(options.out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        resumed = self._newest_checkpoint() if options.resume else None
-        data_dir = None if options.data_dir is None else Path(options.data_dir)
-        train_files = find_split(data_dir, "train", options.src_lang, options.tgt_lang)
-        train_pairs = read_parallel(train_files.src, train_files.tgt)
+        check_backend(options.backend, self.env.device)
+        files = _find_corpus(options)
+        resumed = _load_resumable(options, self.env) if options.resume else None
+        if self.env.is_main:
+            checkpoint.remove_stale_temp_files(Path(options.out_dir))
+        train_pairs = read_parallel(files.train.src, files.train.tgt)
         # A resumed run keeps the vocabulary its checkpoint was trained with.
-        self.tokenizer = (Tokenizer(resumed[1]["tokenizer"].numpy().tobytes()) if resumed is not None
+        self.tokenizer = (Tokenizer(resumed[1].tokenizer) if resumed is not None
                           else _train_shared_tokenizer(options, train_pairs, self.env))
-        length_filter = LengthFilter(options.min_len, options.max_len, options.max_ratio)
-        self.train_data = TokenizedCorpus.encode(self.tokenizer, train_pairs, length_filter)
-        if len(self.train_data) == 0:
-            raise ValueError(f"no training pair of {train_files.src} + {train_files.tgt} passes the length filter "
-                             f"{length_filter}")
-        valid_files = find_split(data_dir, "valid", options.src_lang, options.tgt_lang)
-        self.valid_pairs = read_parallel(valid_files.src, valid_files.tgt)
-        self.valid_data = TokenizedCorpus.encode(self.tokenizer, self.valid_pairs)
+        self.data = _encode_corpus(options, files, train_pairs, self.tokenizer)
+        self.config = _model_config(options, self.tokenizer)
+        self._build_model()
+        self.step = 0
+        position = {"epoch": 0, "index": 0}
+        if resumed is not None:
+            position = self._restore(*resumed)
+        sampler = TokenBatchSampler(self.data.train.src_lengths, self.data.train.tgt_lengths, options.batch_tokens,
+                                    seed=options.seed, rank=self.env.rank, world_size=self.env.world_size)
+        self.stream = _BatchStream(sampler, position["epoch"], position["index"])
 
-        overrides = {} if options.dropout is None else {"dropout": options.dropout}
-        self.config = PRESETS[options.preset](self.tokenizer.vocab_size, **overrides)
-        if options.max_len + 1 > self.config.max_positions:
-            raise ValueError(f"max_len={options.max_len} tokens plus BOS/EOS exceed the {options.preset} preset's "
-                             f"max_positions={self.config.max_positions}")
+    def _build_model(self) -> None:
+        """The model (the same initial weights on every rank), its DDP-wrapped loss, Adam and the schedule."""
+        options = self.options
         # The same seed on every rank gives every rank the same initial weights (DDP also broadcasts rank 0's).
         torch.manual_seed(options.seed)
         self.model = Transformer(self.config).to(self.env.device)
@@ -247,48 +360,29 @@ class Trainer:
                                           betas=(0.9, 0.98), eps=1e-9)
         self.scheduler = inverse_sqrt_schedule(self.optimizer, options.warmup)
         self.accumulation = max(1, round(options.update_tokens / (options.batch_tokens * self.env.world_size)))
-        sampler = TokenBatchSampler(self.train_data.src_lengths, self.train_data.tgt_lengths, options.batch_tokens,
-                                    seed=options.seed, rank=self.env.rank, world_size=self.env.world_size)
-        self.step = 0
-        position = {"epoch": 0, "index": 0}
-        if resumed is not None:
-            position = self._restore(*resumed)
-        self.stream = _BatchStream(sampler, position["epoch"], position["index"])
 
-    def _newest_checkpoint(self) -> tuple[Path, dict]:
-        """--resume: (path, state) of the newest checkpoint in out_dir, loaded on the CPU (RNG states must be)."""
-        found = checkpoint.list_checkpoints(Path(self.options.out_dir))
-        if not found:
-            raise FileNotFoundError(f"--resume: no checkpoint_*.pt in {self.options.out_dir}")
-        state = checkpoint.load_checkpoint(found[-1], map_location="cpu")
-        for key in ("optimizer", "schedule", "rng", "data", "tokenizer", "step"):
-            if key not in state:
-                raise ValueError(f"{found[-1]} has no {key!r} (an averaged checkpoint?): it cannot be resumed")
-        return found[-1], state
-
-    def _restore(self, path: Path, state: dict) -> dict:
+    def _restore(self, path: Path, saved: checkpoint.Checkpoint) -> checkpoint.DataPosition:
         """Restores model, optimizer, schedule, step and RNG from a checkpoint -> its data position."""
-        if state["config"] != self.config.to_dict():
-            raise ValueError(f"{path} was trained with model config {state['config']}, this run builds "
+        if saved.config != self.config.to_dict():
+            raise ValueError(f"{path} was trained with model config {saved.config}, this run builds "
                              f"{self.config.to_dict()}")
-        data = state["data"]
         expected = {"world_size": self.env.world_size, "seed": self.options.seed,
                     "batch_tokens": self.options.batch_tokens}
         for key, value in expected.items():
-            if data.get(key) != value:
-                raise ValueError(f"{path} was written with {key}={data.get(key)}, this run has {key}={value}: the "
-                                 f"data order would differ, so resume with the same {key}")
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["schedule"])
-        self.step = state["step"]
-        _set_rng_state(state["rng"][self.env.rank], self.env.device)
-        return data
+            if saved.data.get(key) != value:
+                raise ValueError(f"{path} was written with {key}={saved.data.get(key)}, this run has {key}={value}: "
+                                 f"the data order would differ, so resume with the same {key}")
+        self.model.load_state_dict(saved.model)
+        self.optimizer.load_state_dict(saved.optimizer)
+        self.scheduler.load_state_dict(saved.schedule)
+        self.step = saved.step
+        _set_rng_state(saved.rng[self.env.rank], self.env.device)
+        return saved.data
 
     def _update(self) -> tuple[torch.Tensor, int]:
         """One optimizer step over `accumulation` micro-batches per rank -> (summed loss [] on device, target
         tokens), both of this rank."""
-        batches = [self.train_data.collate(self.stream.next()) for _ in range(self.accumulation)]
+        batches = [self.data.train.collate(self.stream.next()) for _ in range(self.accumulation)]
         local_tokens = sum(int((tgt_out != self.config.pad_id).sum()) for _, _, tgt_out in batches)
         total_tokens = self.env.sum([local_tokens])[0]
         loss_sum = torch.zeros((), device=self.env.device)
@@ -319,19 +413,20 @@ class Trainer:
         rng_states = self.env.gather(_rng_state(self.env.device))
         path = checkpoint.checkpoint_path(Path(self.options.out_dir), self.step)
         if self.env.is_main:
-            state = {
-                "model": {name: tensor.detach().cpu() for name, tensor in self.model.state_dict().items()},
-                "config": self.config.to_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "schedule": self.scheduler.state_dict(),
-                "step": self.step,
-                "rng": rng_states,
-                "data": {"epoch": self.stream.epoch, "index": self.stream.index, "seed": self.options.seed,
-                         "batch_tokens": self.options.batch_tokens, "world_size": self.env.world_size},
-                "tokenizer": torch.frombuffer(bytearray(self.tokenizer.model_proto), dtype=torch.uint8),
-                "options": asdict(self.options),
-            }
-            checkpoint.save_checkpoint(state, path)
+            saved = checkpoint.Checkpoint(
+                model={name: tensor.detach().cpu() for name, tensor in self.model.state_dict().items()},
+                config=self.config.to_dict(),
+                tokenizer=self.tokenizer.model_proto,
+                step=self.step,
+                optimizer=self.optimizer.state_dict(),
+                schedule=self.scheduler.state_dict(),
+                rng=rng_states,
+                data=checkpoint.DataPosition(epoch=self.stream.epoch, index=self.stream.index, seed=self.options.seed,
+                                             batch_tokens=self.options.batch_tokens,
+                                             world_size=self.env.world_size),
+                options=asdict(self.options),
+            )
+            checkpoint.save_checkpoint(saved, path)
             checkpoint.prune_checkpoints(Path(self.options.out_dir), self.options.keep_last)
         self.env.barrier()
         return path
@@ -343,10 +438,10 @@ class Trainer:
             # Validation draws no training randomness, so a resumed run matches an uninterrupted one.
             with torch.random.fork_rng(devices=[self.env.device] if self.env.device.type == "cuda" else []):
                 self.model.eval()
-                results["valid_nll"] = evaluate.corpus_nll(self.model, self.valid_data, self.options.batch_tokens,
+                results["valid_nll"] = evaluate.corpus_nll(self.model, self.data.valid, self.options.batch_tokens,
                                                            self.env.device)
                 if self.options.valid_bleu_sentences:
-                    pairs = self.valid_pairs[:self.options.valid_bleu_sentences]
+                    pairs = self.data.valid_pairs[:self.options.valid_bleu_sentences]
                     hypotheses = evaluate.translate_sentences(self.model, self.tokenizer, [p[0] for p in pairs],
                                                               beam_size=1)
                     results["valid_bleu"] = evaluate.bleu(hypotheses, [p[1] for p in pairs])[0][0]
@@ -371,13 +466,17 @@ class Trainer:
         return train_loss
 
     def run(self) -> TrainResult:
+        """Trains to max_steps (or max_minutes) under the run's backend, restoring the process's afterwards."""
+        with fastformer.backend(self.options.backend):
+            return self._run()
+
+    def _run(self) -> TrainResult:
         options = self.options
         self.model.train()
         start = time.perf_counter()
-        # A time-limited run has no step count to fill a bar towards.
-        progress = tqdm(total=None if options.max_minutes else options.max_steps, initial=self.step,
-                        disable=options.quiet or not self.env.is_main, mininterval=2.0, dynamic_ncols=True,
-                        unit="step")
+        # The bar counts towards max_steps (its ETA assumes no time limit stops the run first).
+        progress = tqdm(total=options.max_steps, initial=self.step, disable=options.quiet or not self.env.is_main,
+                        mininterval=2.0, dynamic_ncols=True, unit="step", desc="train")
         meter = _Throughput(self.env.device)
         path = None
         valid: dict = {}

@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -13,8 +15,11 @@ import torch
 
 from fastformer import checkpoint, marian
 from fastformer.config import TransformerConfig
-from fastformer.data import Tokenizer
+from fastformer.data import Tokenizer, token_budget_batches
 from fastformer.model import Transformer
+
+# (index of the sentence, its source tokens, the model's limit) -> reports that only the first `limit` are translated.
+OnTruncated = Callable[[int, int, int], None]
 
 
 class TextTokenizer(Protocol):
@@ -35,17 +40,26 @@ class Translator:
 
     def translate(self, sentences: list[str], beam_size: int = 4, length_penalty: float = 0.6,
                   batch_tokens: int = 4096, max_len_a: float = 1.0, max_len_b: int = 50, min_len: int = 1,
-                  length_penalty_form: str = "gnmt") -> list[str]:
+                  length_penalty_form: str = "gnmt", on_truncated: OnTruncated | None = None) -> list[str]:
         """Translates sentences in length-sorted batches of about batch_tokens source tokens (padding included);
-        the output keeps the input order. The search options are those of `Transformer.translate`."""
+        the output keeps the input order. The search options are those of `Transformer.translate`.
+
+        A blank sentence translates to "" (so that output stays line-aligned with input). A sentence longer than the
+        model's positions is cut to them, and on_truncated is told (by default a warning: never a silent cut)."""
         if batch_tokens < 1:
             raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
         config = self.model.config
-        # Sources longer than the model's positions are cut; EOS ends every source as in training.
-        limit = config.max_positions - 1
-        sources = [ids[:limit] + [config.eos_id] for ids in self.source_tokenizer.encode(sentences)]
-        translations: list[str] = [""] * len(sources)
-        for indices in _token_budget_batches([len(ids) for ids in sources], batch_tokens):
+        limit = config.max_positions - 1  # and EOS
+        report = on_truncated if on_truncated is not None else _warn_long_sentence
+        kept = [i for i, sentence in enumerate(sentences) if sentence.strip()]
+        sources: dict[int, list[int]] = {}
+        for i, ids in zip(kept, self.source_tokenizer.encode([sentences[i] for i in kept])):
+            if len(ids) > limit:
+                report(i, len(ids), limit)
+            sources[i] = ids[:limit] + [config.eos_id]  # EOS ends every source, as in training
+        sizes = [len(sources.get(i, ())) for i in range(len(sentences))]
+        translations = [""] * len(sentences)
+        for indices in token_budget_batches(sorted(kept, key=sizes.__getitem__), sizes, batch_tokens):
             src = torch.nn.utils.rnn.pad_sequence([torch.tensor(sources[i]) for i in indices], batch_first=True,
                                                   padding_value=config.pad_id).to(self.model.output_weight.device)
             hypotheses = self.model.translate(src, beam_size=beam_size, length_penalty=length_penalty,
@@ -56,18 +70,9 @@ class Translator:
         return translations
 
 
-def _token_budget_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
-    """-> indices grouped by length so that each batch's size * longest length stays within batch_tokens (a
-    longer single sentence is a batch of its own)."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    batches: list[list[int]] = []
-    for i in order:
-        # Sorted ascending, so the newcomer is the batch's longest.
-        if batches and (len(batches[-1]) + 1) * lengths[i] <= batch_tokens:
-            batches[-1].append(i)
-        else:
-            batches.append([i])
-    return batches
+def _warn_long_sentence(index: int, n_tokens: int, limit: int) -> None:
+    warnings.warn(f"sentence {index + 1} has {n_tokens} source tokens, more than the model's limit of {limit}: only "
+                  f"its first {limit} were translated", stacklevel=3)
 
 
 def load_translator(path: str | Path, device: str | torch.device | None = None) -> Translator:
@@ -86,13 +91,16 @@ def load_translator(path: str | Path, device: str | torch.device | None = None) 
 
 def load_checkpoint_model(path: Path) -> tuple[Transformer, Tokenizer]:
     """A fastformer checkpoint (trained or averaged) -> (the model in eval mode on the CPU, its tokenizer)."""
-    state = checkpoint.load_checkpoint(path)
-    if "tokenizer" not in state:
+    saved = checkpoint.load_checkpoint(path)
+    if saved.tokenizer is None:
         raise ValueError(f"{path} holds no tokenizer: it was not written by `fastformer train`")
     try:
-        model = Transformer(TransformerConfig(**state["config"]))
-        model.load_state_dict(state["model"])
-        tokenizer = Tokenizer(state["tokenizer"].numpy().tobytes())
+        model = Transformer(TransformerConfig(**saved.config))
+        model.load_state_dict(saved.model)
+        tokenizer = Tokenizer(saved.tokenizer)
     except (TypeError, ValueError, RuntimeError) as error:
         raise ValueError(f"{path} does not hold a usable model: {error}") from None
+    model_ids = {name: getattr(model.config, name) for name in tokenizer.special_ids}
+    if model_ids != tokenizer.special_ids:
+        raise ValueError(f"{path}: its model's special ids {model_ids} are not its tokenizer's {tokenizer.special_ids}")
     return model.eval(), tokenizer

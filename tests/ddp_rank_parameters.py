@@ -19,7 +19,7 @@ def main() -> None:
     result = trainer.run()
     parameters = {name: tensor.detach().cpu() for name, tensor in trainer.model.state_dict().items()}
     torch.save({"parameters": parameters, "checkpoint": str(result.checkpoint)},
-               Path(options.out_dir) / f"rank{dist.get_rank()}.pt")
+               Path(options.out_dir) / f"rank{trainer.env.rank}.pt")
     dist.destroy_process_group()
 
 

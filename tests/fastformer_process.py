@@ -14,8 +14,8 @@ import tempfile
 from pathlib import Path
 
 
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
+def _child_env(unset: tuple[str, ...] = ()) -> dict[str, str]:
+    env = {name: value for name, value in os.environ.items() if name not in unset}
     if env.get("PYTHONPATH"):
         env["PYTHONPATH"] = os.pathsep.join(str(Path(entry).resolve()) for entry in env["PYTHONPATH"].split(os.pathsep)
                                             if entry)
@@ -24,12 +24,16 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def run(args: list[str], ranks: int = 1, stdin: str | None = None, timeout: float = 300,
-        module: bool = True) -> subprocess.CompletedProcess:
-    """`python -m fastformer ARGS` (module=False: `python ARGS`), under torchrun when ranks > 1; not checked."""
+def run(args: list[str], ranks: int = 1, stdin: str | bytes | None = None, timeout: float = 300,
+        module: bool = True, unset_env: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """`python -m fastformer ARGS` (module=False: `python ARGS`), under torchrun when ranks > 1, without the
+    environment variables unset_env; not checked. stdin as bytes is passed as is; stdout/stderr come back as text."""
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
                 if ranks > 1 else [sys.executable])
     command = launcher + (["-m", "fastformer"] if module else []) + args
     with tempfile.TemporaryDirectory() as scratch:
-        return subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=timeout, cwd=scratch,
-                              env=_child_env())
+        if isinstance(stdin, str):
+            stdin = stdin.encode()
+        done = subprocess.run(command, input=stdin, capture_output=True, timeout=timeout, cwd=scratch,
+                              env=_child_env(unset_env))
+    return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())

@@ -12,20 +12,21 @@ from fastformer import checkpoint
 from tolerances import FP32
 
 
-def _state(seed: int) -> dict:
+def _state(seed: int, **fields) -> checkpoint.Checkpoint:
     generator = torch.Generator().manual_seed(seed)
-    return {"model": {"weight": torch.randn(4, 3, generator=generator), "bias": torch.randn(3, generator=generator),
-                      "count": torch.tensor([seed])},
-            "config": {"vocab_size": 10}, "step": seed}
+    return checkpoint.Checkpoint(
+        model={"weight": torch.randn(4, 3, generator=generator), "bias": torch.randn(3, generator=generator),
+               "count": torch.tensor([seed])},
+        config={"vocab_size": 10}, step=seed, **fields)
 
 
 def test_save_then_load_round_trips(tmp_path: Path):
     path = checkpoint.checkpoint_path(tmp_path, 12)
     checkpoint.save_checkpoint(_state(12), path)
     loaded = checkpoint.load_checkpoint(path)
-    assert loaded["step"] == 12 and loaded["config"] == {"vocab_size": 10}
-    for name, tensor in _state(12)["model"].items():
-        assert torch.equal(loaded["model"][name], tensor)
+    assert loaded.step == 12 and loaded.config == {"vocab_size": 10}
+    for name, tensor in _state(12).model.items():
+        assert torch.equal(loaded.model[name], tensor)
     assert os.listdir(tmp_path) == [path.name], "no temp file may be left behind"
     plain = tmp_path.parent / f"{tmp_path.name}.plain"
     plain.write_bytes(b"")
@@ -48,7 +49,7 @@ def test_failed_save_leaves_the_old_checkpoint_intact(tmp_path: Path, monkeypatc
         checkpoint.save_checkpoint(_state(2), path)
     assert path.read_bytes() == before
     assert os.listdir(tmp_path) == [path.name], "the half-written temp file must be removed"
-    assert checkpoint.load_checkpoint(path)["step"] == 1
+    assert checkpoint.load_checkpoint(path).step == 1
 
 
 def test_missing_checkpoint_names_the_path(tmp_path: Path):
@@ -87,7 +88,7 @@ def test_checkpoint_holding_code_is_refused_unexecuted(tmp_path: Path):
 
 def test_newer_version_is_refused(tmp_path: Path):
     path = tmp_path / "checkpoint_00000001.pt"
-    torch.save({**_state(1), "format": checkpoint.FORMAT, "version": checkpoint.VERSION + 1}, path)
+    torch.save({**_state(1).to_file_dict(), "version": checkpoint.VERSION + 1}, path)
     with pytest.raises(ValueError, match="checkpoint version"):
         checkpoint.load_checkpoint(path)
 
@@ -100,27 +101,83 @@ def test_list_sorts_by_step_and_prune_keeps_the_newest(tmp_path: Path):
     assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == [
         "checkpoint_00000003.pt", "checkpoint_00000009.pt", "checkpoint_00000020.pt", "checkpoint_00000100.pt"]
     checkpoint.prune_checkpoints(tmp_path, keep_last=2)
-    assert [checkpoint.load_checkpoint(p)["step"] for p in checkpoint.list_checkpoints(tmp_path)] == [20, 100]
+    assert [checkpoint.load_checkpoint(p).step for p in checkpoint.list_checkpoints(tmp_path)] == [20, 100]
     assert (tmp_path / "checkpoint_average.pt").exists() and (tmp_path / "notes.txt").exists()
 
 
 def test_average_is_the_mean_of_the_parameters(tmp_path: Path):
     paths = [checkpoint.checkpoint_path(tmp_path, step) for step in (1, 2, 3)]
     for step, path in zip((1, 2, 3), paths):
-        checkpoint.save_checkpoint({**_state(step), "optimizer": {"state": {}}}, path)
+        checkpoint.save_checkpoint(_state(step, optimizer={"state": {}}, tokenizer=b"spm"), path)
     averaged = checkpoint.average_checkpoints(paths)
     for name in ("weight", "bias"):
-        expected = torch.stack([_state(step)["model"][name] for step in (1, 2, 3)]).mean(dim=0)
-        torch.testing.assert_close(averaged["model"][name], expected, **FP32)
-    assert torch.equal(averaged["model"]["count"], torch.tensor([3])), "integer tensors come from the newest"
-    assert "optimizer" not in averaged and averaged["averaged_from"] == [str(p) for p in paths]
+        expected = torch.stack([_state(step).model[name] for step in (1, 2, 3)]).mean(dim=0)
+        torch.testing.assert_close(averaged.model[name], expected, **FP32)
+    assert torch.equal(averaged.model["count"], torch.tensor([3])), "integer tensors come from the newest"
+    assert averaged.optimizer is None and averaged.averaged_from == [str(p) for p in paths]
+    assert averaged.tokenizer == b"spm" and averaged.missing_for_resume() == ["optimizer", "schedule", "rng", "data"]
 
 
 def test_average_refuses_mismatched_checkpoints(tmp_path: Path):
     a, b = tmp_path / "a.pt", tmp_path / "b.pt"
     checkpoint.save_checkpoint(_state(1), a)
-    checkpoint.save_checkpoint({**_state(2), "config": {"vocab_size": 11}}, b)
+    mismatched = _state(2)
+    mismatched.config = {"vocab_size": 11}
+    checkpoint.save_checkpoint(mismatched, b)
     with pytest.raises(ValueError, match=f"{a} has another model config"):
         checkpoint.average_checkpoints([a, b])
     with pytest.raises(ValueError, match="at least one"):
         checkpoint.average_checkpoints([])
+
+
+def test_a_version_1_file_written_as_a_plain_dict_loads_into_the_schema(tmp_path: Path):
+    """Checkpoints written before the Checkpoint class (a dict with these keys, the tokenizer as uint8) still load."""
+    path = tmp_path / "checkpoint_00000007.pt"
+    model = {"weight": torch.arange(6.0).view(2, 3)}
+    data = {"epoch": 1, "index": 3, "seed": 1, "batch_tokens": 200, "world_size": 2}
+    torch.save({"model": model, "config": {"vocab_size": 10}, "optimizer": {"state": {}, "param_groups": []},
+                "schedule": {"last_epoch": 7}, "step": 7, "rng": [{"torch": torch.get_rng_state()}], "data": data,
+                "tokenizer": torch.frombuffer(bytearray(b"\x0aproto"), dtype=torch.uint8), "options": {"seed": 1},
+                "format": checkpoint.FORMAT, "version": 1}, path)
+    loaded = checkpoint.load_checkpoint(path)
+    assert torch.equal(loaded.model["weight"], model["weight"])
+    assert loaded.tokenizer == b"\x0aproto" and loaded.data == data and loaded.step == 7
+    assert loaded.missing_for_resume() == []
+
+
+def test_an_entry_the_schema_does_not_know_is_a_clear_error(tmp_path: Path):
+    path = tmp_path / "checkpoint_00000001.pt"
+    torch.save({**_state(1).to_file_dict(), "ema": {}}, path)
+    with pytest.raises(ValueError, match=rf"{path} holds entries this fastformer does not know: \['ema'\]"):
+        checkpoint.load_checkpoint(path)
+
+
+def test_temp_files_of_killed_saves_are_removed_by_the_next_prune(tmp_path: Path):
+    """A save killed between mkstemp and rename leaves .checkpoint_<step>.pt.<random>.tmp (as large as a checkpoint)."""
+    checkpoint.save_checkpoint(_state(1), checkpoint.checkpoint_path(tmp_path, 1))
+    killed = tmp_path / ".checkpoint_00000002.pt.k3j2_x.tmp"
+    killed.write_bytes(b"half a checkpoint")
+    other = tmp_path / ".checkpoint_average.pt.a1b2.tmp"  # another command's save may be in flight: left alone
+    other.write_bytes(b"")
+    checkpoint.save_checkpoint(_state(3), checkpoint.checkpoint_path(tmp_path, 3))
+    checkpoint.prune_checkpoints(tmp_path, keep_last=5)
+    assert not killed.exists() and other.exists()
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == [
+        "checkpoint_00000001.pt", "checkpoint_00000003.pt"]
+
+
+def test_newest_readable_skips_corrupt_newer_files_and_says_why(tmp_path: Path):
+    for step in (1, 2, 3):
+        checkpoint.save_checkpoint(_state(step), checkpoint.checkpoint_path(tmp_path, step))
+    checkpoint.checkpoint_path(tmp_path, 3).write_bytes(checkpoint.checkpoint_path(tmp_path, 3).read_bytes()[:300])
+    path, loaded, skipped = checkpoint.load_newest_readable(tmp_path)
+    assert path == checkpoint.checkpoint_path(tmp_path, 2) and loaded.step == 2
+    assert len(skipped) == 1 and f"{checkpoint.checkpoint_path(tmp_path, 3)} is not a readable checkpoint" in skipped[0]
+    for step in (1, 2):
+        checkpoint.checkpoint_path(tmp_path, step).write_bytes(b"garbage")
+    with pytest.raises(checkpoint.UnreadableCheckpointError, match=f"no readable checkpoint in {tmp_path}"):
+        checkpoint.load_newest_readable(tmp_path)
+    foreign = checkpoint.checkpoint_path(tmp_path, 4)
+    torch.save({"state_dict": {}}, foreign)
+    with pytest.raises(ValueError, match=f"{foreign} is not a fastformer checkpoint"):
+        checkpoint.load_newest_readable(tmp_path)

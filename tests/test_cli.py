@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
 import sacrebleu
 import torch
 
-from fastformer import evaluate
+from fastformer import checkpoint, evaluate
+from fastformer.__main__ import build_parser
 from fastformer.data import BUNDLED_CORPUS, EOS_ID, read_lines
 from fastformer_process import run
 
@@ -94,3 +96,74 @@ def test_corrupt_or_foreign_checkpoint_is_a_clear_error(tmp_path: Path):
 def test_missing_test_split_names_the_files(trained: Path, tmp_path: Path):
     done = run(["evaluate", "--out-dir", str(trained), "--data-dir", str(tmp_path)])
     assert done.returncode != 0 and "newstest2014.en" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_blank_lines_give_blank_lines_on_stdin_and_from_input(trained: Path, tmp_path: Path):
+    """fairseq-interactive style: output stays line-aligned with input, an empty line in gives an empty line out."""
+    lines = [SENTENCES[0], "", "   ", SENTENCES[1], "\t"]
+    expected = _translate_one_by_one(trained, [SENTENCES[0], SENTENCES[1]])
+    (tmp_path / "in.en").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    from_stdin = run(["translate", "--device", "cpu", "--out-dir", str(trained)],
+                     stdin=(tmp_path / "in.en").read_text(encoding="utf-8"))
+    from_file = run(["translate", "--device", "cpu", "--out-dir", str(trained), "--input", str(tmp_path / "in.en")])
+    for done in (from_stdin, from_file):
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split("\n") == [expected[0], "", "", expected[1], "", ""]
+
+
+def test_a_line_over_the_model_limit_is_reported_by_line_and_size(trained: Path):
+    long_line = " ".join(["the old man sees a small dog"] * 150)
+    model, tokenizer = evaluate.load_model(sorted(trained.glob("checkpoint_*.pt"))[-1])
+    n_tokens = len(tokenizer.encode([long_line])[0])
+    limit = model.config.max_positions - 1
+    assert n_tokens > limit
+    done = run(["translate", "--device", "cpu", "--out-dir", str(trained), "--beam", "1"],
+               stdin=f"{SENTENCES[0]}\n{long_line}\n")
+    assert done.returncode == 0, done.stderr
+    assert (f"line 2 of stdin has {n_tokens} source tokens, more than the model's limit of {limit}: only its first "
+            f"{limit} were translated") in done.stderr
+    assert len(done.stdout.splitlines()) == 2
+
+
+def test_non_utf8_stdin_is_one_line_naming_the_line(trained: Path):
+    done = run(["translate", "--device", "cpu", "--out-dir", str(trained)],
+               stdin="Hello.\n".encode() + "Gr\u00fc\u00dfe.\n".encode("latin-1"))
+    assert done.returncode == 1
+    assert done.stderr == "fastformer translate: error: stdin:2: not valid UTF-8 (invalid start byte at byte 2)\n"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch without a usable GPU")
+def test_cuda_without_a_gpu_is_refused_before_any_work(trained: Path):
+    done = run(["translate", "--device", "cuda", "--out-dir", str(trained)], stdin="Hello.\n")
+    assert done.returncode == 1 and done.stderr.startswith("fastformer translate: error: --device cuda: ")
+    assert done.stderr.count("\n") == 1
+
+
+def test_average_of_fewer_checkpoints_than_asked_warns(trained: Path, tmp_path: Path):
+    output = tmp_path / "average.pt"
+    done = run(["average", "--out-dir", str(trained), "--last", "5", "--output", str(output)])
+    assert done.returncode == 0, done.stderr
+    assert f"--last 5 asks for 5 checkpoints, but {trained} has only 1: averaging 1" in done.stderr
+    assert done.stdout.startswith("averaged 1 checkpoint (")
+    assert checkpoint.load_checkpoint(output).averaged_from == [str(checkpoint.list_checkpoints(trained)[0])]
+
+
+def test_help_names_the_script_and_every_option_has_help():
+    parser = build_parser()
+    assert "python -m fastformer" not in parser.format_help()
+    assert parser.format_help().startswith("usage: fastformer ")
+    commands = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+    for name, command in commands.choices.items():
+        text = " ".join(command.format_help().split())
+        for action in command._actions:
+            assert action.help, f"fastformer {name} {action.option_strings} has no help"
+            if action.default not in (None, False, argparse.SUPPRESS):
+                assert f"(default: {action.default})" in text, f"fastformer {name} {action.option_strings}"
+
+
+def test_model_and_tokenizer_special_ids_must_agree(trained: Path, tmp_path: Path):
+    saved = checkpoint.load_checkpoint(sorted(trained.glob("checkpoint_*.pt"))[-1])
+    saved.config = {**saved.config, "eos_id": 5}
+    checkpoint.save_checkpoint(saved, tmp_path / "mismatched.pt")
+    with pytest.raises(ValueError, match="special ids"):
+        evaluate.load_model(tmp_path / "mismatched.pt")

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from fastformer.data import (BOS_ID, BUNDLED_CORPUS, EOS_ID, PAD_ID, LengthFilter, TokenBatchSampler,
-                             TokenizedCorpus, Tokenizer, find_split, read_lines, read_parallel, train_tokenizer)
+                             TokenizedCorpus, Tokenizer, decode_sentences, find_split, read_lines, read_parallel,
+                             token_budget_batches, train_tokenizer)
 from fastformer.data import make_corpus
 
 
@@ -56,6 +57,13 @@ def test_non_utf8_line_is_an_error_naming_file_and_line(tmp_path: Path):
     path.write_bytes("gut\n".encode() + "Gr\u00fc\u00dfe\n".encode("latin-1"))
     with pytest.raises(ValueError, match=rf"{path}:2: not valid UTF-8"):
         read_lines(path)
+
+
+def test_sentences_to_translate_keep_empty_lines_and_name_a_non_utf8_one():
+    raw = [b"Hello.\n", b"\n", b"  \r\n", "Gr\u00fc\u00dfe.".encode()]
+    assert decode_sentences(raw, "stdin") == ["Hello.", "", "  ", "Gr\u00fc\u00dfe."]
+    with pytest.raises(ValueError, match=r"^stdin:2: not valid UTF-8"):
+        decode_sentences([b"ok\n", "Gr\u00fc\u00dfe\n".encode("latin-1")], "stdin")
 
 
 def test_mismatched_line_counts_name_both_files(tmp_path: Path):
@@ -109,6 +117,11 @@ def test_tokenizer_round_trips_and_has_the_model_special_ids(tokenizer, bundled_
     assert all(id_ not in (PAD_ID, BOS_ID, EOS_ID) for sentence in ids for id_ in sentence)
     assert tokenizer.vocab_size == 200
     assert Tokenizer(tokenizer.model_proto).encode(sentences) == ids
+
+
+def test_corpus_and_tokenizer_share_one_set_of_special_ids(corpus, tokenizer):
+    assert tokenizer.special_ids == {"pad_id": PAD_ID, "bos_id": BOS_ID, "eos_id": EOS_ID}
+    assert (corpus.pad_id, corpus.bos_id, corpus.eos_id) == (PAD_ID, BOS_ID, EOS_ID)
 
 
 def test_tokenizer_rejects_a_file_that_is_no_sentencepiece_model(tmp_path: Path):
@@ -209,3 +222,22 @@ def test_sampler_rejects_what_it_cannot_batch():
         TokenBatchSampler(lengths, lengths, 64, rank=2, world_size=2)
     with pytest.raises(ValueError, match="single-pair batches"):
         TokenBatchSampler(lengths[:1].repeat(3), lengths[:1].repeat(3), 3, rank=0, world_size=2).batches(0)
+
+
+@pytest.mark.parametrize("max_tokens", [1, 7, 20, 64])
+def test_token_budget_batches_are_the_greedy_maximal_runs(max_tokens: int):
+    """Against a brute-force oracle: consecutive runs of the order, each as long as the budget allows (the next item
+    would break it), an oversized item alone."""
+    generator = random.Random(max_tokens)
+    sizes = [generator.randint(1, 12) for _ in range(60)]
+    order = sorted(range(60), key=lambda i: (sizes[i], i))
+    batches = token_budget_batches(order, sizes, max_tokens)
+    assert [i for batch in batches for i in batch] == order
+    position = 0
+    for batch in batches:
+        length = 1
+        while (position + length < len(order)
+               and (length + 1) * max(sizes[i] for i in order[position:position + length + 1]) <= max_tokens):
+            length += 1
+        assert batch == order[position:position + length]
+        position += length

@@ -6,8 +6,12 @@ On a GPU machine the same command trains on the GPU (bf16 autocast, the fused ke
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
+from fastformer.__main__ import DEMO_STEPS as DEMO_DEFAULT_STEPS
+from fastformer.__main__ import build_parser
 from fastformer_process import run
 
 # 600 steps scored 76.0 (13a) on the first 100 test sentences on the 2-core development machine; a broken model,
@@ -26,3 +30,16 @@ def test_demo_reaches_the_bleu_floor(tmp_path):
     bleu_line = next(line for line in lines if line.startswith("BLEU|nrefs:1|case:mixed|eff:no|tok:13a|"))
     bleu = float(bleu_line.split(" = ")[1].split()[0])
     assert bleu > BLEU_FLOOR, done.stdout
+
+
+def test_demo_is_a_fixed_number_of_updates_not_a_time():
+    """The demo's result must not depend on the machine's load: no time limit by default, a fixed update count."""
+    args = build_parser().parse_args(["demo"])
+    assert args.max_minutes == 0 and args.max_steps == DEMO_DEFAULT_STEPS
+
+
+def test_demo_shows_a_progress_bar_with_a_total(tmp_path):
+    done = run(["demo", "--out-dir", str(tmp_path / "demo"), "--max-steps", "3", "--max-sentences", "2",
+                "--valid-every", "0", "--device", "cpu"])
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"train: 100%\|.*\| 3/3 \[", done.stderr), done.stderr

@@ -14,7 +14,7 @@ import torch
 
 from fastformer import Transformer, TransformerConfig, checkpoint
 from fastformer.data import BUNDLED_CORPUS
-from fastformer.train import inverse_sqrt_schedule
+from fastformer.train import TrainOptions, inverse_sqrt_schedule
 from fastformer_process import run
 from tolerances import FP32
 
@@ -69,14 +69,14 @@ def test_torchrun_ranks_hold_identical_parameters(data_dir: Path, tmp_path: Path
     assert done.returncode == 0, done.stderr
     ranks = [torch.load(tmp_path / "run" / f"rank{rank}.pt") for rank in (0, 1)]
     saved = checkpoint.load_checkpoint(Path(ranks[0]["checkpoint"]))
-    assert saved["step"] == 5
+    assert saved.step == 5
     _assert_same_tensors(ranks[0]["parameters"], ranks[1]["parameters"], "rank 0 vs rank 1")
-    _assert_same_tensors(saved["model"], ranks[1]["parameters"], "checkpoint vs rank 1")
+    _assert_same_tensors(saved.model, ranks[1]["parameters"], "checkpoint vs rank 1")
     # The ranks trained, on different data with different dropout masks, yet stayed equal: not a trivial pass.
     torch.manual_seed(1)
-    initial = Transformer(TransformerConfig(**saved["config"])).state_dict()
+    initial = Transformer(TransformerConfig(**saved.config)).state_dict()
     assert not torch.equal(initial["encoder.layers.0.ffn.linear1.weight"],
-                           saved["model"]["encoder.layers.0.ffn.linear1.weight"])
+                           saved.model["encoder.layers.0.ffn.linear1.weight"])
 
 
 def test_resume_is_exact_under_torchrun(data_dir: Path, tmp_path: Path):
@@ -88,14 +88,14 @@ def test_resume_is_exact_under_torchrun(data_dir: Path, tmp_path: Path):
     _run(common + ["--out-dir", str(straight), "--max-steps", "6"], ranks=2)
     resumed = checkpoint.load_checkpoint(checkpoint.checkpoint_path(split, 6))
     reference = checkpoint.load_checkpoint(checkpoint.checkpoint_path(straight, 6))
-    assert reference["data"]["epoch"] >= 1, "the runs should cross an epoch boundary"
-    assert resumed["data"] == reference["data"]
-    _assert_same_tensors(resumed["model"], reference["model"], "resumed vs straight")
-    for index, state in reference["optimizer"]["state"].items():
-        _assert_same_tensors(resumed["optimizer"]["state"][index], state, f"Adam state of parameter {index}")
-    assert resumed["schedule"] == reference["schedule"]
+    assert reference.data["epoch"] >= 1, "the runs should cross an epoch boundary"
+    assert resumed.data == reference.data
+    _assert_same_tensors(resumed.model, reference.model, "resumed vs straight")
+    for index, state in reference.optimizer["state"].items():
+        _assert_same_tensors(resumed.optimizer["state"][index], state, f"Adam state of parameter {index}")
+    assert resumed.schedule == reference.schedule
     for rank in (0, 1):
-        assert torch.equal(resumed["rng"][rank]["torch"], reference["rng"][rank]["torch"])
+        assert torch.equal(resumed.rng[rank]["torch"], reference.rng[rank]["torch"])
     # Checkpoints 3 and 6 of the split run and 2, 4, 6 of the straight one (keep_last 3).
     assert [p.name for p in checkpoint.list_checkpoints(straight)] == [
         checkpoint.checkpoint_path(straight, step).name for step in (2, 4, 6)]
@@ -110,8 +110,8 @@ def test_average_cli_is_the_mean_of_the_last_checkpoints(data_dir: Path, tmp_pat
     _run(["average", "--out-dir", str(out_dir), "--last", "2"])
     averaged = checkpoint.load_checkpoint(out_dir / "checkpoint_average.pt")
     states = [torch.load(path, weights_only=True)["model"] for path in paths[-2:]]
-    assert states[0].keys() == averaged["model"].keys()
-    for name, tensor in averaged["model"].items():
+    assert states[0].keys() == averaged.model.keys()
+    for name, tensor in averaged.model.items():
         torch.testing.assert_close(tensor, (states[0][name] + states[1][name]) / 2, **FP32)
     assert not torch.equal(states[0]["embed_tokens.weight"], states[1]["embed_tokens.weight"])
     # An averaged model is for inference: resuming from it is refused by name.
@@ -160,3 +160,57 @@ def test_fresh_run_refuses_an_old_runs_directory_and_foreign_checkpoints(data_di
     assert f"{checkpoint.checkpoint_path(out_dir, 5)} is not a fastformer checkpoint" in _fail(flags + ["--resume"])
     checkpoint.checkpoint_path(out_dir, 5).write_bytes(b"\x80\x02garbage")
     assert f"{checkpoint.checkpoint_path(out_dir, 5)} is not a readable checkpoint" in _fail(flags + ["--resume"])
+
+
+def test_resume_refuses_changed_options_and_names_them(data_dir: Path, tmp_path: Path):
+    flags = TRAIN_FLAGS + ["--data-dir", str(data_dir), "--out-dir", str(tmp_path / "run")]
+    _run(flags + ["--max-steps", "2"])
+    stderr = _fail(flags + ["--max-steps", "4", "--resume", "--warmup", "5", "--lr-scale", "3", "--update-tokens",
+                            "400", "--label-smoothing", "0.2"])
+    for changed in ("--warmup 5 (checkpoint: 4)", "--lr-scale 3.0 (checkpoint: 4.0)",
+                    "--update-tokens 400 (checkpoint: 800)", "--label-smoothing 0.2 (checkpoint: 0.1)"):
+        assert changed in stderr
+    other_data = _corpus_slice(tmp_path / "other", {"train": 120, "valid": 8})
+    assert f"--data-dir {other_data} (checkpoint: {data_dir})" in _fail(
+        [arg if arg != str(data_dir) else str(other_data) for arg in flags] + ["--max-steps", "4", "--resume"])
+    # What only sets this session's budget, logging or checkpointing may change.
+    _run(flags + ["--max-steps", "3", "--resume", "--log-every", "1", "--keep-last", "4"])
+    assert checkpoint.load_checkpoint(checkpoint.checkpoint_path(tmp_path / "run", 3)).step == 3
+
+
+def test_resume_falls_back_to_the_newest_readable_checkpoint(data_dir: Path, tmp_path: Path):
+    """The newest checkpoint cut short (a crash mid-copy): resuming from the one before, with a message, retrains
+    the lost steps exactly; a temp file of a killed save is removed."""
+    out_dir = tmp_path / "run"
+    flags = TRAIN_FLAGS + ["--data-dir", str(data_dir), "--out-dir", str(out_dir)]
+    _run(flags + ["--max-steps", "4"])
+    newest = checkpoint.checkpoint_path(out_dir, 4)
+    straight = checkpoint.load_checkpoint(newest)
+    newest.write_bytes(newest.read_bytes()[:4096])
+    killed_save = out_dir / ".checkpoint_00000006.pt.x1y2z3.tmp"
+    killed_save.write_bytes(b"half a checkpoint")
+    done = run(flags + ["--max-steps", "4", "--resume"])
+    assert done.returncode == 0, done.stderr
+    assert f"{newest} is not a readable checkpoint" in done.stderr
+    assert f"resuming from {checkpoint.checkpoint_path(out_dir, 2)}" in done.stderr
+    _assert_same_tensors(checkpoint.load_checkpoint(newest).model, straight.model, "retrained step 4 vs the lost one")
+    assert not killed_save.exists()
+
+
+def test_missing_data_or_unusable_device_leaves_no_out_dir(tmp_path: Path):
+    out_dir = tmp_path / "run"
+    flags = TRAIN_FLAGS + ["--out-dir", str(out_dir), "--max-steps", "1"]
+    assert f"data directory not found: {tmp_path / 'absent'}" in _fail(flags + ["--data-dir", str(tmp_path / "absent")])
+    assert not out_dir.exists()
+    done = run(flags + ["--backend", "triton"], unset_env=("TRITON_INTERPRET",))
+    assert done.returncode == 1 and "--backend triton on cpu needs a GPU" in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1 and not out_dir.exists()
+    if not torch.cuda.is_available():
+        stderr = _fail([arg if arg != "cpu" else "cuda" for arg in flags])
+        assert "--device cuda: " in stderr and not out_dir.exists()
+
+
+def test_a_corpus_on_disk_trains_the_paper_base_model_by_default():
+    assert TrainOptions(data_dir="/data/wmt14").preset == "base"
+    assert TrainOptions().preset == "tiny", "the bundled toy corpus keeps the tiny model"
+    assert TrainOptions(data_dir="/data/wmt14", preset="big").preset == "big"

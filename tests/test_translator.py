@@ -73,9 +73,8 @@ def test_load_translator_reads_a_fastformer_checkpoint(tmp_path):
     torch.manual_seed(0)
     model = fastformer.Transformer(fastformer.TransformerConfig.tiny(tokenizer.vocab_size, dropout=0.0)).eval()
     path = tmp_path / "checkpoint.pt"
-    checkpoint.save_checkpoint({"model": model.state_dict(), "config": model.config.to_dict(),
-                                "tokenizer": torch.frombuffer(bytearray(tokenizer.model_proto), dtype=torch.uint8)},
-                               path)
+    checkpoint.save_checkpoint(checkpoint.Checkpoint(model=model.state_dict(), config=model.config.to_dict(),
+                                                     tokenizer=tokenizer.model_proto), path)
     translator = fastformer.load_translator(path, device="cpu")
     assert translator.source_tokenizer.model_proto == tokenizer.model_proto
     sources = CALIBRATION[:5]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fastformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from fastformer.data.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -32,13 +32,15 @@ class LengthFilter:
 class TokenizedCorpus:
     """Sentence pairs as two flat id tensors with offsets (a WMT-sized corpus as Python lists would take gigabytes).
 
-    Sources end with EOS; targets are stored bare and get BOS/EOS in `collate`.
+    Sources end with EOS; targets are stored bare and get BOS/EOS in `collate`. The special ids are the tokenizer's
+    (`Tokenizer.special_ids`).
     """
 
-    def __init__(self, src: list[list[int]], tgt: list[list[int]]) -> None:
+    def __init__(self, src: list[list[int]], tgt: list[list[int]], pad_id: int, bos_id: int, eos_id: int) -> None:
         if len(src) != len(tgt):
             raise ValueError(f"src has {len(src)} sentences but tgt has {len(tgt)}")
-        self.src_ids, self.src_offsets = _flatten([ids + [EOS_ID] for ids in src])
+        self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
+        self.src_ids, self.src_offsets = _flatten([ids + [eos_id] for ids in src])
         self.tgt_ids, self.tgt_offsets = _flatten(tgt)
 
     @classmethod
@@ -50,7 +52,7 @@ class TokenizedCorpus:
         if length_filter is not None:
             kept = [i for i in range(len(src)) if length_filter.keeps(len(src[i]), len(tgt[i]))]
             src, tgt = [src[i] for i in kept], [tgt[i] for i in kept]
-        return cls(src, tgt)
+        return cls(src, tgt, **tokenizer.special_ids)
 
     def __len__(self) -> int:
         return len(self.src_offsets) - 1
@@ -73,15 +75,15 @@ class TokenizedCorpus:
 
     def collate(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> src [batch, src_len] (ends in EOS), tgt_in [batch, tgt_len] = [BOS, y], tgt_out = [y, EOS]; all
-        right-padded with PAD_ID."""
+        right-padded with pad_id."""
         sources = [self.source(i) for i in indices]
         targets = [self.target(i) for i in indices]
-        src = torch.nn.utils.rnn.pad_sequence(sources, batch_first=True, padding_value=PAD_ID)
-        bos, eos = torch.tensor([BOS_ID]), torch.tensor([EOS_ID])
+        src = torch.nn.utils.rnn.pad_sequence(sources, batch_first=True, padding_value=self.pad_id)
+        bos, eos = torch.tensor([self.bos_id]), torch.tensor([self.eos_id])
         tgt_in = torch.nn.utils.rnn.pad_sequence([torch.cat([bos, y]) for y in targets], batch_first=True,
-                                                 padding_value=PAD_ID)
+                                                 padding_value=self.pad_id)
         tgt_out = torch.nn.utils.rnn.pad_sequence([torch.cat([y, eos]) for y in targets], batch_first=True,
-                                                  padding_value=PAD_ID)
+                                                  padding_value=self.pad_id)
         return src.long(), tgt_in.long(), tgt_out.long()
 
 
@@ -92,6 +94,25 @@ def _flatten(sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     torch.cumsum(lengths, dim=0, out=offsets[1:])
     flat = torch.tensor([token for ids in sequences for token in ids], dtype=torch.int32)
     return flat, offsets
+
+
+def token_budget_batches(order: list[int], sizes: list[int], max_tokens: int) -> list[list[int]]:
+    """The paper's (and fairseq's) grouping: items taken in `order` (sorted by length, so that neighbours pad little)
+    into consecutive batches whose padded size, batch size x largest sizes[i], stays within max_tokens. An item
+    larger than max_tokens alone gets a batch of its own."""
+    batches: list[list[int]] = []
+    batch: list[int] = []
+    longest = 0
+    for i in order:
+        candidate = max(longest, sizes[i])
+        if batch and (len(batch) + 1) * candidate > max_tokens:
+            batches.append(batch)
+            batch, candidate = [], sizes[i]
+        batch.append(i)
+        longest = candidate
+    if batch:
+        batches.append(batch)
+    return batches
 
 
 class TokenBatchSampler:
@@ -129,18 +150,8 @@ class TokenBatchSampler:
         rng.shuffle(order)
         # A stable sort keeps the shuffled order among equal lengths, so batches differ from epoch to epoch.
         order.sort(key=lambda i: (self.tgt_lengths[i], self.src_lengths[i]))
-        batches: list[list[int]] = []
-        batch: list[int] = []
-        longest = 0
-        for i in order:
-            candidate = max(longest, self.src_lengths[i], self.tgt_lengths[i])
-            if batch and (len(batch) + 1) * candidate > self.max_tokens:
-                batches.append(batch)
-                batch, candidate = [], max(self.src_lengths[i], self.tgt_lengths[i])
-            batch.append(i)
-            longest = candidate
-        if batch:
-            batches.append(batch)
+        sizes = [max(src, tgt) for src, tgt in zip(self.src_lengths, self.tgt_lengths)]
+        batches = token_budget_batches(order, sizes, self.max_tokens)
         rng.shuffle(batches)
         # Halving the largest batches (which only lowers their padded size) evens the count out over ranks.
         while len(batches) % self.world_size:

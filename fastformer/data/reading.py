@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,18 @@ def read_lines(path: Path) -> list[str]:
             if not line.strip():
                 raise ValueError(f"{path}:{number}: empty line (every line must hold one sentence)")
             lines.append(line)
+    return lines
+
+
+def decode_sentences(raw_lines: Iterable[bytes], name: str) -> list[str]:
+    """Lines to translate (a file, stdin) -> their text without line ends. Empty lines are kept, as "", so that
+    translations stay line-aligned with the input; a line that is not UTF-8 raises ValueError naming name and line."""
+    lines = []
+    for number, raw in enumerate(raw_lines, start=1):
+        try:
+            lines.append(raw.decode("utf-8").rstrip("\r\n"))
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{name}:{number}: not valid UTF-8 ({error.reason} at byte {error.start})") from None
     return lines
 
 

@@ -42,6 +42,13 @@ class Tokenizer:
         Path(path).write_bytes(self.model_proto)
 
     @property
+    def special_ids(self) -> dict[str, int]:
+        """{"pad_id", "bos_id", "eos_id"}: this vocabulary's ids, named as TransformerConfig's fields, so that a model
+        is built with (and checked against) the ids of the tokenizer it is trained with."""
+        return {"pad_id": self.processor.pad_id(), "bos_id": self.processor.bos_id(),
+                "eos_id": self.processor.eos_id()}
+
+    @property
     def vocab_size(self) -> int:
         return self.processor.get_piece_size()
 
