@@ -297,7 +297,7 @@ def test_linear_cross_entropy_chunks_are_a_small_part_of_the_logits(n_rows, voca
 # ---- through the nn modules and the backend switch ---------------------------------------------------------------
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])
-def test_label_smoothed_cross_entropy_module_under_triton_backend(small_blocks, reduction):
+def test_label_smoothed_cross_entropy_module_under_triton_backend(small_blocks, reduction, kernel_calls):
     generator = torch.Generator(device=DEVICE).manual_seed(5)
     inputs = {"logits": 3.0 * torch.randn(2, 6, 40, generator=generator, device=DEVICE),
               "target": torch.randint(1, 40, (2, 6), generator=generator, device=DEVICE)}
@@ -309,11 +309,12 @@ def test_label_smoothed_cross_entropy_module_under_triton_backend(small_blocks, 
         with fastformer.backend(name):
             results[name] = loss_and_grads(criterion, inputs, grad_loss)
     assert results["triton"]["loss"].shape == ((2, 6) if reduction == "none" else ())
+    assert kernel_calls == {"cross_entropy": 1}
     assert_all_close(results["triton"], results["reference"], **FP32)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])
-def test_linear_cross_entropy_module_under_triton_backend(small_blocks, reduction):
+def test_linear_cross_entropy_module_under_triton_backend(small_blocks, reduction, kernel_calls):
     generator = torch.Generator(device=DEVICE).manual_seed(6)
     inputs = {"hidden": torch.randn(3, 5, 16, generator=generator, device=DEVICE),
               "weight": torch.randn(40, 16, generator=generator, device=DEVICE) / 4,
@@ -325,6 +326,7 @@ def test_linear_cross_entropy_module_under_triton_backend(small_blocks, reductio
     for name in ("triton", "reference"):
         with fastformer.backend(name):
             results[name] = loss_and_grads(criterion, inputs, grad_loss)
+    assert kernel_calls == {"linear_cross_entropy": 1}
     assert_all_close(results["triton"], results["reference"], **FP32)
 
 

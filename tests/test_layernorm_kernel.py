@@ -11,6 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import fastformer
+from fastformer.nn import ResidualLayerNorm
 from fastformer.reference.layernorm import residual_layer_norm as reference_layer_norm
 from tolerances import FP32, assert_close_lowp
 from triton_kernels.layernorm_residual import residual_layer_norm, unsupported_reason
@@ -226,6 +228,28 @@ def check_dropout_consistency(shape: tuple[int, ...], with_residual: bool, devic
 @pytest.mark.parametrize("with_residual", [True, False])
 def test_dropout_backward_consistent_with_forward(with_residual):
     check_dropout_consistency((3, 5, 100), with_residual)
+
+
+# ---- through the nn module and the backend switch -----------------------------------------------------------------
+
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_residual_layer_norm_module_under_triton_backend(with_residual, kernel_calls):
+    x, residual, weight, bias, dy, ds = random_problem((2, 5, 40), with_residual, "both", DEVICE)
+    module = ResidualLayerNorm(40).to(DEVICE)
+    with torch.no_grad():
+        module.weight.copy_(weight)
+        module.bias.copy_(bias)
+    results = {}
+    for name in ("triton", "reference"):
+        leaves = [None if t is None else t.detach().clone().requires_grad_() for t in (x, residual)]
+        with fastformer.backend(name):
+            y, s = module(*leaves, return_sum=True)
+        inputs = [t for t in (*leaves, module.weight, module.bias) if t is not None]
+        results[name] = [y, s, *torch.autograd.grad([y, s], inputs, [dy, ds])]
+    # Once, under "triton": a comparison of the reference with itself would prove nothing.
+    assert kernel_calls == {"residual_layer_norm": 1}
+    for fused, expected in zip(results["triton"], results["reference"], strict=True):
+        torch.testing.assert_close(fused, expected, **FP32)
 
 
 # ---- torch.compile ---------------------------------------------------------------------------------------------
