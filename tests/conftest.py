@@ -18,9 +18,22 @@ KERNEL_ENTRY_POINTS = {"triton_kernels.attention": ("flash_attention",),
                        "triton_kernels.layernorm_residual": ("residual_layer_norm",)}
 
 
+pytest_plugins = ["pytester"]
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped without one")
     config.addinivalue_line("markers", "slow: takes minutes on a 2-core CPU")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The `gpu` marker's skip: the one place that decides whether the GPU tests run."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="gpu test: needs a CUDA device")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
 
 
 @pytest.fixture

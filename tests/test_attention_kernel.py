@@ -21,7 +21,6 @@ from fastformer.reference.attention import attention as reference_attention
 from tolerances import FP32, assert_close_lowp
 from triton_kernels.attention import attention_dropout_mask, flash_attention, unsupported_reason
 
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 # Without CUDA, conftest.py has switched Triton to its interpreter, which runs kernels on CPU tensors.
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -411,7 +410,6 @@ def wmt_like_case(heads: int, kind: str, seed: int = 0) -> Case:
 @pytest.mark.parametrize("heads", [8, 16])
 @pytest.mark.parametrize("kind", ["causal", "padded", "cross"])
 @pytest.mark.gpu
-@requires_cuda
 def test_gpu_kernel_matches_reference(dtype, heads, kind):
     check_kernel(wmt_like_case(heads, kind), dtype, strided=True, device="cuda")
 
@@ -419,7 +417,6 @@ def test_gpu_kernel_matches_reference(dtype, heads, kind):
 # Each new (head_dim, causal) autotunes the kernels afresh, so a few pairs rather than all six.
 @pytest.mark.parametrize(("head_dim", "causal"), [(32, True), (64, False), (128, True)])
 @pytest.mark.gpu
-@requires_cuda
 def test_gpu_fp32_is_tight(head_dim, causal):
     case = wmt_like_case(8, "causal" if causal else "padded")._replace(head_dim=head_dim)
     check_kernel(case, torch.float32, strided=True, device="cuda")
@@ -427,12 +424,10 @@ def test_gpu_fp32_is_tight(head_dim, causal):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.gpu
-@requires_cuda
 def test_gpu_dropout_consistent_with_forward(dtype):
     check_dropout_consistency(wmt_like_case(8, "causal"), dtype, device="cuda")
 
 
 @pytest.mark.gpu
-@requires_cuda
 def test_gpu_long_sequences_cross_many_blocks():
     check_kernel(Case(2, 700, 1000, 4, 64, [700, 333], [1000, 517], True), torch.bfloat16, device="cuda")

@@ -17,7 +17,6 @@ from fastformer.reference.layernorm import residual_layer_norm as reference_laye
 from tolerances import FP32, assert_close_lowp
 from triton_kernels.layernorm_residual import residual_layer_norm, unsupported_reason
 
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 # Without CUDA, conftest.py has switched Triton to its interpreter, which runs kernels on CPU tensors.
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -279,20 +278,17 @@ def test_custom_op_registration(with_residual):
 @pytest.mark.parametrize("shape", [(8192, 512), (8192, 1024), (1024, 8192)])
 @pytest.mark.parametrize("with_residual", [True, False])
 @pytest.mark.gpu
-@requires_cuda
 def test_gpu_kernel_matches_reference(dtype, shape, with_residual):
     check_kernel(shape, dtype, with_residual, "both", device="cuda")
 
 
 @pytest.mark.parametrize("grad_on", ["y", "s"])
 @pytest.mark.gpu
-@requires_cuda
 def test_gpu_kernel_one_gradient(grad_on):
     check_kernel((8192, 1024), torch.bfloat16, True, grad_on, device="cuda")
 
 
 @pytest.mark.parametrize("with_residual", [True, False])
 @pytest.mark.gpu
-@requires_cuda
 def test_gpu_dropout_backward_consistent_with_forward(with_residual):
     check_dropout_consistency((4096, 1024), with_residual, device="cuda")

@@ -1,6 +1,7 @@
 """The whole model on the Triton kernels (the interpreter on CPU) against the reference, with the same weights."""
 
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -113,7 +114,6 @@ def wmt_like_batch(batch_size: int, max_len: int, vocab: int, seed: int, device:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("preset", ["base", "big"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_fused_model_low_precision_on_gpu(preset, dtype):
@@ -177,3 +177,22 @@ def test_auto_runs_the_kernels_it_takes_without_a_warning(monkeypatch, kernel_ca
         warnings.simplefilter("error")
         attention(x, x, x)
     assert kernel_calls == {"flash_attention": 1}
+
+
+def test_gpu_marker_skips_without_cuda_and_runs_with_it(pytester, monkeypatch):
+    """conftest.py alone turns the `gpu` marker into a skip when there is no CUDA device, and only then."""
+    pytester.makeconftest(Path(__file__).with_name("conftest.py").read_text())
+    pytester.makepyfile("""
+        import pytest
+
+        @pytest.mark.gpu
+        def test_marked():
+            assert False, "ran"
+
+        def test_unmarked():
+            pass
+    """)
+    for cuda_available in (False, True):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda_available)
+        outcome = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider").parseoutcomes()
+        assert outcome == ({"passed": 1, "skipped": 1} if not cuda_available else {"passed": 1, "failed": 1})
