@@ -1,9 +1,14 @@
 """The one switch that chooses the kernels, and the dispatch of every fused op to Triton or the reference.
 
-`"auto"`: Triton on CUDA tensors, the plain-PyTorch reference elsewhere. `"triton"`: Triton on any device (on CPU
-tensors through Triton's interpreter, which needs TRITON_INTERPRET=1 before the kernels are imported).
-`"reference"`: plain PyTorch everywhere. Inputs the kernels do not cover fall back to the reference with a one-time
-warning. The kernel modules are imported lazily, so a machine without a working Triton can still use the reference.
+- `"auto"` (the default): Triton on CUDA tensors, the plain-PyTorch reference elsewhere. CUDA inputs a kernel does
+  not cover (an arbitrary float `attn_mask`, a head dim of 96, ...) fall back to the reference with a warning, shown
+  once per op and reason.
+- `"triton"`: Triton on any device (on CPU tensors through Triton's interpreter, which needs TRITON_INTERPRET=1
+  before the kernels are imported), and nothing else: inputs a kernel does not cover raise `UnsupportedInputError`,
+  naming the input and why, so that whatever runs under "triton" is known to have run the kernels.
+- `"reference"`: plain PyTorch everywhere.
+
+The kernel modules are imported lazily, so a machine without a working Triton can still use the reference.
 """
 
 from __future__ import annotations
@@ -21,6 +26,10 @@ BACKENDS = ("auto", "triton", "reference")
 
 # The one piece of process-wide state: which kernels run.
 _backend = "auto"
+
+
+class UnsupportedInputError(ValueError):
+    """Raised under the "triton" backend for inputs a fused kernel does not take (under "auto" they fall back)."""
 
 
 def set_backend(name: str) -> None:
@@ -46,11 +55,16 @@ def backend(name: str) -> Iterator[None]:
         set_backend(previous)
 
 
+def _auto_runs_triton(tensor: torch.Tensor) -> bool:
+    """Whether the "auto" backend puts an op on `tensor` through Triton: on CUDA tensors only."""
+    return tensor.is_cuda
+
+
 def _use_triton(op: str, tensor: torch.Tensor, unsupported_reason) -> bool:
     """Whether `op` runs its Triton kernel on `tensor`; `unsupported_reason()` names inputs the kernel can't take."""
-    if _backend == "reference" or (_backend == "auto" and not tensor.is_cuda):
+    if _backend == "reference" or (_backend == "auto" and not _auto_runs_triton(tensor)):
         return False
-    if not tensor.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+    if _backend == "triton" and not tensor.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError(
             f"backend 'triton' got CPU tensors for {op}: Triton runs on the CPU only in its interpreter; set "
             "TRITON_INTERPRET=1 before importing fastformer, move the tensors to a GPU, or use backend 'reference'"
@@ -58,6 +72,9 @@ def _use_triton(op: str, tensor: torch.Tensor, unsupported_reason) -> bool:
     reason = unsupported_reason()
     if reason is None:
         return True
+    if _backend == "triton":
+        raise UnsupportedInputError(f"backend 'triton': the {op} kernel cannot take these inputs: {reason}. Use "
+                                  "backend 'auto' to fall back to the reference for them, or backend 'reference'")
     # Python's default warning filter shows this once per message and call site, i.e. once per (op, reason).
     warnings.warn(f"fastformer: {op} falls back to the reference: {reason}", stacklevel=3)
     return False

@@ -1,5 +1,9 @@
+import collections
+import functools
+import importlib
 import os
 
+import pytest
 import torch
 
 # Triton decides at kernel-definition time whether to interpret, so this must run before any kernel module is
@@ -7,7 +11,46 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# The Triton entry points fastformer.dispatch calls, by module. dispatch imports them at call time, so replacing the
+# module attribute reaches every call made through the backend switch.
+KERNEL_ENTRY_POINTS = {"triton_kernels.attention": ("flash_attention",),
+                       "triton_kernels.cross_entropy": ("cross_entropy", "linear_cross_entropy"),
+                       "triton_kernels.layernorm_residual": ("residual_layer_norm",)}
+
+
+pytest_plugins = ["pytester"]
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped without one")
     config.addinivalue_line("markers", "slow: takes minutes on a 2-core CPU")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The `gpu` marker's skip: the one place that decides whether the GPU tests run."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="gpu test: needs a CUDA device")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch) -> collections.Counter:
+    """Counts the calls of each Triton entry point ({"flash_attention": 2, ...}), so that a test comparing the
+    "triton" backend against the reference proves the kernels ran rather than the reference twice."""
+    calls: collections.Counter = collections.Counter()
+    for module_name, names in KERNEL_ENTRY_POINTS.items():
+        module = importlib.import_module(module_name)
+        for name in names:
+            monkeypatch.setattr(module, name, _counted(getattr(module, name), name, calls))
+    return calls
+
+
+def _counted(function, name: str, calls: collections.Counter):
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        calls[name] += 1
+        return function(*args, **kwargs)
+    return wrapper

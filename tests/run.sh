@@ -1,18 +1,42 @@
 #!/usr/bin/env bash
 # The test command: builds a fresh venv with the pinned CPU dependencies, installs fastformer (compiling its
 # extension), checks that every CUDA source compiles with nvcc when nvcc is present, builds the C++ ops with CMake
-# and runs their ctest, then runs pytest against the installed package. Extra arguments go to pytest.
+# and runs their ctest, compiles every Triton kernel launch for sm_90/sm_80 (tests/test_triton_aot.py), then runs
+# the rest of pytest against the installed package. Extra arguments go to pytest, which then runs the whole of
+# tests/ (the AOT compile included) with them. One line per step says what it does and when it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+STEPS=$(( $# == 0 ? 7 : 6 ))
+step=0
+say() {
+    step=$((step + 1))
+    printf '\n== [%d/%d] %s (at %d min %02d s)\n' "$step" "$STEPS" "$1" $((SECONDS / 60)) $((SECONDS % 60))
+}
+say "virtual environment .venv with the pinned dependencies (requirements.txt)"
 python3 -m venv .venv
 .venv/bin/pip install -q -r requirements.txt
+say "build and install fastformer and its C++ extension"
 .venv/bin/pip install -q --no-build-isolation .
 if command -v nvcc >/dev/null; then
+    say "nvcc: compile every csrc/*.cu for sm_80 and sm_90a"
     bash csrc/compile_cuda.sh build/nvcc
+else
+    say "nvcc: not found, CUDA sources not compiled"
 fi
 # The C++ side without Python: the torch-free CPU ops against brute-force loops (ctest).
+say "CMake: build the C++ ops and their test"
 cmake -S . -B build/cmake -Wno-dev >/dev/null
 cmake --build build/cmake -j2 >/dev/null
+say "ctest: the C++ ops against brute-force loops"
 ctest --test-dir build/cmake --output-on-failure
 # pytest's own entry point keeps the source tree off sys.path, so the tests import the installed package.
-.venv/bin/pytest tests -q -ra "$@"
+if [ $# -eq 0 ]; then
+    say "pytest tests/test_triton_aot.py: Triton's compiler on every kernel launch for sm_90 and sm_80, on every core (minutes from an empty build/triton-aot-cache, seconds from a full one)"
+    .venv/bin/pytest tests/test_triton_aot.py -q -ra
+    say "pytest: every other test (the gpu-marked ones skip without a CUDA device)"
+    .venv/bin/pytest tests -q -ra --ignore tests/test_triton_aot.py
+else
+    say "pytest tests $*"
+    .venv/bin/pytest tests -q -ra "$@"
+fi
+printf '\n== done in %d min %02d s\n' $((SECONDS / 60)) $((SECONDS % 60))

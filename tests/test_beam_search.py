@@ -12,7 +12,6 @@ from fastformer import Transformer, TransformerConfig
 from fastformer.reference.beam_search import Hypothesis, beam_search, length_penalty_divisor
 
 VOCAB = 24
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -334,7 +333,6 @@ def cuda_model(norm_first: bool = False, **kwargs) -> Transformer:
 
 
 @pytest.mark.gpu
-@requires_cuda
 @pytest.mark.parametrize("beam_size,n_best,min_len,max_len_a,max_len_b,length_penalty", SEARCHES)
 @pytest.mark.parametrize("norm_first,activation", [(False, "relu"), (True, "gelu")])
 def test_cuda_translate_matches_reference(norm_first, activation, beam_size, n_best, min_len, max_len_a, max_len_b,
@@ -348,7 +346,6 @@ def test_cuda_translate_matches_reference(norm_first, activation, beam_size, n_b
 
 
 @pytest.mark.gpu
-@requires_cuda
 @pytest.mark.parametrize("beam_size", [8, 32])
 def test_cuda_translate_matches_reference_with_a_large_vocabulary(beam_size):
     # Many candidates per thread of the beam-step kernel, and its largest candidate lists.
@@ -360,7 +357,6 @@ def test_cuda_translate_matches_reference_with_a_large_vocabulary(beam_size):
 
 
 @pytest.mark.gpu
-@requires_cuda
 @pytest.mark.parametrize("norm_first,options", MODEL_OPTIONS)
 def test_cuda_translate_matches_reference_for_each_model_option(norm_first, options):
     model = cuda_model(norm_first, eos_scale=8.0, **options)
@@ -371,7 +367,6 @@ def test_cuda_translate_matches_reference_for_each_model_option(norm_first, opti
 
 
 @pytest.mark.gpu
-@requires_cuda
 def test_cuda_translate_matches_reference_with_the_length_form():
     model = cuda_model(eos_scale=8.0)
     src = padded_sources(model, [7, 2, 5, 1, 4, 9], seed=4).cuda()
@@ -381,7 +376,6 @@ def test_cuda_translate_matches_reference_with_the_length_form():
 
 
 @pytest.mark.gpu
-@requires_cuda
 def test_cuda_translate_rejects_a_beam_over_the_kernel_limit():
     model = cuda_model()
     with pytest.raises(ValueError, match="beam_size must be <= 32"):
@@ -389,7 +383,6 @@ def test_cuda_translate_rejects_a_beam_over_the_kernel_limit():
 
 
 @pytest.mark.gpu
-@requires_cuda
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_cuda_cached_decoder_logits_match_full_recompute(norm_first):
     from fastformer.decoding import cached_decoder
@@ -420,7 +413,6 @@ LOWP_TOLERANCES = [(torch.float16, 0.05, 0.75), (torch.bfloat16, 0.2, 0.5)]
 
 
 @pytest.mark.gpu
-@requires_cuda
 @pytest.mark.parametrize("dtype,score_tolerance,min_identical", LOWP_TOLERANCES)
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_cuda_translate_low_precision(norm_first, dtype, score_tolerance, min_identical):

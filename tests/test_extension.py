@@ -11,7 +11,6 @@ from tolerances import FP32, assert_close_lowp
 
 _C = pytest.importorskip("fastformer._C", reason="fastformer._C is not built")
 
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 HEADS, HEAD_DIM = 2, 32
 
 
@@ -103,7 +102,6 @@ def test_ops_reject_bad_inputs():
 
 
 @pytest.mark.gpu
-@requires_cuda
 def test_cuda_attention_ops_match_cpu_fp32():
     for make, op in ((self_attention_problem, torch.ops.fastformer.self_attention_step),
                      (cross_attention_problem, torch.ops.fastformer.cross_attention)):
@@ -113,7 +111,6 @@ def test_cuda_attention_ops_match_cpu_fp32():
 
 
 @pytest.mark.gpu
-@requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_cuda_attention_ops_low_precision(dtype):
     for make, op, expected_of in ((self_attention_problem, torch.ops.fastformer.self_attention_step,

@@ -1,12 +1,14 @@
 """The whole model on the Triton kernels (the interpreter on CPU) against the reference, with the same weights."""
 
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 
 import fastformer
-from fastformer import Transformer, TransformerConfig
+from fastformer import Transformer, TransformerConfig, dispatch
+from fastformer.dispatch import UnsupportedInputError
 from tolerances import FP32
 
 VOCAB = 37
@@ -29,19 +31,26 @@ def loss_and_grads(model: Transformer, name: str) -> tuple[torch.Tensor, dict[st
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
-def test_fused_model_matches_reference_logits_and_every_gradient(norm_first):
+def test_fused_model_matches_reference_logits_and_every_gradient(norm_first, kernel_calls):
     torch.manual_seed(0)
     model = Transformer(TransformerConfig.tiny(VOCAB, norm_first=norm_first, dropout=0.0))
     src, tgt = batch([9, 3, 1], 3), batch([6, 6, 2], 4)
     real = tgt != 0
     with fastformer.backend("triton"):
         fused_logits = model(src, tgt)
+    # Encoder self-, decoder self- and cross-attention in each layer; a LayerNorm after (or before) each sublayer.
+    assert set(kernel_calls) == {"flash_attention", "residual_layer_norm"}
+    forward_calls = kernel_calls.copy()
     with fastformer.backend("reference"):
         reference_logits = model(src, tgt)
+    assert kernel_calls == forward_calls
     torch.testing.assert_close(fused_logits[real], reference_logits[real], **FP32)
 
     fused_loss, fused_grads = loss_and_grads(model, "triton")
+    assert kernel_calls["linear_cross_entropy"] == 1
+    assert kernel_calls["flash_attention"] == 2 * forward_calls["flash_attention"]
     reference_loss, reference_grads = loss_and_grads(model, "reference")
+    assert kernel_calls["linear_cross_entropy"] == 1
     torch.testing.assert_close(fused_loss, reference_loss, **FP32)
     for name, grad in reference_grads.items():
         torch.testing.assert_close(fused_grads[name], grad, **FP32, msg=name)
@@ -105,7 +114,6 @@ def wmt_like_batch(batch_size: int, max_len: int, vocab: int, seed: int, device:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("preset", ["base", "big"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_fused_model_low_precision_on_gpu(preset, dtype):
@@ -133,18 +141,58 @@ def test_fused_model_low_precision_on_gpu(preset, dtype):
     assert abs(fused_loss.item() - reference_loss.item()) < 1e-2 * reference_loss.item()
 
 
-def test_unsupported_input_falls_back_to_the_reference_with_one_warning():
-    # head_dim 48 is not one the attention kernel takes: the module must give the reference's result and say so once.
+def test_unsupported_input_under_triton_raises_naming_it(kernel_calls):
+    # head_dim 48 is not one the attention kernel takes: "triton" promises the kernel, so it must refuse, not fall back.
+    attention = fastformer.nn.MultiheadAttention(96, 2)
+    x = torch.randn(2, 5, 96)
+    with fastformer.backend("triton"), pytest.raises(UnsupportedInputError, match="attention kernel.*head_dim is 48"):
+        attention(x, x, x)
+    assert not kernel_calls
+
+
+def test_unsupported_input_under_auto_falls_back_to_the_reference_with_one_warning(monkeypatch, kernel_calls):
+    # "auto" runs Triton on CUDA tensors only; let it take these CPU tensors (the interpreter runs them) as if on CUDA.
+    monkeypatch.setattr(dispatch, "_auto_runs_triton", lambda tensor: True)
     torch.manual_seed(2)
     attention = fastformer.nn.MultiheadAttention(96, 2)
     x = torch.randn(2, 5, 96)
     lengths = torch.tensor([5, 3])
     with fastformer.backend("reference"):
         expected = attention(x, x, x, query_lengths=lengths, key_lengths=lengths)[0]
-    with warnings.catch_warnings(record=True) as caught, fastformer.backend("triton"):
+    with warnings.catch_warnings(record=True) as caught, fastformer.backend("auto"):
         warnings.simplefilter("default")
         outputs = [attention(x, x, x, query_lengths=lengths, key_lengths=lengths)[0] for _ in range(2)]
     fallbacks = [w for w in caught if "attention falls back to the reference" in str(w.message)]
-    assert len(fallbacks) == 1 and "head_dim" in str(fallbacks[0].message)
+    assert len(fallbacks) == 1 and "head_dim is 48" in str(fallbacks[0].message)
+    assert not kernel_calls
     for out in outputs:
         torch.testing.assert_close(out, expected, **FP32)
+
+
+def test_auto_runs_the_kernels_it_takes_without_a_warning(monkeypatch, kernel_calls):
+    monkeypatch.setattr(dispatch, "_auto_runs_triton", lambda tensor: True)
+    attention = fastformer.nn.MultiheadAttention(64, 2)
+    x = torch.randn(2, 5, 64)
+    with warnings.catch_warnings(), fastformer.backend("auto"):
+        warnings.simplefilter("error")
+        attention(x, x, x)
+    assert kernel_calls == {"flash_attention": 1}
+
+
+def test_gpu_marker_skips_without_cuda_and_runs_with_it(pytester, monkeypatch):
+    """conftest.py alone turns the `gpu` marker into a skip when there is no CUDA device, and only then."""
+    pytester.makeconftest(Path(__file__).with_name("conftest.py").read_text())
+    pytester.makepyfile("""
+        import pytest
+
+        @pytest.mark.gpu
+        def test_marked():
+            assert False, "ran"
+
+        def test_unmarked():
+            pass
+    """)
+    for cuda_available in (False, True):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda_available)
+        outcome = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider").parseoutcomes()
+        assert outcome == ({"passed": 1, "skipped": 1} if not cuda_available else {"passed": 1, "failed": 1})

@@ -7,7 +7,13 @@ launched with, is then compiled down to a cubin for each target by Triton's own 
 memory each needs is checked against what one block may use on that GPU. This proves on a CPU what the GPU would
 otherwise find first: a kernel or config that does not compile, or does not fit.
 
-    python tests/triton_aot.py [--targets 90,80] [--quick]   # prints one JSON line: the compiled launches
+The compiles are independent, so they run in parallel, one process per core (ptxas and Triton's passes are single
+threaded). Triton's cache (TRITON_CACHE_DIR) keys each compiled kernel by a hash of everything that goes into it:
+the kernel's source and the source of every function it calls, the argument types, constexprs and options, the
+target, the Triton and ptxas versions. A cache hit is therefore the same compile done earlier, and its stored
+metadata (shared memory) and cubin are what compiling again would give.
+
+    python tests/triton_aot.py [--targets 90,80] [--quick] [--jobs N]   # prints one JSON line: the compiled launches
 """
 
 from __future__ import annotations
@@ -15,8 +21,10 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import multiprocessing
 import os
 import sys
+import time
 from typing import Any
 
 import torch
@@ -113,17 +121,34 @@ def run_every_launcher(quick: bool) -> None:
             (y.sum() + s.sum()).backward()
 
 
-def compile_all(recorder: Recorder, targets: list[int]) -> list[dict]:
+def _compile(task: tuple[int, int]) -> dict:
+    """Compiles launch number `task[0]` of the recorder being compiled for compute capability `task[1]`."""
+    index, capability = task
+    kernel, signature, constexprs, options = _LAUNCHES_TO_COMPILE[index]
+    started = time.perf_counter()
+    source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
+    shared = compiled.metadata.shared
+    return {"kernel": kernel.fn.__name__, "sm": capability, "options": options,
+            "constexprs": {k: str(v) for k, v in constexprs.items()},
+            "shared_bytes": shared, "fits": shared <= SHARED_MEMORY_LIMIT[capability],
+            "cubin_bytes": len(compiled.asm["cubin"]), "seconds": round(time.perf_counter() - started, 3)}
+
+
+# The launches compile_all hands to its worker processes, which inherit it by fork (JIT functions do not pickle).
+_LAUNCHES_TO_COMPILE: list[tuple[JITFunction, dict, dict, dict]] = []
+
+
+def compile_all(recorder: Recorder, targets: list[int], jobs: int) -> list[dict]:
+    """Every recorded launch for every target, `jobs` compiles at a time; a progress line per compile on stderr."""
+    _LAUNCHES_TO_COMPILE[:] = recorder.launches.values()
+    tasks = [(index, capability) for index in range(len(_LAUNCHES_TO_COMPILE)) for capability in targets]
     results = []
-    for kernel, signature, constexprs, options in recorder.launches.values():
-        for capability in targets:
-            source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
-            compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
-            shared = compiled.metadata.shared
-            results.append({"kernel": kernel.fn.__name__, "sm": capability, "options": options,
-                            "constexprs": {k: str(v) for k, v in constexprs.items()},
-                            "shared_bytes": shared, "fits": shared <= SHARED_MEMORY_LIMIT[capability],
-                            "cubin_bytes": len(compiled.asm["cubin"])})
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        for result in pool.imap_unordered(_compile, tasks):
+            results.append(result)
+            print(f"[{len(results)}/{len(tasks)}] sm_{result['sm']} {result['kernel']} {result['seconds']:.1f} s",
+                  file=sys.stderr, flush=True)
     return results
 
 
@@ -131,13 +156,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--targets", default="90,80", help="compute capabilities, comma-separated")
     parser.add_argument("--quick", action="store_true", help="fp16/fp32 and one head_dim / d_model only")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="compiles run at once (default: all cores)")
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("run without TRITON_INTERPRET=1: the interpreter compiles nothing")
     recorder = Recorder()
     recorder.install()
     run_every_launcher(args.quick)
-    print(json.dumps(compile_all(recorder, [int(t) for t in args.targets.split(",")])))
+    print(json.dumps(compile_all(recorder, [int(t) for t in args.targets.split(",")], args.jobs)))
     return 0
 
 
