@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The test command: builds a fresh venv with the pinned CPU dependencies, installs fastformer (compiling its
-# extension), checks that every CUDA source compiles with nvcc when nvcc is present, builds the C++ ops with CMake
+# extension), checks that every CUDA source compiles with nvcc when nvcc is present (and the C++ that launches it), builds the C++ ops with CMake
 # and runs their ctest, compiles every Triton kernel launch for sm_90/sm_80 (tests/test_triton_aot.py), then runs
 # the rest of pytest against the installed package. Extra arguments go to pytest, which then runs the whole of
 # tests/ (the AOT compile included) with them. One line per step says what it does and when it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STEPS=$(( $# == 0 ? 7 : 6 ))
+STEPS=$(( $# == 0 ? 8 : 7 ))
 step=0
 say() {
     step=$((step + 1))
@@ -20,8 +20,11 @@ say "build and install fastformer and its C++ extension"
 if command -v nvcc >/dev/null; then
     say "nvcc: compile every csrc/*.cu for sm_80 and sm_90a"
     bash csrc/compile_cuda.sh build/nvcc
+    say "g++ -fsyntax-only: the CUDA build's torch glue (csrc/*.cpp with FASTFORMER_WITH_CUDA)"
+    bash csrc/check_cuda_glue.sh .venv/bin/python build/cuda-glue
 else
     say "nvcc: not found, CUDA sources not compiled"
+    say "no CUDA toolkit: the CUDA build's torch glue not checked"
 fi
 # The C++ side without Python: the torch-free CPU ops against brute-force loops (ctest).
 say "CMake: build the C++ ops and their test"
