@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The test command: builds a fresh venv with the pinned CPU dependencies, installs fastformer (compiling its
-# extension), checks that every CUDA source compiles with nvcc when nvcc is present (and the C++ that launches it), builds the C++ ops with CMake
-# and runs their ctest, compiles every Triton kernel launch for sm_90/sm_80 (tests/test_triton_aot.py), then runs
-# the rest of pytest against the installed package. Extra arguments go to pytest, which then runs the whole of
-# tests/ (the AOT compile included) with them. One line per step says what it does and when it started.
+# extension), checks when nvcc is present that every CUDA source compiles and so does the C++ that launches it,
+# builds the C++ ops with CMake and runs their ctest, compiles every Triton kernel launch for sm_90/sm_80
+# (tests/test_triton_aot.py), then runs the rest of pytest against the installed package. Extra arguments go to
+# pytest, which then runs the whole of tests/ (the AOT compile included) with them. One line per step says what it
+# does and when it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=$(( $# == 0 ? 8 : 7 ))
