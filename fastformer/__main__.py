@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from fastformer import checkpoint, evaluate
+from fastformer import checkpoint, evaluate, export
 from fastformer.data import decode_sentences, find_split, read_parallel
 from fastformer.search_rules import LENGTH_PENALTY_FORMS
 from fastformer.train import TrainOptions, TrainResult, check_run, process_rank, train
-from fastformer.translator import OnTruncated, load_translator
+from fastformer.translator import OnTruncated, load_checkpoint_model, load_translator
 
 # The demo fits the bundled corpus and a few CPU minutes: small updates, so that it takes many steps, with a short
 # warmup and a raised peak learning rate. Its length is a fixed number of updates, not a time, so that its result is
@@ -198,6 +198,16 @@ def _run_average(args: argparse.Namespace) -> None:
     print(f"averaged {len(paths)} {noun} ({paths[0].name} .. {paths[-1].name}) into {output}")
 
 
+def _run_export(args: argparse.Namespace) -> None:
+    source = _newest_checkpoint(args)
+    if source.is_dir():
+        raise ValueError(f"{source} is a directory: export takes a fastformer checkpoint (a Marian model converts "
+                         "with CTranslate2's own ct2-transformers-converter)")
+    model, tokenizer = load_checkpoint_model(source)
+    written = export.to_ctranslate2(model, tokenizer, Path(args.output), quantization=args.quantization)
+    print(f"exported {source} to {written} (CTranslate2, {args.quantization}); its inputs are the tokenizer's pieces")
+
+
 def _add_inference_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", help="a checkpoint file or a Marian (OPUS-MT) model directory in the "
                         "transformers layout (default: the newest checkpoint in --out-dir)")
@@ -245,6 +255,15 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate_parser.add_argument("--max-sentences", type=int, default=0, help="score the first N sentences (0: all)")
     evaluate_parser.set_defaults(run=_run_evaluate)
 
+    export_parser = commands.add_parser("export", help="write a checkpoint as a CTranslate2 model directory",
+                                        **HELP_FORMAT)
+    export_parser.add_argument("--checkpoint", help="a checkpoint file (default: the newest in --out-dir)")
+    export_parser.add_argument("--out-dir", default="runs/demo", help="the training run's directory")
+    export_parser.add_argument("--output", required=True, help="the CTranslate2 model directory to write")
+    export_parser.add_argument("--quantization", default="float32", choices=export.QUANTIZATIONS,
+                               help="how CTranslate2 stores the weights")
+    export_parser.set_defaults(run=_run_export)
+
     average = commands.add_parser("average", help="average the last N checkpoints of a run into one", **HELP_FORMAT)
     average.add_argument("--out-dir", default="runs/demo", help="the training run's directory")
     average.add_argument("--last", type=int, default=5, help="how many of the newest checkpoints to average")
@@ -260,7 +279,7 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
         args.run(args)
-    except (ValueError, OSError) as error:
+    except (ValueError, OSError, ImportError) as error:
         raise SystemExit(f"fastformer {args.command}: error: {error}") from None
     finally:
         if dist.is_initialized():

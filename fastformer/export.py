@@ -94,7 +94,7 @@ def _import_ctranslate2():
         import ctranslate2
         import ctranslate2.specs  # noqa: F401 - the spec classes live in a submodule
     except ImportError as error:
-        raise RuntimeError("exporting to CTranslate2 needs the ctranslate2 package: "
+        raise ModuleNotFoundError("exporting to CTranslate2 needs the ctranslate2 package: "
                            "`pip install ctranslate2` or `pip install .[ctranslate2]`") from error
     return ctranslate2
 

@@ -253,3 +253,40 @@ def test_bad_input_is_named(tmp_path):
         to_ctranslate2(torch.nn.Linear(2, 2), PIECES, tmp_path / "c")
     with pytest.raises(ValueError, match="<unk>"):
         to_ctranslate2(model, ["<pad>", "<s>", "</s>", "x3"] + PIECES[4:], tmp_path / "d")
+
+
+def test_cli_exports_a_checkpoint_that_ctranslate2_scores_like_fastformer(tmp_path, capsys):
+    """`fastformer export` writes the checkpoint's model and vocabulary: CTranslate2's score of a sentence pair given
+    as the tokenizer's pieces is fastformer's teacher-forced log-probability of the same ids."""
+    from fastformer import checkpoint
+    from fastformer.__main__ import main
+    from fastformer.data import BUNDLED_CORPUS, read_lines
+
+    tokenizer = train_tokenizer(read_lines(BUNDLED_CORPUS / "valid.en")[:200]
+                                + read_lines(BUNDLED_CORPUS / "valid.de")[:200], vocab_size=120)
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig.tiny(tokenizer.vocab_size, dropout=0.0)).eval()
+    path = tmp_path / "checkpoint.pt"
+    checkpoint.save_checkpoint(checkpoint.Checkpoint(model=model.state_dict(), config=model.config.to_dict(),
+                                                     tokenizer=tokenizer.model_proto), path)
+    main(["export", "--checkpoint", str(path), "--output", str(tmp_path / "ct2")])
+    assert "exported" in capsys.readouterr().out
+    (source,), (target,) = tokenizer.encode(["the old man has a small dog"]), tokenizer.encode(["der alte Mann"])
+    pieces = vocabulary(tokenizer)
+    result = ctranslate2.Translator(str(tmp_path / "ct2")).score_batch([[pieces[i] for i in source]],
+                                                                        [[pieces[i] for i in target]])[0]
+    config = model.config
+    src = torch.tensor([source + [config.eos_id]])
+    tgt_in, tgt_out = torch.tensor([[config.bos_id] + target]), torch.tensor([target + [config.eos_id]])
+    with fastformer.backend("reference"), torch.no_grad():
+        log_probs = F.log_softmax(model(src, tgt_in), dim=-1)[0].gather(1, tgt_out[0, :, None])[:, 0]
+    torch.testing.assert_close(torch.tensor(result.log_probs), log_probs, rtol=1e-4, atol=1e-4)
+
+
+def test_cli_export_names_a_marian_directory_and_a_missing_checkpoint(tmp_path):
+    from fastformer.__main__ import main
+
+    with pytest.raises(SystemExit, match="is a directory"):
+        main(["export", "--checkpoint", str(tmp_path), "--output", str(tmp_path / "ct2")])
+    with pytest.raises(SystemExit, match="missing.pt"):
+        main(["export", "--checkpoint", str(tmp_path / "missing.pt"), "--output", str(tmp_path / "ct2")])
