@@ -51,6 +51,9 @@ from fastformer.reference.beam_search import beam_search as reference_beam_searc
 
 TRAIN_SYSTEMS = ("fastformer", "reference", "reference-compile", "torch-nn", "fastformer-compile")
 DEFAULT_TRAIN_SYSTEMS = TRAIN_SYSTEMS[:4]
+# The CPU run is a quick smoke run: without the systems that take most of its time (torch.compile's tracing of the
+# reference, transformers' Python generate loop); --systems names them.
+CPU_SLOW_SYSTEMS = ("reference-compile", "transformers")
 INFER_SYSTEMS = ("fastformer", "cached-pytorch", "reference", "ctranslate2", "ctranslate2-int8", "transformers")
 PRESETS = ("tiny", "base", "big")
 TINY_VOCAB = 1000
@@ -593,7 +596,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, Path]:
     add("--train", action="store_true", help="run the training section (default: both sections)")
     add("--infer", action="store_true", help="run the inference section (default: both sections)")
     add("--systems", help=f"comma-separated subset of {TRAIN_SYSTEMS + INFER_SYSTEMS[1:]}; default: "
-                          f"{','.join(DEFAULT_TRAIN_SYSTEMS)} and every inference system")
+                          f"{','.join(DEFAULT_TRAIN_SYSTEMS)} and every inference system (on CPU without "
+                          f"{', '.join(CPU_SLOW_SYSTEMS)})")
     add("--quick", action="store_true", help="fewer batches, repeats and sentences; training on base only")
     sizes = ", ".join(f"{name.replace('_', '-')} {values}" for name, values in MODE_DEFAULTS.items())
     parser.epilog = f"Defaults (full run, --quick, CPU): {sizes}."
@@ -635,6 +639,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, Path]:
     if args.compile_mode != "default" and compile_backend != "inductor":
         parser.error(f"--compile-mode {args.compile_mode} needs the inductor backend, not {compile_backend}")
     both = not args.train and not args.infer
+    if chosen is None and cpu:
+        chosen = [s for s in dict.fromkeys(INFER_SYSTEMS + DEFAULT_TRAIN_SYSTEMS) if s not in CPU_SLOW_SYSTEMS]
     settings = Settings(
         device=args.device, presets=args.preset or (["tiny"] if cpu else ["base"] if args.quick else ["base", "big"]),
         train_systems=[s for s in chosen or DEFAULT_TRAIN_SYSTEMS if s in TRAIN_SYSTEMS] if args.train or both else [],

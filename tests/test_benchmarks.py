@@ -145,10 +145,22 @@ def run_script(script: str, out_dir: Path, *args: str) -> dict:
     return results
 
 
+def test_the_cpu_run_leaves_out_its_slow_systems_unless_named():
+    from throughput import parse_args
+
+    settings, _ = parse_args(["--device", "cpu"])
+    assert settings.train_systems == ["fastformer", "reference", "torch-nn"]
+    assert settings.infer_systems == ["fastformer", "cached-pytorch", "reference", "ctranslate2", "ctranslate2-int8"]
+    settings, _ = parse_args(["--device", "cpu", "--systems", "transformers,reference-compile"])
+    assert (settings.train_systems, settings.infer_systems) == (["reference-compile"], ["transformers"])
+
+
 def test_throughput_smoke_run_on_cpu(tmp_path):
+    every_system = "fastformer,reference,reference-compile,torch-nn,cached-pytorch,ctranslate2,ctranslate2-int8," \
+                   "transformers"
     results = run_script("throughput.py", tmp_path, "--preset", "tiny", "--max-tokens", "128", "--batches", "1",
                          "--warmup", "0", "--repeats", "1", "--sentences", "6", "--reference-sentences", "2",
-                         "--latency-sentences", "1")
+                         "--latency-sentences", "1", "--systems", every_system)
     assert {row["system"] for row in results["training"]} == {"fastformer", "reference", "reference-compile",
                                                               "torch-nn"}
     assert {row["system"] for row in results["inference"]} == {"fastformer", "cached-pytorch", "reference",
