@@ -1,4 +1,4 @@
-"""Each fused op against its PyTorch counterparts over transformer-base/-big shapes, with issue 6's targets.
+"""Each fused op against its PyTorch counterparts over transformer-base/-big shapes, with the project's speed targets.
 
     python benchmarks/kernels.py                    # on the GPU, bf16
     python benchmarks/kernels.py --device cpu       # tiny fp32 shapes in Triton's interpreter: a smoke run only
@@ -42,7 +42,7 @@ import bench_utils as bu
 import fastformer
 from fastformer import dispatch
 
-# Issue 6's targets (transformer-base, H100, bf16).
+# The targets (transformer-base, H100, bf16).
 TARGET_ATTENTION_SPEEDUP = 2.0  # forward+backward vs SDPA with the same mask, padded batches
 TARGET_ATTENTION_FLASH_SPEEDUP = 1.0  # forward+backward vs SDPA's flash backend, unpadded equal lengths
 TARGET_CE_SPEEDUP = 2.0

@@ -56,6 +56,32 @@ def test_fused_model_matches_reference_logits_and_every_gradient(norm_first, ker
         torch.testing.assert_close(fused_grads[name], grad, **FP32, msg=name)
 
 
+def test_fused_model_runs_marian_style_options_like_the_reference(kernel_calls):
+    """swish, [sin | cos] positions, unscaled embeddings, an output bias (through the fused linear + CE) and a
+    decoder started from pad == bos: the Triton path equals the reference, loss and every gradient."""
+    torch.manual_seed(1)
+    config = TransformerConfig.tiny(VOCAB, dropout=0.0, activation="swish", position_layout="halves",
+                                    scale_embedding=False, output_bias=True, tie_embeddings=False,
+                                    pad_id=0, bos_id=0, eos_id=1)
+    model = Transformer(config)
+    with torch.no_grad():
+        model.output_bias.normal_()
+    src, tgt = batch([9, 3, 1], 7), batch([7, 2, 4], 8)
+    tgt[:, 0] = config.bos_id
+    results = {}
+    for name in ("triton", "reference"):
+        model.zero_grad()
+        with fastformer.backend(name):
+            loss = model.loss(src, tgt[:, :-1].contiguous(), tgt[:, 1:].contiguous(), label_smoothing=0.1)
+        loss.backward()
+        results[name] = loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+    assert kernel_calls["linear_cross_entropy"] == 1
+    torch.testing.assert_close(results["triton"][0], results["reference"][0], **FP32)
+    assert results["reference"][1]["output_bias"].abs().sum() > 0
+    for name, grad in results["reference"][1].items():
+        torch.testing.assert_close(results["triton"][1][name], grad, **FP32, msg=name)
+
+
 def training_model(seed: int) -> Transformer:
     """A tiny model in training mode with every dropout on: residual, attention, embedding."""
     torch.manual_seed(seed)

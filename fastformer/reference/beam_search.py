@@ -1,6 +1,6 @@
 """Beam search that recomputes the decoder over the whole prefix at every step: the oracle of the compiled decoder.
 
-The scoring rules (issue 5; fairseq's candidate rule) that every beam search in fastformer follows exactly:
+The scoring rules (fairseq's candidate rule) that every beam search in fastformer follows exactly:
 - score(Y) = sum of the log-probabilities of Y's tokens including the final EOS, divided by a length penalty of |Y|,
   the number of Y's real tokens plus its EOS (BOS is not counted); log-probabilities are the fp32 log-softmax over
   the whole vocabulary. With alpha = length_penalty, length_penalty_form chooses the penalty:
