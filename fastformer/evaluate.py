@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import sacrebleu
 import torch
 
 from fastformer.data import TokenBatchSampler, TokenizedCorpus, Tokenizer
 from fastformer.model import Transformer
-from fastformer.translator import OnTruncated, Translator, load_checkpoint_model
+from fastformer.translator import OnTruncated, Translator
 
 
 def resolve_device(option: str, local_rank: int = 0) -> torch.device:
@@ -33,12 +32,6 @@ def resolve_device(option: str, local_rank: int = 0) -> torch.device:
     if device.index >= torch.cuda.device_count():
         raise ValueError(f"--device {device}: only {torch.cuda.device_count()} GPU(s) are visible")
     return device
-
-
-def load_model(path: Path, device: str | torch.device = "cpu") -> tuple[Transformer, Tokenizer]:
-    """A checkpoint (trained or averaged) -> (model in eval mode on device, its tokenizer)."""
-    model, tokenizer = load_checkpoint_model(path)
-    return model.to(device), tokenizer
 
 
 def translate_sentences(model: Transformer, tokenizer: Tokenizer, sentences: list[str], beam_size: int = 4,

@@ -12,6 +12,7 @@ import torch
 from fastformer import checkpoint, evaluate
 from fastformer.__main__ import build_parser
 from fastformer.data import BUNDLED_CORPUS, EOS_ID, read_lines
+from fastformer.translator import load_checkpoint_model
 from fastformer_process import run
 
 SENTENCES = ["The dog sees a cat.", "My friend reads the new book today.", "Do you play in the garden?",
@@ -32,7 +33,7 @@ def trained(tmp_path_factory) -> Path:
 
 def _translate_one_by_one(run_dir: Path, sentences: list[str]) -> list[str]:
     """The oracle: each sentence alone through Transformer.translate, without the CLI's batching and sorting."""
-    model, tokenizer = evaluate.load_model(sorted(run_dir.glob("checkpoint_*.pt"))[-1])
+    model, tokenizer = load_checkpoint_model(sorted(run_dir.glob("checkpoint_*.pt"))[-1])
     outputs = []
     for ids in tokenizer.encode(sentences):
         best = model.translate(torch.tensor([ids + [EOS_ID]]), beam_size=4, length_penalty=0.6)[0][0]
@@ -56,7 +57,7 @@ def test_translate_files_keeps_order_and_count(trained: Path, tmp_path: Path):
     assert done.returncode == 0, done.stderr
     assert done.stdout == ""
     translations = read_lines(tmp_path / "out.de")
-    model, tokenizer = evaluate.load_model(sorted(trained.glob("checkpoint_*.pt"))[-1])
+    model, tokenizer = load_checkpoint_model(sorted(trained.glob("checkpoint_*.pt"))[-1])
     assert translations == evaluate.translate_sentences(model, tokenizer, sources, beam_size=2, batch_tokens=10_000)
 
 
@@ -113,7 +114,7 @@ def test_blank_lines_give_blank_lines_on_stdin_and_from_input(trained: Path, tmp
 
 def test_a_line_over_the_model_limit_is_reported_by_line_and_size(trained: Path):
     long_line = " ".join(["the old man sees a small dog"] * 150)
-    model, tokenizer = evaluate.load_model(sorted(trained.glob("checkpoint_*.pt"))[-1])
+    model, tokenizer = load_checkpoint_model(sorted(trained.glob("checkpoint_*.pt"))[-1])
     n_tokens = len(tokenizer.encode([long_line])[0])
     limit = model.config.max_positions - 1
     assert n_tokens > limit
@@ -166,4 +167,4 @@ def test_model_and_tokenizer_special_ids_must_agree(trained: Path, tmp_path: Pat
     saved.config = {**saved.config, "eos_id": 5}
     checkpoint.save_checkpoint(saved, tmp_path / "mismatched.pt")
     with pytest.raises(ValueError, match="special ids"):
-        evaluate.load_model(tmp_path / "mismatched.pt")
+        load_checkpoint_model(tmp_path / "mismatched.pt")
