@@ -7,22 +7,116 @@
 
 #include "beam_ops.h"
 
+// The entry points are compiled twice, for x86-64-v3 (AVX2 + FMA) and the baseline, and the loader picks the one the
+// CPU runs; the helpers they call are inlined into each. Elsewhere they are compiled once, for the baseline.
+#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+#define FASTFORMER_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define FASTFORMER_CPU_CLONES
+#endif
+#define FASTFORMER_INLINE inline __attribute__((always_inline))
+// GCC warns that a vector passed by value has another ABI without AVX; every helper taking one is inlined, so no
+// vector crosses a call.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+
 namespace fastformer {
 namespace {
 
-// a . b over n floats, in kLanes independent partial sums so that the compiler can keep them in vector registers
-// (one running sum is a serial chain of dependent adds).
-inline float dot(const float* a, const float* b, int n) {
-  constexpr int kLanes = 8;
-  float partial[kLanes] = {};
-  int d = 0;
-  for (; d + kLanes <= n; d += kLanes) {
-    for (int lane = 0; lane < kLanes; ++lane) partial[lane] += a[d + lane] * b[d + lane];
-  }
+constexpr int kLanes = 8;
+// kLanes floats as one value (GCC/Clang vector extensions): the ops below are written on whole vectors, so they
+// compile to AVX2 in the x86-64-v3 clone and to pairs of SSE instructions in the baseline one.
+using Floats = float __attribute__((vector_size(kLanes * sizeof(float))));
+using Ints = int32_t __attribute__((vector_size(kLanes * sizeof(int32_t))));
+
+FASTFORMER_INLINE Floats splat(float x) { return Floats{} + x; }
+
+FASTFORMER_INLINE Floats load(const float* x) {
+  Floats v;
+  std::memcpy(&v, x, sizeof v);
+  return v;
+}
+
+// The first n < kLanes floats of x, the other lanes `fill`.
+FASTFORMER_INLINE Floats load_first(const float* x, int n, float fill) {
+  Floats v = splat(fill);
+  for (int lane = 0; lane < n; ++lane) v[lane] = x[lane];
+  return v;
+}
+
+FASTFORMER_INLINE float sum_lanes(Floats v) {
   float total = 0.0f;
-  for (int lane = 0; lane < kLanes; ++lane) total += partial[lane];
+  for (int lane = 0; lane < kLanes; ++lane) total += v[lane];
+  return total;
+}
+
+FASTFORMER_INLINE float max_lanes(Floats v) {
+  float top = v[0];
+  for (int lane = 1; lane < kLanes; ++lane) top = std::max(top, v[lane]);
+  return top;
+}
+
+// Lane-wise max that keeps `a` where b is NaN, as std::max(a, b) does.
+FASTFORMER_INLINE Floats maximum(Floats a, Floats b) { return a < b ? b : a; }
+
+FASTFORMER_INLINE bool any_lane(Ints mask) {
+  for (int lane = 0; lane < kLanes; ++lane) {
+    if (mask[lane]) return true;
+  }
+  return false;
+}
+
+// e^x for x <= 0 (to ~2 ulp; x < -87 gives ~1e-38 rather than 0): 2^n * e^r with n = round(x / ln 2) and
+// |r| <= ln(2) / 2 by a degree-6 polynomial, with ln 2 split in two so that r stays exact.
+FASTFORMER_INLINE Floats exp_nonpositive(Floats x) {
+  x = maximum(x, splat(-87.0f));
+  const Floats magic = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+  const Floats n = (x * 1.44269504f + magic) - magic;
+  const Floats r = (x - n * 0.693145751953125f) - n * 1.42860677e-6f;
+  Floats p = splat(1.38888889e-3f);
+  p = p * r + 8.33333333e-3f;
+  p = p * r + 4.16666667e-2f;
+  p = p * r + 1.66666667e-1f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const Ints exponent = (__builtin_convertvector(n, Ints) + 127) << 23;
+  return p * __builtin_bit_cast(Floats, exponent);
+}
+
+// a . b over n floats.
+FASTFORMER_INLINE float dot(const float* a, const float* b, int n) {
+  Floats partial{};
+  int d = 0;
+  for (; d + kLanes <= n; d += kLanes) partial += load(a + d) * load(b + d);
+  float total = sum_lanes(partial);
   for (; d < n; ++d) total += a[d] * b[d];
   return total;
+}
+
+// out[0:n] += w * x[0:n]
+FASTFORMER_INLINE void add_scaled(float* out, float w, const float* x, int n) {
+  int d = 0;
+  for (; d + kLanes <= n; d += kLanes) {
+    const Floats sum = load(out + d) + w * load(x + d);
+    std::memcpy(out + d, &sum, sizeof sum);
+  }
+  for (; d < n; ++d) out[d] += w * x[d];
+}
+
+// Replaces x[0:n] (all <= top) by e^(x - top) -> their sum.
+FASTFORMER_INLINE float exp_in_place(float* x, int n, float top) {
+  Floats total{};
+  int t = 0;
+  for (; t + kLanes <= n; t += kLanes) {
+    const Floats e = exp_nonpositive(load(x + t) - top);
+    std::memcpy(x + t, &e, sizeof e);
+    total += e;
+  }
+  float sum = sum_lanes(total);
+  for (; t < n; ++t) sum += (x[t] = exp_nonpositive(splat(x[t] - top))[0]);
+  return sum;
 }
 
 // A per-thread buffer of at least `size` floats, kept between calls (the ops run once per layer and step).
@@ -35,25 +129,17 @@ float* scratch(size_t size) {
 // out[0:head_dim] = softmax(q . k_p / sqrt(head_dim)) @ v over positions p < length; key_at(p)/value_at(p) point
 // at position p's [head_dim] vectors; weights: [length] scratch.
 template <typename KeyAt, typename ValueAt>
-void attend_one(const float* q, int head_dim, int length, KeyAt key_at, ValueAt value_at, float* weights,
-                float* out) {
+FASTFORMER_INLINE void attend_one(const float* q, int head_dim, int length, KeyAt key_at, ValueAt value_at,
+                                  float* weights, float* out) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   float max_score = -std::numeric_limits<float>::infinity();
   for (int p = 0; p < length; ++p) {
     weights[p] = dot(q, key_at(p), head_dim) * scale;
     max_score = std::max(max_score, weights[p]);
   }
-  float total = 0.0f;
-  for (int p = 0; p < length; ++p) {
-    weights[p] = std::exp(weights[p] - max_score);
-    total += weights[p];
-  }
+  const float total = exp_in_place(weights, length, max_score);
   std::fill(out, out + head_dim, 0.0f);
-  for (int p = 0; p < length; ++p) {
-    const float* value = value_at(p);
-    const float w = weights[p] / total;
-    for (int d = 0; d < head_dim; ++d) out[d] += w * value[d];
-  }
+  for (int p = 0; p < length; ++p) add_scaled(out, weights[p] / total, value_at(p), head_dim);
 }
 
 // Keeps the best `capacity` candidates offered, ranked (ranks_before) best first.
@@ -61,6 +147,11 @@ class TopCandidates {
  public:
   explicit TopCandidates(int capacity) : ranked_(capacity) {}
   void clear() { size_ = 0; }
+  // The score a new candidate must beat: the worst kept once full, -inf before.
+  float bar() const {
+    return size_ == static_cast<int>(ranked_.size()) ? ranked_[size_ - 1].score
+                                                       : -std::numeric_limits<float>::infinity();
+  }
   void offer(Candidate c) {
     const int capacity = static_cast<int>(ranked_.size());
     if (size_ == capacity && !ranks_before(c, ranked_[capacity - 1])) return;
@@ -79,9 +170,50 @@ class TopCandidates {
   int size_ = 0;
 };
 
+// max over n floats (NaN is skipped unless first, as std::max does).
+FASTFORMER_INLINE float max_of(const float* x, int n) {
+  Floats top = splat(-std::numeric_limits<float>::infinity());
+  int t = 0;
+  for (; t + kLanes <= n; t += kLanes) top = maximum(top, load(x + t));
+  if (t < n) top = maximum(top, load_first(x + t, n - t, -std::numeric_limits<float>::infinity()));
+  return max_lanes(top);
+}
+
+// sum of e^(x_t - top) over n floats, top >= every x_t.
+FASTFORMER_INLINE float sum_exp_below(const float* x, int n, float top) {
+  Floats total{};
+  int t = 0;
+  for (; t + kLanes <= n; t += kLanes) total += exp_nonpositive(load(x + t) - top);
+  float sum = sum_lanes(total);
+  if (t < n) {
+    const Floats tail = exp_nonpositive(load_first(x + t, n - t, top) - top);
+    for (int lane = 0; lane < n - t; ++lane) sum += tail[lane];
+  }
+  return sum;
+}
+
+// Offers beam j's tokens of `row` to `candidates`: score = running + ((logit - top) - log_total). The scores of
+// kLanes tokens are computed at once and looked at one by one only when one of them beats the worst kept.
+FASTFORMER_INLINE void offer_row(const BeamStepArgs& a, const float* row, int j, float running, float top,
+                                 float log_total, int max_len, TopCandidates& candidates) {
+  for (int first = 0; first < a.vocab; first += kLanes) {
+    const int n = std::min(kLanes, a.vocab - first);
+    const float bar = candidates.bar();
+    const Floats logits = n == kLanes ? load(row + first) : load_first(row + first, n, top);
+    const Floats scores = running + ((logits - top) - log_total);
+    if (!any_lane(scores > bar)) continue;
+    for (int lane = 0; lane < n; ++lane) {
+      const int t = first + lane;
+      if (scores[lane] > -std::numeric_limits<float>::infinity() && token_allowed(a, t, max_len)) {
+        candidates.offer({scores[lane], j * a.vocab + t});
+      }
+    }
+  }
+}
+
 }  // namespace
 
-void self_attention_step_cpu(const SelfAttentionArgs& a) {
+FASTFORMER_CPU_CLONES void self_attention_step_cpu(const SelfAttentionArgs& a) {
   const int d_model = a.heads * a.head_dim;
   const auto* qkv = static_cast<const float*>(a.qkv);
   auto* k_cache = static_cast<float*>(a.k_cache);
@@ -109,7 +241,7 @@ void self_attention_step_cpu(const SelfAttentionArgs& a) {
   }
 }
 
-void cross_attention_cpu(const CrossAttentionArgs& a) {
+FASTFORMER_CPU_CLONES void cross_attention_cpu(const CrossAttentionArgs& a) {
   const int d_model = a.heads * a.head_dim;
   const auto* k = static_cast<const float*>(a.k);
   const auto* v = static_cast<const float*>(a.v);
@@ -127,7 +259,7 @@ void cross_attention_cpu(const CrossAttentionArgs& a) {
   }
 }
 
-void beam_step_cpu(const BeamStepArgs& a) {
+FASTFORMER_CPU_CLONES void beam_step_cpu(const BeamStepArgs& a) {
   const int k = a.beam_size;
   const auto* logits = static_cast<const float*>(a.logits);
   TopCandidates candidates(2 * k);
@@ -138,18 +270,11 @@ void beam_step_cpu(const BeamStepArgs& a) {
     const int max_len = a.max_lens[sentence];
     candidates.clear();
     for (int j = 0; j < k; ++j) {
-      const float* row = logits + (static_cast<int64_t>(block) * k + j) * a.vocab;
       const float running = a.sums[static_cast<int64_t>(sentence) * k + j];
-      float max_logit = -std::numeric_limits<float>::infinity();
-      for (int t = 0; t < a.vocab; ++t) max_logit = std::max(max_logit, row[t]);
-      float total = 0.0f;
-      for (int t = 0; t < a.vocab; ++t) total += std::exp(row[t] - max_logit);
-      const float log_total = std::log(total);
-      for (int t = 0; t < a.vocab; ++t) {
-        if (!token_allowed(a, t, max_len)) continue;
-        const float score = running + ((row[t] - max_logit) - log_total);
-        if (score > -std::numeric_limits<float>::infinity()) candidates.offer({score, j * a.vocab + t});
-      }
+      if (!(running > -std::numeric_limits<float>::infinity())) continue;  // an empty slot: every score is -inf
+      const float* row = logits + (static_cast<int64_t>(block) * k + j) * a.vocab;
+      const float top = max_of(row, a.vocab);
+      offer_row(a, row, j, running, top, std::log(sum_exp_below(row, a.vocab, top)), max_len, candidates);
     }
     const int n_alive = select_next_beams(a, sentence, candidates.ranked(), next_parents.data(), next_tokens.data(),
                                           next_sums.data());

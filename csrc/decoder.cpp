@@ -2,6 +2,7 @@
 #include "decoder.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/InferenceMode.h>
 
@@ -455,20 +456,60 @@ at::Tensor CachedDecoder::step(const at::Tensor& tokens, const at::Tensor& row_s
   return at::linear(x, weights_.output_weight, weights_.output_bias);
 }
 
+namespace {
+
+// The search over one group of sentences: memory [n_sentences, src_len, d_model], max_lens [n_sentences].
+std::vector<Hypotheses> search_sentences(const at::Tensor& memory, const at::Tensor& src_lengths,
+                                         const DecoderWeights& weights, const DecoderOptions& decoder_options,
+                                         const SearchOptions& search_options, const std::vector<int64_t>& max_lens,
+                                         int64_t n_best) {
+  const int64_t n_sentences = memory.size(0), k = search_options.beam_size;
+  const int64_t cache_len = *std::max_element(max_lens.begin(), max_lens.end()) + 1;
+  CachedDecoder decoder(memory, src_lengths, weights, decoder_options, k, cache_len);
+  BeamState state(n_sentences, k, cache_len, search_options.bos_id, memory.device());
+  run_search(decoder, state, at::tensor(max_lens, at::kLong).to(memory.device(), at::kInt), search_options);
+  return backtrack(state, k, n_best);
+}
+
+// How many groups of sentences the CPU search runs side by side: one per intra-op thread, each group at least
+// kMinSentencesPerGroup sentences so that its GEMMs keep enough rows.
+int64_t cpu_sentence_groups(int64_t n_sentences) {
+  constexpr int64_t kMinSentencesPerGroup = 4;
+  return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n_sentences / kMinSentencesPerGroup));
+}
+
+}  // namespace
+
 std::vector<Hypotheses> beam_search(const at::Tensor& memory, const at::Tensor& src_lengths, DecoderWeights weights,
                                     const DecoderOptions& decoder_options, const SearchOptions& search_options,
                                     const std::vector<int64_t>& max_lens, int64_t n_best) {
   c10::InferenceMode inference;
   c10::DeviceGuard guard(memory.device());
+  TORCH_CHECK(memory.dim() == 3, "memory must be [n_sentences, src_len, d_model], got ", memory.sizes());
   const int64_t n_sentences = memory.size(0), k = search_options.beam_size;
   TORCH_CHECK(static_cast<int64_t>(max_lens.size()) == n_sentences, "max_lens must have one entry per sentence");
   TORCH_CHECK(n_best >= 1 && n_best <= k, "n_best must be in [1, beam_size]");
   if (n_sentences == 0) return {};
-  const int64_t cache_len = *std::max_element(max_lens.begin(), max_lens.end()) + 1;
-  CachedDecoder decoder(memory, src_lengths, std::move(weights), decoder_options, k, cache_len);
-  BeamState state(n_sentences, k, cache_len, search_options.bos_id, memory.device());
-  run_search(decoder, state, at::tensor(max_lens, at::kLong).to(memory.device(), at::kInt), search_options);
-  return backtrack(state, k, n_best);
+  const int64_t n_groups = memory.is_cuda() ? 1 : cpu_sentence_groups(n_sentences);
+  if (n_groups == 1) {
+    return search_sentences(memory, src_lengths, weights, decoder_options, search_options, max_lens, n_best);
+  }
+  // On the CPU each thread searches its own group of sentences from start to end: every op of a decoding step is
+  // small, and splitting each one across threads costs more in fork/join than it gains. The groups' ops run
+  // single-threaded (ATen does not nest parallel regions).
+  std::vector<Hypotheses> results(n_sentences);
+  at::parallel_for(0, n_groups, 1, [&](int64_t first_group, int64_t end_group) {
+    c10::InferenceMode group_inference;  // thread-local: each worker thread sets its own
+    for (int64_t group = first_group; group < end_group; ++group) {
+      const int64_t begin = group * n_sentences / n_groups, end = (group + 1) * n_sentences / n_groups;
+      std::vector<Hypotheses> group_results = search_sentences(
+          memory.narrow(0, begin, end - begin), src_lengths.narrow(0, begin, end - begin), weights,
+          decoder_options, search_options, std::vector<int64_t>(max_lens.begin() + begin, max_lens.begin() + end),
+          n_best);
+      std::move(group_results.begin(), group_results.end(), results.begin() + begin);
+    }
+  });
+  return results;
 }
 
 }  // namespace fastformer

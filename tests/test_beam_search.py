@@ -174,6 +174,22 @@ def test_translate_matches_reference_for_each_model_option(norm_first, options):
     assert_translate_matches_reference(model, src, beam_size=4, n_best=4, min_len=1, max_len_a=1.0, max_len_b=6)
 
 
+def test_translate_splits_sentences_across_threads_without_changing_results():
+    """With several intra-op threads the CPU search runs groups of sentences side by side (at least 4 sentences a
+    group): 14 sentences on 3 threads are 3 groups of different lengths. A vocabulary of 37 leaves a partial vector."""
+    model = make_model(vocab=37, eos_scale=8.0)
+    src = padded_sources(model, [7, 2, 5, 1, 4, 9, 3, 8, 6, 2, 5, 7, 1, 4], seed=3)
+    search = dict(beam_size=3, n_best=3, min_len=1, max_len_a=1.0, max_len_b=5)
+    one_thread = model.translate(src, **search)
+    torch.set_num_threads(3)
+    try:
+        grouped = model.translate(src, **search)
+    finally:
+        torch.set_num_threads(1)
+    assert_same_hypotheses(grouped, one_thread)
+    assert_same_hypotheses(grouped, beam_search(model, src, **search))
+
+
 def test_translate_never_emits_pad_when_it_is_bos():
     # Pad (= BOS) made the likeliest token everywhere: the search must still never emit it.
     model = make_model(eos_scale=8.0, **MARIAN)
