@@ -26,6 +26,12 @@ def extension():
     cuda_sources = sorted(glob.glob(os.path.join("csrc", "*.cu")))
     with_cuda = torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
     cxx_flags = ["-O3", "-std=c++17"]
+    link_flags = []
+    if torch.backends.openmp.is_available() and sys.platform.startswith("linux"):
+        # ATen's parallel_for is a header template: without -fopenmp it runs serially inside the extension, and the
+        # CPU search's groups of sentences (csrc/decoder.cpp) with it. libgomp.so.1 is torch's own at run time.
+        cxx_flags.append("-fopenmp")
+        link_flags.append("-fopenmp")
     if with_cuda:
         # Ampere and Hopper (sm_90a for Hopper-only instructions), unless the builder chose.
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0a")
@@ -34,9 +40,11 @@ def extension():
             include_dirs=[os.path.join(ROOT, "csrc")],
             define_macros=[("FASTFORMER_WITH_CUDA", "1")],
             extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "-std=c++17", "--use_fast_math"]},
+            extra_link_args=link_flags,
         )
     return cpp_extension.CppExtension(
         "fastformer._C", cpp_sources, include_dirs=[os.path.join(ROOT, "csrc")], extra_compile_args=cxx_flags,
+        extra_link_args=link_flags,
     )
 
 
