@@ -226,8 +226,8 @@ void run_search(CachedDecoder& decoder, BeamState& state, const at::Tensor& max_
 }
 
 // Each sentence's finished hypotheses, back-tracked through the history: best score first, ties in finishing
-// order, at most n_best.
-std::vector<Hypotheses> backtrack(const BeamState& state, int64_t beam_size, int64_t n_best) {
+// order, at most n_best. The state's sentence 0 is the batch's sentence first_sentence.
+std::vector<Hypotheses> backtrack(const BeamState& state, int64_t beam_size, int64_t n_best, int64_t first_sentence) {
   const at::Tensor count = state.finished_count.cpu(), scores = state.finished_scores.cpu();
   const at::Tensor steps = state.finished_steps.cpu(), beams = state.finished_beams.cpu();
   const at::Tensor history_tokens = state.history_tokens.cpu(), history_beams = state.history_beams.cpu();
@@ -238,7 +238,7 @@ std::vector<Hypotheses> backtrack(const BeamState& state, int64_t beam_size, int
   for (int64_t s = 0; s < n_sentences; ++s) {
     const int n_finished = count.data_ptr<int32_t>()[s];
     // Finite scores always finish a hypothesis (EOS is forced at max_len); none means NaN or inf scores.
-    TORCH_CHECK(n_finished > 0, "beam search found no hypothesis for sentence ", s,
+    TORCH_CHECK(n_finished > 0, "beam search found no hypothesis for sentence ", first_sentence + s,
                 ": the model's scores are not finite (NaN or inf in its weights or activations)");
     std::vector<int> order(n_finished);
     std::iota(order.begin(), order.end(), 0);
@@ -458,17 +458,20 @@ at::Tensor CachedDecoder::step(const at::Tensor& tokens, const at::Tensor& row_s
 
 namespace {
 
-// The search over one group of sentences: memory [n_sentences, src_len, d_model], max_lens [n_sentences].
+// The search over the batch's sentences [begin, end) of memory [n_sentences, src_len, d_model].
 std::vector<Hypotheses> search_sentences(const at::Tensor& memory, const at::Tensor& src_lengths,
                                          const DecoderWeights& weights, const DecoderOptions& decoder_options,
                                          const SearchOptions& search_options, const std::vector<int64_t>& max_lens,
-                                         int64_t n_best) {
-  const int64_t n_sentences = memory.size(0), k = search_options.beam_size;
-  const int64_t cache_len = *std::max_element(max_lens.begin(), max_lens.end()) + 1;
-  CachedDecoder decoder(memory, src_lengths, weights, decoder_options, k, cache_len);
-  BeamState state(n_sentences, k, cache_len, search_options.bos_id, memory.device());
-  run_search(decoder, state, at::tensor(max_lens, at::kLong).to(memory.device(), at::kInt), search_options);
-  return backtrack(state, k, n_best);
+                                         int64_t n_best, int64_t begin, int64_t end) {
+  const at::Tensor group_memory = memory.narrow(0, begin, end - begin);
+  const std::vector<int64_t> group_max_lens(max_lens.begin() + begin, max_lens.begin() + end);
+  const int64_t k = search_options.beam_size;
+  const int64_t cache_len = *std::max_element(group_max_lens.begin(), group_max_lens.end()) + 1;
+  CachedDecoder decoder(group_memory, src_lengths.narrow(0, begin, end - begin), weights, decoder_options, k,
+                        cache_len);
+  BeamState state(end - begin, k, cache_len, search_options.bos_id, memory.device());
+  run_search(decoder, state, at::tensor(group_max_lens, at::kLong).to(memory.device(), at::kInt), search_options);
+  return backtrack(state, k, n_best, begin);
 }
 
 // How many groups of sentences the CPU search runs side by side: one per intra-op thread, each group at least
@@ -492,7 +495,8 @@ std::vector<Hypotheses> beam_search(const at::Tensor& memory, const at::Tensor& 
   if (n_sentences == 0) return {};
   const int64_t n_groups = memory.is_cuda() ? 1 : cpu_sentence_groups(n_sentences);
   if (n_groups == 1) {
-    return search_sentences(memory, src_lengths, weights, decoder_options, search_options, max_lens, n_best);
+    return search_sentences(memory, src_lengths, weights, decoder_options, search_options, max_lens, n_best, 0,
+                            n_sentences);
   }
   // On the CPU each thread searches its own group of sentences from start to end: every op of a decoding step is
   // small, and splitting each one across threads costs more in fork/join than it gains. The groups' ops run
@@ -502,10 +506,8 @@ std::vector<Hypotheses> beam_search(const at::Tensor& memory, const at::Tensor& 
     c10::InferenceMode group_inference;  // thread-local: each worker thread sets its own
     for (int64_t group = first_group; group < end_group; ++group) {
       const int64_t begin = group * n_sentences / n_groups, end = (group + 1) * n_sentences / n_groups;
-      std::vector<Hypotheses> group_results = search_sentences(
-          memory.narrow(0, begin, end - begin), src_lengths.narrow(0, begin, end - begin), weights,
-          decoder_options, search_options, std::vector<int64_t>(max_lens.begin() + begin, max_lens.begin() + end),
-          n_best);
+      std::vector<Hypotheses> group_results =
+          search_sentences(memory, src_lengths, weights, decoder_options, search_options, max_lens, n_best, begin, end);
       std::move(group_results.begin(), group_results.end(), results.begin() + begin);
     }
   });
