@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/InferenceMode.h>
 
@@ -344,6 +345,46 @@ void beam_step(const at::Tensor& logits, const at::Tensor& active, const at::Ten
   run_fused_op("beam_step", logits, beam_step_args(logits, active, max_lens, state, step, options));
 }
 
+namespace {
+
+// torch's operator `name` (e.g. "mkldnn::_linear_pointwise") where this torch build has it.
+std::optional<c10::OperatorHandle> find_operator(const char* name) {
+  return c10::Dispatcher::singleton().findSchema({name, ""});
+}
+
+at::Tensor apply_activation(at::Tensor x, std::optional<Activation> activation) {
+  if (!activation) return x;
+  switch (*activation) {
+    case Activation::kRelu: return at::relu_(x);
+    case Activation::kGelu: return at::gelu(x);
+    case Activation::kSwish: return at::silu_(x);
+  }
+  return x;
+}
+
+}  // namespace
+
+DecoderLinear::DecoderLinear(const at::Tensor& weight, const std::optional<at::Tensor>& bias, int64_t rows)
+    : weight_(weight), bias_(bias) {
+  static const std::optional<c10::OperatorHandle> reorder = find_operator("mkldnn::_reorder_linear_weight");
+  static const bool has_linear = find_operator("mkldnn::_linear_pointwise").has_value();
+  if (!weight.is_cpu() || weight.scalar_type() != at::kFloat || !reorder || !has_linear) return;
+  std::vector<c10::IValue> stack{weight.contiguous(), rows};
+  reorder->callBoxed(stack);
+  weight_ = stack[0].toTensor();
+  onednn_ = true;
+}
+
+at::Tensor DecoderLinear::operator()(const at::Tensor& x, std::optional<Activation> activation) const {
+  if (!onednn_) return apply_activation(at::linear(x, weight_, bias_), activation);
+  static const std::optional<c10::OperatorHandle> linear = find_operator("mkldnn::_linear_pointwise");
+  // The activation is not fused: oneDNN's ReLU turns NaN into 0, and a NaN must reach the search's finite check.
+  std::vector<c10::IValue> stack{x.contiguous(), weight_, bias_ ? c10::IValue(*bias_) : c10::IValue(),
+                                 std::string("none"), c10::List<std::optional<at::Scalar>>(), c10::IValue()};
+  linear->callBoxed(stack);
+  return apply_activation(stack[0].toTensor(), activation);
+}
+
 CachedDecoder::CachedDecoder(const at::Tensor& memory, const at::Tensor& src_lengths, DecoderWeights weights,
                              DecoderOptions options, int64_t beam_size, int64_t cache_len)
     : weights_(std::move(weights)), options_(std::move(options)), beam_size_(beam_size), cache_len_(cache_len) {
@@ -375,6 +416,15 @@ CachedDecoder::CachedDecoder(const at::Tensor& memory, const at::Tensor& src_len
   cross_keys_values_ = at::stack(keys_values).contiguous();
   k_cache_ = at::empty({n_layers_, n_slots_, heads, cache_len, head_dim}, memory.options());
   v_cache_ = at::empty_like(k_cache_);
+  for (const DecoderLayerWeights& w : weights_.layers) {
+    linears_.push_back({DecoderLinear(w.self_qkv_weight, w.self_qkv_bias, n_slots_),
+                        DecoderLinear(w.self_out_weight, w.self_out_bias, n_slots_),
+                        DecoderLinear(w.cross_q_weight, w.cross_q_bias, n_slots_),
+                        DecoderLinear(w.cross_out_weight, w.cross_out_bias, n_slots_),
+                        DecoderLinear(w.linear1_weight, w.linear1_bias, n_slots_),
+                        DecoderLinear(w.linear2_weight, w.linear2_bias, n_slots_)});
+  }
+  output_ = DecoderLinear(weights_.output_weight, weights_.output_bias, n_slots_);
 }
 
 void CachedDecoder::check_weights(const at::Device& device) const {
@@ -406,29 +456,23 @@ at::Tensor CachedDecoder::layer_norm(const at::Tensor& x, const LayerNormWeights
 
 at::Tensor CachedDecoder::self_block(const at::Tensor& h, int64_t layer, const at::Tensor& row_slots,
                                      const at::Tensor& indirection, int64_t step) {
-  const DecoderLayerWeights& w = weights_.layers[layer];
-  const at::Tensor qkv = at::linear(h, w.self_qkv_weight, w.self_qkv_bias);
-  const at::Tensor attended = self_attention_step(qkv, k_cache_[layer], v_cache_[layer], indirection, row_slots,
-                                                  beam_size_, step);
-  return at::linear(attended, w.self_out_weight, w.self_out_bias);
+  const DecoderLayerLinears& linear = linears_[layer];
+  const at::Tensor attended = self_attention_step(linear.self_qkv(h), k_cache_[layer], v_cache_[layer], indirection,
+                                                  row_slots, beam_size_, step);
+  return linear.self_out(attended);
 }
 
 at::Tensor CachedDecoder::cross_block(const at::Tensor& h, int64_t layer, const at::Tensor& row_slots) {
-  const DecoderLayerWeights& w = weights_.layers[layer];
-  const at::Tensor q = at::linear(h, w.cross_q_weight, w.cross_q_bias);
+  const DecoderLayerLinears& linear = linears_[layer];
   const at::Tensor keys_values = cross_keys_values_[layer];
-  const at::Tensor attended = cross_attention(q, keys_values[0], keys_values[1], src_lengths_, row_slots, beam_size_);
-  return at::linear(attended, w.cross_out_weight, w.cross_out_bias);
+  const at::Tensor attended =
+      cross_attention(linear.cross_q(h), keys_values[0], keys_values[1], src_lengths_, row_slots, beam_size_);
+  return linear.cross_out(attended);
 }
 
-at::Tensor CachedDecoder::feed_forward(const at::Tensor& h, const DecoderLayerWeights& w) const {
-  at::Tensor hidden = at::linear(h, w.linear1_weight, w.linear1_bias);
-  switch (activation_) {
-    case Activation::kRelu: hidden = at::relu_(hidden); break;
-    case Activation::kGelu: hidden = at::gelu(hidden); break;
-    case Activation::kSwish: hidden = at::silu_(hidden); break;
-  }
-  return at::linear(hidden, w.linear2_weight, w.linear2_bias);
+at::Tensor CachedDecoder::feed_forward(const at::Tensor& h, int64_t layer) const {
+  const DecoderLayerLinears& linear = linears_[layer];
+  return linear.linear2(linear.linear1(h, activation_));
 }
 
 at::Tensor CachedDecoder::step(const at::Tensor& tokens, const at::Tensor& row_slots, const at::Tensor& indirection,
@@ -445,15 +489,15 @@ at::Tensor CachedDecoder::step(const at::Tensor& tokens, const at::Tensor& row_s
     if (options_.norm_first) {
       x = x + self_block(layer_norm(x, w.norm1), layer, row_slots, indirection, step);
       x = x + cross_block(layer_norm(x, w.norm2), layer, row_slots);
-      x = x + feed_forward(layer_norm(x, w.norm3), w);
+      x = x + feed_forward(layer_norm(x, w.norm3), layer);
     } else {
       x = layer_norm(x + self_block(x, layer, row_slots, indirection, step), w.norm1);
       x = layer_norm(x + cross_block(x, layer, row_slots), w.norm2);
-      x = layer_norm(x + feed_forward(x, w), w.norm3);
+      x = layer_norm(x + feed_forward(x, layer), w.norm3);
     }
   }
   if (weights_.final_norm) x = layer_norm(x, *weights_.final_norm);
-  return at::linear(x, weights_.output_weight, weights_.output_bias);
+  return output_(x);
 }
 
 namespace {
