@@ -15,6 +15,7 @@ import fastformer
 from fastformer.nn import ResidualLayerNorm
 from fastformer.reference.layernorm import residual_layer_norm as reference_layer_norm
 from tolerances import FP32, assert_close_lowp
+from triton_kernels import layernorm_residual
 from triton_kernels.layernorm_residual import residual_layer_norm, unsupported_reason
 
 # Without CUDA, conftest.py has switched Triton to its interpreter, which runs kernels on CPU tensors.
@@ -135,6 +136,41 @@ def test_kernel_many_rows_split_over_programs():
     check_kernel((37, 300), torch.float32, with_residual=True, grad_on="both")
 
 
+@pytest.mark.parametrize("n_rows, block_rows, program_cap",
+                         [(n, b, c) for n in (0, 1, 2, 7, 37, 4096, 32771) for b in (1, 2, 4) for c in (1, 3, 528)])
+def test_backward_grid_covers_every_row_once(n_rows, block_rows, program_cap):
+    """Contiguous runs of whole tiles, at most program_cap of them, none empty, together exactly the rows."""
+    rows_per_program, num_programs = layernorm_residual._backward_grid(n_rows, block_rows, program_cap)
+    assert rows_per_program % block_rows == 0 and num_programs <= program_cap
+    runs = [range(p * rows_per_program, min((p + 1) * rows_per_program, n_rows)) for p in range(num_programs)]
+    assert all(len(run) > 0 for run in runs)
+    assert [row for run in runs for row in run] == list(range(n_rows))
+
+
+# (shape, backward programs at most): one program for every row, a few uneven runs, more programs than tiles; a
+# single row; D not a power of two with 2 rows a tile (1000) and 4 (300).
+BACKWARD_SPLITS = [((37, 300), 1), ((37, 300), 3), ((37, 300), 1000), ((1, 300), 1000), ((9, 1000), 2),
+                   ((9, 1000), 1000), ((2, 3, 5), 2)]
+
+
+@pytest.mark.parametrize("shape, program_cap", BACKWARD_SPLITS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("with_residual", [True, False])
+@pytest.mark.parametrize("grad_on", ["y", "both"])
+def test_backward_split_over_programs_matches_reference(shape, program_cap, dtype, with_residual, grad_on,
+                                                        monkeypatch):
+    """The backward's rows split into other numbers of programs than the interpreter's default."""
+    monkeypatch.setattr(layernorm_residual, "_backward_program_cap", lambda *args: program_cap)
+    check_kernel(shape, dtype, with_residual, grad_on)
+
+
+@pytest.mark.parametrize("shape, program_cap", BACKWARD_SPLITS)
+def test_backward_split_over_programs_with_dropout(shape, program_cap, monkeypatch):
+    """The mask backward regenerates matches the forward's however the rows are split."""
+    monkeypatch.setattr(layernorm_residual, "_backward_program_cap", lambda *args: program_cap)
+    check_dropout_consistency(shape, with_residual=True)
+
+
 @pytest.mark.parametrize("with_residual", [True, False])
 def test_kernel_mixed_dtypes_as_under_autocast(with_residual):
     """fp16 x (a sublayer's output), fp32 residual stream and parameters: outputs take the dtype of residual + x."""
@@ -212,6 +248,24 @@ def test_dropout_keep_rate(dropout_p):
     keep = recovered_keep_mask((64, 512), dropout_p, seed=11)
     sigma = math.sqrt(dropout_p * (1 - dropout_p) / keep.numel())
     assert abs(keep.float().mean().item() - (1 - dropout_p)) < 5 * sigma
+
+
+def test_dropout_mask_depends_on_row_and_column_only():
+    """A row's mask is the same in a batch of 5 rows as in one of 12 (other tiles, other programs)."""
+    assert torch.equal(recovered_keep_mask((5, 300), 0.3, seed=2), recovered_keep_mask((12, 300), 0.3, seed=2)[:5])
+
+
+def test_dropout_columns_sharing_a_philox_call_are_independent():
+    """Four adjacent columns come from one Philox call: each keeps at rate 1 - p, and they agree no more often
+    than independent draws would (a lane reused for another would agree every time)."""
+    dropout_p = 0.5
+    keep = recovered_keep_mask((64, 512), dropout_p, seed=13).reshape(64, 128, 4)
+    sigma = math.sqrt(0.25 / (64 * 128))
+    for lane in range(4):
+        assert abs(keep[..., lane].float().mean().item() - (1 - dropout_p)) < 5 * sigma
+        for other in range(lane + 1, 4):
+            agreement = (keep[..., lane] == keep[..., other]).float().mean().item()
+            assert abs(agreement - 0.5) < 5 * sigma, (lane, other)
 
 
 def check_dropout_consistency(shape: tuple[int, ...], with_residual: bool, device: str = DEVICE) -> None:
