@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 
 import fastformer
+from fastformer import TransformerConfig
+from fastformer.model import DecoderLayer, EncoderLayer
 from fastformer.nn import ResidualLayerNorm
 from fastformer.reference.layernorm import residual_layer_norm as reference_layer_norm
 from tolerances import FP32, assert_close_lowp
@@ -303,6 +305,76 @@ def test_residual_layer_norm_module_under_triton_backend(with_residual, kernel_c
     assert kernel_calls == {"residual_layer_norm": 1}
     for fused, expected in zip(results["triton"], results["reference"], strict=True):
         torch.testing.assert_close(fused, expected, **FP32)
+
+
+def autocast_problem(dtype: torch.dtype, with_residual: bool,
+                     compute_dtype: torch.dtype) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
+    """-> (what a ResidualLayerNorm(40) with fp32 parameters gets under autocast to compute_dtype: x, residual in
+    `dtype`, dy/ds in compute_dtype (autograd's requirement); the same with x, residual rounded to compute_dtype as
+    the module casts them, in fp64: the oracle's input)."""
+    x, residual, weight, bias, dy, ds = random_problem((2, 5, 40), with_residual, "both")
+    given = [*cast([x, residual], dtype), weight, bias, *cast([dy, ds], compute_dtype)]
+    rounded = [*cast(given[:2], compute_dtype), *given[2:]]
+    return given, cast(rounded, torch.float64)
+
+
+def module_outputs_and_grads(problem: list[torch.Tensor | None], backend: str,
+                             compute_dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """A ResidualLayerNorm(40) holding the problem's weight and bias, under `backend` and CPU autocast to
+    compute_dtype -> outputs and gradients as outputs_and_grads gives them."""
+    module = ResidualLayerNorm(40)
+
+    def layer(x, residual, weight, bias):
+        with fastformer.backend(backend), torch.autocast("cpu", dtype=compute_dtype):
+            return torch.func.functional_call(module, {"weight": weight, "bias": bias}, (x, residual),
+                                              {"return_sum": True})
+
+    return outputs_and_grads(layer, problem)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_module_under_autocast_keeps_the_compute_dtype(dtype, with_residual):
+    """bf16 autocast, fp32 parameters, an fp32 or bf16 residual stream: y and s in bf16 (autocast alone would give
+    fp32), within the 2x rule of plain bf16 PyTorch; every gradient in its leaf's dtype."""
+    problem, exact_problem = autocast_problem(dtype, with_residual, torch.bfloat16)
+    fused = module_outputs_and_grads(problem, "reference", torch.bfloat16)
+    assert fused["y"].dtype == fused["s"].dtype == torch.bfloat16
+    assert fused["dx"].dtype == dtype and fused["dweight"].dtype == fused["dbias"].dtype == torch.float32
+    if with_residual:
+        assert fused["dresidual"].dtype == dtype
+    exact = torch_layer_norm(*exact_problem[:4])
+    lowp_torch = torch_layer_norm(*cast(exact_problem[:4], torch.bfloat16))
+    for name, actual, baseline, expected in zip("ys", (fused["y"], fused["s"]), lowp_torch, exact):
+        assert_close_lowp(actual, baseline, expected, name)
+
+
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_module_under_autocast_same_dtypes_and_values_on_both_backends(with_residual, kernel_calls):
+    """fp16 autocast (the interpreter cannot do bf16), fp32 inputs and parameters: the kernel's outputs and
+    gradients have the reference's dtypes, and are within the 2x rule of it against fp64."""
+    problem, exact_problem = autocast_problem(torch.float32, with_residual, torch.float16)
+    fused = module_outputs_and_grads(problem, "triton", torch.float16)
+    assert kernel_calls == {"residual_layer_norm": 1}
+    reference = module_outputs_and_grads(problem, "reference", torch.float16)
+    exact = outputs_and_grads(reference_layer_norm, exact_problem)
+    assert fused["y"].dtype == fused["s"].dtype == torch.float16
+    assert fused["dweight"].abs().min() > 0 and fused["dbias"].abs().min() > 0
+    for name in fused:
+        assert fused[name].dtype == reference[name].dtype, name
+        assert_close_lowp(fused[name], reference[name], exact[name], name)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_layers_keep_the_residual_stream_in_the_autocast_dtype(norm_first):
+    """An fp32 embedding into encoder and decoder layers under bf16 autocast: what each layer passes on is bf16."""
+    config = TransformerConfig.tiny(37, norm_first=norm_first)
+    encoder_layer, decoder_layer = EncoderLayer(config).eval(), DecoderLayer(config).eval()
+    x, lengths = torch.randn(2, 5, config.d_model), torch.tensor([5, 3])
+    with fastformer.backend("reference"), torch.autocast("cpu", dtype=torch.bfloat16):
+        memory = encoder_layer(x, lengths)
+        out = decoder_layer(x, lengths, (memory, lengths))
+    assert memory.dtype == out.dtype == torch.bfloat16
 
 
 # ---- torch.compile ---------------------------------------------------------------------------------------------
