@@ -166,6 +166,13 @@ def test_backward_split_over_programs_matches_reference(shape, program_cap, dtyp
     check_kernel(shape, dtype, with_residual, grad_on)
 
 
+def test_backward_more_partials_than_the_second_stage_loads_at_once(monkeypatch):
+    """10 programs' partial sums, which the second stage adds up 4 at a time (the last block part-empty)."""
+    monkeypatch.setattr(layernorm_residual, "_backward_program_cap", lambda *args: 1000)
+    monkeypatch.setattr(layernorm_residual, "SUM_BLOCK_PARTIALS", 4)
+    check_kernel((37, 300), torch.float32, with_residual=True, grad_on="both")
+
+
 @pytest.mark.parametrize("shape, program_cap", BACKWARD_SPLITS)
 def test_backward_split_over_programs_with_dropout(shape, program_cap, monkeypatch):
     """The mask backward regenerates matches the forward's however the rows are split."""

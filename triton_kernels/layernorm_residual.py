@@ -37,10 +37,12 @@ TILE_ELEMENTS = 2048
 # others' loads, but adds a row of partials (8 * D bytes written, then read) for the second stage.
 WARPS_PER_SM = 32
 PARTIAL_ELEMENTS_PER_SM = 8192
-# Columns of the [num_programs, 2 * D] partials each program of the second stage sums: narrow strips give it enough
-# programs to read them at bandwidth.
+# The second stage: each program sums a strip of SUM_BLOCK_COLS of the [num_programs, 2 * D] partials, narrow so
+# that there are many strips (64 at D = 512), loading SUM_BLOCK_PARTIALS rows of it at once (32 KiB), so that the
+# few programs still keep enough bytes in flight to read at bandwidth.
 SUM_BLOCK_COLS = 16
-SUM_BLOCK_PARTIALS = 128
+SUM_BLOCK_PARTIALS = 512
+SUM_NUM_WARPS = 8
 
 
 @triton.jit
@@ -293,6 +295,7 @@ def _backward(dy: Optional[torch.Tensor], ds_out: Optional[torch.Tensor], s: tor
     dweight, dbias = torch.empty_like(weight), torch.empty_like(weight)
     _sum_partials_kernel[(cdiv(2 * n_cols, SUM_BLOCK_COLS),)](
         partials, dweight, dbias, num_programs, n_cols, BLOCK_PARTIALS=SUM_BLOCK_PARTIALS, BLOCK_COLS=SUM_BLOCK_COLS,
+        num_warps=SUM_NUM_WARPS,
     )
     return dx, dresidual, dweight, dbias
 
