@@ -149,6 +149,19 @@ def test_backward_grid_covers_every_row_once(n_rows, block_rows, program_cap):
     assert [row for run in runs for row in run] == list(range(n_rows))
 
 
+def test_resident_programs_per_sm_takes_the_tightest_limit():
+    """H100-like limits (65536 registers, 2048 threads, 227 KiB shared memory a multiprocessor), worked by hand."""
+    h100 = dict(regs_per_sm=65536, threads_per_sm=2048, shared_per_sm=232448)
+    # 150 registers are allocated as 152: 152 * 128 threads = 19456 registers a program, 3 of which fit.
+    assert layernorm_residual._resident_programs_per_sm(150, 4096, 4, **h100) == 3
+    # 32 registers: the 2048 threads allow 16 programs of 4 warps before registers (16) or shared memory (56) do.
+    assert layernorm_residual._resident_programs_per_sm(32, 4096, 4, **h100) == 16
+    # Shared memory binds: 100 KiB a program.
+    assert layernorm_residual._resident_programs_per_sm(32, 102400, 4, **h100) == 2
+    # A program that needs more than a multiprocessor has still gets one.
+    assert layernorm_residual._resident_programs_per_sm(255, 0, 16, **h100) == 1
+
+
 # (shape, backward programs at most): one program for every row, a few uneven runs, more programs than tiles; a
 # single row; D not a power of two with 2 rows a tile (1000) and 4 (300).
 BACKWARD_SPLITS = [((37, 300), 1), ((37, 300), 3), ((37, 300), 1000), ((1, 300), 1000), ((9, 1000), 2),
@@ -162,13 +175,13 @@ BACKWARD_SPLITS = [((37, 300), 1), ((37, 300), 3), ((37, 300), 1000), ((1, 300),
 def test_backward_split_over_programs_matches_reference(shape, program_cap, dtype, with_residual, grad_on,
                                                         monkeypatch):
     """The backward's rows split into other numbers of programs than the interpreter's default."""
-    monkeypatch.setattr(layernorm_residual, "_backward_program_cap", lambda *args: program_cap)
+    monkeypatch.setattr(layernorm_residual, "_backward_program_cap", lambda *args, **kwargs: program_cap)
     check_kernel(shape, dtype, with_residual, grad_on)
 
 
 def test_backward_more_partials_than_the_second_stage_loads_at_once(monkeypatch):
     """10 programs' partial sums, which the second stage adds up 4 at a time (the last block part-empty)."""
-    monkeypatch.setattr(layernorm_residual, "_backward_program_cap", lambda *args: 1000)
+    monkeypatch.setattr(layernorm_residual, "_backward_program_cap", lambda *args, **kwargs: 1000)
     monkeypatch.setattr(layernorm_residual, "SUM_BLOCK_PARTIALS", 4)
     check_kernel((37, 300), torch.float32, with_residual=True, grad_on="both")
 
@@ -176,7 +189,7 @@ def test_backward_more_partials_than_the_second_stage_loads_at_once(monkeypatch)
 @pytest.mark.parametrize("shape, program_cap", BACKWARD_SPLITS)
 def test_backward_split_over_programs_with_dropout(shape, program_cap, monkeypatch):
     """The mask backward regenerates matches the forward's however the rows are split."""
-    monkeypatch.setattr(layernorm_residual, "_backward_program_cap", lambda *args: program_cap)
+    monkeypatch.setattr(layernorm_residual, "_backward_program_cap", lambda *args, **kwargs: program_cap)
     check_dropout_consistency(shape, with_residual=True)
 
 
@@ -419,6 +432,20 @@ def test_gpu_kernel_matches_reference(dtype, shape, with_residual):
 @pytest.mark.gpu
 def test_gpu_kernel_one_gradient(grad_on):
     check_kernel((8192, 1024), torch.bfloat16, True, grad_on, device="cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_backward_launches_one_wave_of_resident_programs():
+    """The backward's program count comes from the compiled kernel: whole multiprocessors' worth, at most as many
+    programs of 4 warps as a multiprocessor has thread slots for."""
+    properties = torch.cuda.get_device_properties("cuda")
+    pointer_dtypes = (torch.bfloat16,) * 4 + (torch.float32,) * 2 + (torch.bfloat16,) * 2 + (torch.float32, torch.int64)
+    programs = layernorm_residual._backward_program_cap(
+        torch.device("cuda", torch.cuda.current_device()), pointer_dtypes, 512, HAS_DY=True, HAS_DS_OUT=True,
+        HAS_RESIDUAL=True, HAS_DROPOUT=True, BLOCK_ROWS=4, BLOCK_D=512, num_warps=4)
+    sm_count = properties.multi_processor_count
+    assert programs % sm_count == 0
+    assert 1 <= programs // sm_count <= properties.max_threads_per_multi_processor // 128
 
 
 @pytest.mark.parametrize("with_residual", [True, False])

@@ -4,11 +4,13 @@ Forward: each program normalizes a tile of BLOCK_ROWS rows of D elements in one 
 writes y, s (pre-LN's running sum, and what backward reads) and each row's mean and rstd.
 Backward: each program walks a contiguous run of rows tile by tile, computing ds = dLayerNorm(dy) + ds_out,
 dresidual = ds and dx = ds * keep / (1 - p), while summing its rows' share of dweight and dbias in registers; a
-second stage adds up the [num_programs, 2, D] partial sums. The number of programs comes from the multiprocessor
-count: enough resident warps to hide memory latency, few enough that the partial sums stay small.
+second stage adds up the [num_programs, 2, D] partial sums. There are as many programs as the GPU holds at once
+(from the compiled kernel's registers and the multiprocessor count): one wave, with every resident program's loads
+in flight, and no more partial sums than that.
 The dropout mask is never stored: both passes regenerate it with Philox from (seed, row, column), so it does not
-depend on how rows are tiled. One Philox call yields four 32-bit numbers, which decide four adjacent columns: a
-call per element would cost more time than the memory traffic at D = 512 on an H100.
+depend on how rows are tiled. One Philox call (ten rounds of two 32-bit multiplies) yields four 32-bit numbers,
+which decide four adjacent columns: a quarter of the integer work of a call per element, which at 2-byte elements
+is comparable to the time their memory traffic takes.
 
 Bytes each launch moves, for n rows of D (e: element size of each tensor; P: backward programs):
 - forward: reads x, residual (n*D*e each), weight, bias (D*e); writes y, s (n*D*e each), mean, rstd (4*n each).
@@ -31,12 +33,9 @@ SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Elements per program tile: one row when D is wide, several rows when D is narrow, so short rows do not leave most
 # of a program's lanes idle. 2048 measured fastest on an H100 (backward; forward is indifferent).
 TILE_ELEMENTS = 2048
-# Backward launches enough programs per multiprocessor for WARPS_PER_SM resident warps (half of what an H100 or A100
-# holds; the tile's registers leave no room for many more), fewer for wide rows so that its partial sums of
-# dweight/dbias stay within PARTIAL_ELEMENTS_PER_SM floats per multiprocessor: each program hides the latency of the
-# others' loads, but adds a row of partials (8 * D bytes written, then read) for the second stage.
-WARPS_PER_SM = 32
-PARTIAL_ELEMENTS_PER_SM = 8192
+# Triton's interpreter runs programs one after another, so it gets few backward programs: more would only add rows
+# of partial sums. (On a GPU, as many as are resident at once: see _resident_backward_programs.)
+INTERPRETER_BACKWARD_PROGRAMS = 4
 # The second stage: each program sums a strip of SUM_BLOCK_COLS of the [num_programs, 2 * D] partials, narrow so
 # that there are many strips (64 at D = 512), loading SUM_BLOCK_PARTIALS rows of it at once (32 KiB), so that the
 # few programs still keep enough bytes in flight to read at bandwidth.
@@ -111,7 +110,8 @@ def _residual_layer_norm_fwd_kernel(
     tl.store(rstd_ptr + rows, rstd, mask=row_mask)
 
 
-@triton.jit
+# Not specialized on the row counts, so that the compile _resident_backward_programs inspects is the one launched.
+@triton.jit(do_not_specialize=["n_rows", "rows_per_program"])
 def _residual_layer_norm_bwd_kernel(
     dy_ptr,  # [n_rows, D]; not read without HAS_DY
     ds_out_ptr,  # [n_rows, D]: gradient reaching s from its own use (pre-LN); not read without HAS_DS_OUT
@@ -217,15 +217,44 @@ def _tile_config(n_cols: int) -> tuple[int, int, int]:
     return block_d, block_rows, num_warps
 
 
+def _resident_programs_per_sm(regs_per_thread: int, shared_bytes: int, num_warps: int, regs_per_sm: int,
+                              threads_per_sm: int, shared_per_sm: int) -> int:
+    """How many programs of a kernel fit on one multiprocessor at once (at least 1): registers, allocated per thread
+    in steps of 8, threads and shared memory each set a limit."""
+    threads = 32 * num_warps
+    limits = [regs_per_sm // (-(-regs_per_thread // 8) * 8 * threads), threads_per_sm // threads]
+    if shared_bytes > 0:
+        limits.append(shared_per_sm // shared_bytes)
+    return max(1, min(limits))
+
+
 @functools.lru_cache(maxsize=None)
-def _backward_program_cap(device: torch.device, block_d: int, num_warps: int) -> int:
-    """How many programs backward launches at most on `device` for tiles of rows padded to block_d."""
-    if device.type == "cuda":
-        sm_count = torch.cuda.get_device_properties(device).multi_processor_count
-        programs_per_sm = min(WARPS_PER_SM // num_warps, PARTIAL_ELEMENTS_PER_SM // block_d)
-        return sm_count * max(1, programs_per_sm)
-    # Triton's interpreter runs programs one after another, so more would only add rows to the second stage.
-    return 4
+def _resident_backward_programs(device: torch.device, pointer_dtypes: tuple[torch.dtype, ...], n_cols: int,
+                                **constexprs) -> int:
+    """How many backward programs with these pointer dtypes (in the kernel's argument order) and constexprs are
+    resident at once on all of the GPU's multiprocessors: Triton compiles the kernel (without launching it) to
+    report its registers and shared memory."""
+    *tensor_dtypes, seed_dtype = pointer_dtypes
+    # The kernel is not specialized on n_rows and rows_per_program, so any values give the launched compile.
+    compiled = _residual_layer_norm_bwd_kernel.warmup(*tensor_dtypes, 1, n_cols, 1, 0.1, 1.0, seed_dtype,
+                                                      grid=(1,), **constexprs)
+    compiled._init_handles()
+    properties = torch.cuda.get_device_properties(device)
+    shared_per_sm = triton.runtime.driver.active.utils.get_device_properties(device.index)["max_shared_mem"]
+    per_sm = _resident_programs_per_sm(compiled.n_regs, compiled.metadata.shared, constexprs["num_warps"],
+                                       properties.regs_per_multiprocessor,
+                                       properties.max_threads_per_multi_processor, shared_per_sm)
+    return properties.multi_processor_count * per_sm
+
+
+def _backward_program_cap(device: torch.device, pointer_dtypes: tuple[torch.dtype, ...], n_cols: int,
+                          **constexprs) -> int:
+    """How many programs backward launches at most: on a GPU, as many as it holds at once, so that they all run in
+    one wave (each then walks its rows with every other program's loads in flight alongside, and none waits for a
+    slot at the end); more would add partial sums (8 * D bytes each, written then read) and no residency."""
+    if device.type != "cuda":
+        return INTERPRETER_BACKWARD_PROGRAMS
+    return _resident_backward_programs(device, pointer_dtypes, n_cols, **constexprs)
 
 
 def _backward_grid(n_rows: int, block_rows: int, program_cap: int) -> tuple[int, int]:
@@ -277,18 +306,23 @@ def _backward(dy: Optional[torch.Tensor], ds_out: Optional[torch.Tensor], s: tor
     has_residual = residual_dtype is not None
     dresidual = torch.empty(s.shape if has_residual else (0,), dtype=residual_dtype or x_dtype, device=s.device)
     block_d, block_rows, num_warps = _tile_config(n_cols)
-    rows_per_program, num_programs = _backward_grid(n_rows, block_rows,
-                                                    _backward_program_cap(s.device, block_d, num_warps))
+    dy_rows = s_rows if dy is None else dy.reshape(-1, n_cols).contiguous()
+    ds_out_rows = s_rows if ds_out is None else ds_out.reshape(-1, n_cols).contiguous()
+    weight = weight.contiguous()
+    dresidual_or_dx = dresidual if has_residual else dx
+    seed_or_s = s_rows if seed is None else seed
+    constexprs = dict(HAS_DY=dy is not None, HAS_DS_OUT=ds_out is not None, HAS_RESIDUAL=has_residual,
+                      HAS_DROPOUT=seed is not None, BLOCK_ROWS=block_rows, BLOCK_D=block_d, num_warps=num_warps)
+    pointer_dtypes = tuple(t.dtype for t in (dy_rows, ds_out_rows, s_rows, weight, mean, rstd, dx, dresidual_or_dx))
+    program_cap = _backward_program_cap(s.device, (*pointer_dtypes, torch.float32, seed_or_s.dtype), n_cols,
+                                        **constexprs)
+    rows_per_program, num_programs = _backward_grid(n_rows, block_rows, program_cap)
     # Every program writes its [2, D] of the partial sums, so they need no zeroing.
     partials = torch.empty((num_programs, 2, n_cols), dtype=torch.float32, device=s.device)
     if n_rows > 0:
         _residual_layer_norm_bwd_kernel[(num_programs,)](
-            s_rows if dy is None else dy.reshape(-1, n_cols).contiguous(),
-            s_rows if ds_out is None else ds_out.reshape(-1, n_cols).contiguous(),
-            s_rows, weight.contiguous(), mean, rstd, dx, dresidual if has_residual else dx,
-            partials, n_rows, n_cols, rows_per_program, dropout_p, dropout_scale(dropout_p), s_rows if seed is None else seed,
-            HAS_DY=dy is not None, HAS_DS_OUT=ds_out is not None, HAS_RESIDUAL=has_residual,
-            HAS_DROPOUT=seed is not None, BLOCK_ROWS=block_rows, BLOCK_D=block_d, num_warps=num_warps,
+            dy_rows, ds_out_rows, s_rows, weight, mean, rstd, dx, dresidual_or_dx, partials,
+            n_rows, n_cols, rows_per_program, dropout_p, dropout_scale(dropout_p), seed_or_s, **constexprs,
         )
     if dy is None:
         return dx, dresidual, torch.zeros_like(weight), torch.zeros_like(weight)
