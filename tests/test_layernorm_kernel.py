@@ -163,9 +163,9 @@ def test_resident_programs_per_sm_takes_the_tightest_limit():
 
 
 # (shape, backward programs at most): one program for every row, a few uneven runs, more programs than tiles; a
-# single row; D not a power of two with 2 rows a tile (1000) and 4 (300).
+# single row; D not a power of two with 2 rows a tile (1000) and 4 (300); rows narrower than a group of 4 columns.
 BACKWARD_SPLITS = [((37, 300), 1), ((37, 300), 3), ((37, 300), 1000), ((1, 300), 1000), ((9, 1000), 2),
-                   ((9, 1000), 1000), ((2, 3, 5), 2)]
+                   ((9, 1000), 1000), ((2, 3, 5), 2), ((4, 3), 3)]
 
 
 @pytest.mark.parametrize("shape, program_cap", BACKWARD_SPLITS)
