@@ -366,7 +366,12 @@ def layer_norm_rows(bench: Bench, dtype: torch.dtype) -> list[dict]:
         weight = torch.ones(d, device=device, dtype=dtype, requires_grad=True)
         bias = torch.zeros(d, device=device, dtype=dtype, requires_grad=True)
         tensor_bytes = n_rows * d * element
-        traffic = 4 * tensor_bytes  # forward: x, residual in, y, s out; backward: dy, s in, dx, dresidual out
+        # The traffic any implementation must move: forward reads x, residual and writes y, s; backward (post-LN,
+        # y's gradient only) reads dy, s and writes dx, dresidual. Left out, so that they count against the kernel:
+        # the fp32 row statistics (8 bytes a row each way) and the backward's fp32 dweight/dbias partial sums
+        # (8 * D bytes per backward program, written then read again: 2 * programs / n_rows of the counted traffic,
+        # with as many programs as the GPU holds at once).
+        traffic = 4 * tensor_bytes
         case = f"rows={n_rows} D={d}"
 
         source = torch.empty(n_rows * d * 4, device=device, dtype=dtype)

@@ -12,9 +12,12 @@ import torch
 import torch.nn.functional as F
 
 import fastformer
+from fastformer import TransformerConfig
+from fastformer.model import DecoderLayer, EncoderLayer
 from fastformer.nn import ResidualLayerNorm
 from fastformer.reference.layernorm import residual_layer_norm as reference_layer_norm
 from tolerances import FP32, assert_close_lowp
+from triton_kernels import layernorm_residual
 from triton_kernels.layernorm_residual import residual_layer_norm, unsupported_reason
 
 # Without CUDA, conftest.py has switched Triton to its interpreter, which runs kernels on CPU tensors.
@@ -135,6 +138,61 @@ def test_kernel_many_rows_split_over_programs():
     check_kernel((37, 300), torch.float32, with_residual=True, grad_on="both")
 
 
+@pytest.mark.parametrize("n_rows, block_rows, program_cap",
+                         [(n, b, c) for n in (0, 1, 2, 7, 37, 4096, 32771) for b in (1, 2, 4) for c in (1, 3, 528)])
+def test_backward_grid_covers_every_row_once(n_rows, block_rows, program_cap):
+    """Contiguous runs of whole tiles, at most program_cap of them, none empty, together exactly the rows."""
+    rows_per_program, num_programs = layernorm_residual._backward_grid(n_rows, block_rows, program_cap)
+    assert rows_per_program % block_rows == 0 and num_programs <= program_cap
+    runs = [range(p * rows_per_program, min((p + 1) * rows_per_program, n_rows)) for p in range(num_programs)]
+    assert all(len(run) > 0 for run in runs)
+    assert [row for run in runs for row in run] == list(range(n_rows))
+
+
+def test_resident_programs_per_sm_takes_the_tightest_limit():
+    """H100-like limits (65536 registers, 2048 threads, 227 KiB shared memory a multiprocessor), worked by hand."""
+    h100 = dict(regs_per_sm=65536, threads_per_sm=2048, shared_per_sm=232448)
+    # 150 registers are allocated as 152: 152 * 128 threads = 19456 registers a program, 3 of which fit.
+    assert layernorm_residual._resident_programs_per_sm(150, 4096, 4, **h100) == 3
+    # 32 registers: the 2048 threads allow 16 programs of 4 warps before registers (16) or shared memory (56) do.
+    assert layernorm_residual._resident_programs_per_sm(32, 4096, 4, **h100) == 16
+    # Shared memory binds: 100 KiB a program.
+    assert layernorm_residual._resident_programs_per_sm(32, 102400, 4, **h100) == 2
+    # A program that needs more than a multiprocessor has still gets one.
+    assert layernorm_residual._resident_programs_per_sm(255, 0, 16, **h100) == 1
+
+
+# (shape, backward programs at most): one program for every row, a few uneven runs, more programs than tiles; a
+# single row; D not a power of two with 2 rows a tile (1000) and 4 (300); rows narrower than a group of 4 columns.
+BACKWARD_SPLITS = [((37, 300), 1), ((37, 300), 3), ((37, 300), 1000), ((1, 300), 1000), ((9, 1000), 2),
+                   ((9, 1000), 1000), ((2, 3, 5), 2), ((4, 3), 3)]
+
+
+@pytest.mark.parametrize("shape, program_cap", BACKWARD_SPLITS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("with_residual", [True, False])
+@pytest.mark.parametrize("grad_on", ["y", "both"])
+def test_backward_split_over_programs_matches_reference(shape, program_cap, dtype, with_residual, grad_on,
+                                                        monkeypatch):
+    """The backward's rows split into other numbers of programs than the interpreter's default."""
+    monkeypatch.setattr(layernorm_residual, "_backward_program_cap", lambda *args, **kwargs: program_cap)
+    check_kernel(shape, dtype, with_residual, grad_on)
+
+
+def test_backward_more_partials_than_the_second_stage_loads_at_once(monkeypatch):
+    """10 programs' partial sums, which the second stage adds up 4 at a time (the last block part-empty)."""
+    monkeypatch.setattr(layernorm_residual, "_backward_program_cap", lambda *args, **kwargs: 1000)
+    monkeypatch.setattr(layernorm_residual, "SUM_BLOCK_PARTIALS", 4)
+    check_kernel((37, 300), torch.float32, with_residual=True, grad_on="both")
+
+
+@pytest.mark.parametrize("shape, program_cap", BACKWARD_SPLITS)
+def test_backward_split_over_programs_with_dropout(shape, program_cap, monkeypatch):
+    """The mask backward regenerates matches the forward's however the rows are split."""
+    monkeypatch.setattr(layernorm_residual, "_backward_program_cap", lambda *args, **kwargs: program_cap)
+    check_dropout_consistency(shape, with_residual=True)
+
+
 @pytest.mark.parametrize("with_residual", [True, False])
 def test_kernel_mixed_dtypes_as_under_autocast(with_residual):
     """fp16 x (a sublayer's output), fp32 residual stream and parameters: outputs take the dtype of residual + x."""
@@ -214,6 +272,24 @@ def test_dropout_keep_rate(dropout_p):
     assert abs(keep.float().mean().item() - (1 - dropout_p)) < 5 * sigma
 
 
+def test_dropout_mask_depends_on_row_and_column_only():
+    """A row's mask is the same in a batch of 5 rows as in one of 12 (other tiles, other programs)."""
+    assert torch.equal(recovered_keep_mask((5, 300), 0.3, seed=2), recovered_keep_mask((12, 300), 0.3, seed=2)[:5])
+
+
+def test_dropout_columns_sharing_a_philox_call_are_independent():
+    """Four adjacent columns come from one Philox call: each keeps at rate 1 - p, and they agree no more often
+    than independent draws would (a lane reused for another would agree every time)."""
+    dropout_p = 0.5
+    keep = recovered_keep_mask((64, 512), dropout_p, seed=13).reshape(64, 128, 4)
+    sigma = math.sqrt(0.25 / (64 * 128))
+    for lane in range(4):
+        assert abs(keep[..., lane].float().mean().item() - (1 - dropout_p)) < 5 * sigma
+        for other in range(lane + 1, 4):
+            agreement = (keep[..., lane] == keep[..., other]).float().mean().item()
+            assert abs(agreement - 0.5) < 5 * sigma, (lane, other)
+
+
 def check_dropout_consistency(shape: tuple[int, ...], with_residual: bool, device: str = DEVICE) -> None:
     """Forward and every gradient of the kernel with dropout equal the reference given the kernel's own mask."""
     dropout_p, seed = 0.2, 1234
@@ -251,6 +327,76 @@ def test_residual_layer_norm_module_under_triton_backend(with_residual, kernel_c
         torch.testing.assert_close(fused, expected, **FP32)
 
 
+def autocast_problem(dtype: torch.dtype, with_residual: bool,
+                     compute_dtype: torch.dtype) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
+    """-> (what a ResidualLayerNorm(40) with fp32 parameters gets under autocast to compute_dtype: x, residual in
+    `dtype`, dy/ds in compute_dtype (autograd's requirement); the same with x, residual rounded to compute_dtype as
+    the module casts them, in fp64: the oracle's input)."""
+    x, residual, weight, bias, dy, ds = random_problem((2, 5, 40), with_residual, "both")
+    given = [*cast([x, residual], dtype), weight, bias, *cast([dy, ds], compute_dtype)]
+    rounded = [*cast(given[:2], compute_dtype), *given[2:]]
+    return given, cast(rounded, torch.float64)
+
+
+def module_outputs_and_grads(problem: list[torch.Tensor | None], backend: str,
+                             compute_dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """A ResidualLayerNorm(40) holding the problem's weight and bias, under `backend` and CPU autocast to
+    compute_dtype -> outputs and gradients as outputs_and_grads gives them."""
+    module = ResidualLayerNorm(40)
+
+    def layer(x, residual, weight, bias):
+        with fastformer.backend(backend), torch.autocast("cpu", dtype=compute_dtype):
+            return torch.func.functional_call(module, {"weight": weight, "bias": bias}, (x, residual),
+                                              {"return_sum": True})
+
+    return outputs_and_grads(layer, problem)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_module_under_autocast_keeps_the_compute_dtype(dtype, with_residual):
+    """bf16 autocast, fp32 parameters, an fp32 or bf16 residual stream: y and s in bf16 (autocast alone would give
+    fp32), within the 2x rule of plain bf16 PyTorch; every gradient in its leaf's dtype."""
+    problem, exact_problem = autocast_problem(dtype, with_residual, torch.bfloat16)
+    fused = module_outputs_and_grads(problem, "reference", torch.bfloat16)
+    assert fused["y"].dtype == fused["s"].dtype == torch.bfloat16
+    assert fused["dx"].dtype == dtype and fused["dweight"].dtype == fused["dbias"].dtype == torch.float32
+    if with_residual:
+        assert fused["dresidual"].dtype == dtype
+    exact = torch_layer_norm(*exact_problem[:4])
+    lowp_torch = torch_layer_norm(*cast(exact_problem[:4], torch.bfloat16))
+    for name, actual, baseline, expected in zip("ys", (fused["y"], fused["s"]), lowp_torch, exact):
+        assert_close_lowp(actual, baseline, expected, name)
+
+
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_module_under_autocast_same_dtypes_and_values_on_both_backends(with_residual, kernel_calls):
+    """fp16 autocast (the interpreter cannot do bf16), fp32 inputs and parameters: the kernel's outputs and
+    gradients have the reference's dtypes, and are within the 2x rule of it against fp64."""
+    problem, exact_problem = autocast_problem(torch.float32, with_residual, torch.float16)
+    fused = module_outputs_and_grads(problem, "triton", torch.float16)
+    assert kernel_calls == {"residual_layer_norm": 1}
+    reference = module_outputs_and_grads(problem, "reference", torch.float16)
+    exact = outputs_and_grads(reference_layer_norm, exact_problem)
+    assert fused["y"].dtype == fused["s"].dtype == torch.float16
+    assert fused["dweight"].abs().min() > 0 and fused["dbias"].abs().min() > 0
+    for name in fused:
+        assert fused[name].dtype == reference[name].dtype, name
+        assert_close_lowp(fused[name], reference[name], exact[name], name)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_layers_keep_the_residual_stream_in_the_autocast_dtype(norm_first):
+    """An fp32 embedding into encoder and decoder layers under bf16 autocast: what each layer passes on is bf16."""
+    config = TransformerConfig.tiny(37, norm_first=norm_first)
+    encoder_layer, decoder_layer = EncoderLayer(config).eval(), DecoderLayer(config).eval()
+    x, lengths = torch.randn(2, 5, config.d_model), torch.tensor([5, 3])
+    with fastformer.backend("reference"), torch.autocast("cpu", dtype=torch.bfloat16):
+        memory = encoder_layer(x, lengths)
+        out = decoder_layer(x, lengths, (memory, lengths))
+    assert memory.dtype == out.dtype == torch.bfloat16
+
+
 # ---- torch.compile ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("with_residual", [True, False])
@@ -286,6 +432,20 @@ def test_gpu_kernel_matches_reference(dtype, shape, with_residual):
 @pytest.mark.gpu
 def test_gpu_kernel_one_gradient(grad_on):
     check_kernel((8192, 1024), torch.bfloat16, True, grad_on, device="cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_backward_launches_one_wave_of_resident_programs():
+    """The backward's program count comes from the compiled kernel: whole multiprocessors' worth, at most as many
+    programs of 4 warps as a multiprocessor has thread slots for."""
+    properties = torch.cuda.get_device_properties("cuda")
+    pointer_dtypes = (torch.bfloat16,) * 4 + (torch.float32,) * 2 + (torch.bfloat16,) * 2 + (torch.float32, torch.int64)
+    programs = layernorm_residual._backward_program_cap(
+        torch.device("cuda", torch.cuda.current_device()), pointer_dtypes, 512, HAS_DY=True, HAS_DS_OUT=True,
+        HAS_RESIDUAL=True, HAS_DROPOUT=True, BLOCK_ROWS=4, BLOCK_D=512, num_warps=4)
+    sm_count = properties.multi_processor_count
+    assert programs % sm_count == 0
+    assert 1 <= programs // sm_count <= properties.max_threads_per_multi_processor // 128
 
 
 @pytest.mark.parametrize("with_residual", [True, False])

@@ -114,11 +114,17 @@ def run_every_launcher(quick: bool) -> None:
         hidden = torch.randn(8, 64, dtype=dtype, requires_grad=True)
         weight = torch.randn(1000, 64, dtype=dtype, requires_grad=True)
         linear_cross_entropy(hidden, weight, target, label_smoothing=0.1, check_targets=False).backward()
-        for d_model in ((512,) if quick else (512, 1024)):
+        # The transformer presets' widths and the widest row the kernel takes (one-row tiles, 16 warps).
+        for d_model in ((512,) if quick else (512, 1024, 8192)):
             x, residual = (torch.randn(4, 5, d_model, dtype=dtype, requires_grad=True) for _ in range(2))
             norm_weight, norm_bias = (torch.randn(d_model, dtype=dtype, requires_grad=True) for _ in range(2))
+            # Pre-LN: both outputs used.
             y, s = residual_layer_norm(x, residual, norm_weight, norm_bias, dropout_p=0.1)
             (y.sum() + s.sum()).backward()
+        # Post-LN: y only; a pre-LN block's first norm: no residual, no dropout.
+        residual_layer_norm(x[..., :512], residual[..., :512], norm_weight[:512], norm_bias[:512],
+                            dropout_p=0.1)[0].sum().backward()
+        residual_layer_norm(x[..., :512], None, norm_weight[:512], norm_bias[:512])[0].sum().backward()
 
 
 def _compile(task: tuple[int, int]) -> dict:

@@ -2,11 +2,21 @@
 
 Forward: each program normalizes a tile of BLOCK_ROWS rows of D elements in one pass, with fp32 statistics, and
 writes y, s (pre-LN's running sum, and what backward reads) and each row's mean and rstd.
-Backward: each program walks a contiguous run of rows, computing ds = dLayerNorm(dy) + ds_out, dresidual = ds and
-dx = ds * keep / (1 - p), while summing its rows' share of dweight and dbias in registers; a second stage adds up
-the [num_programs, D] partial sums.
-The dropout mask is never stored: both passes regenerate it with Philox from (seed, element offset in [n_rows, D]),
-so it does not depend on how rows are tiled.
+Backward: each program walks a contiguous run of rows tile by tile, computing ds = dLayerNorm(dy) + ds_out,
+dresidual = ds and dx = ds * keep / (1 - p), while summing its rows' share of dweight and dbias in registers; a
+second stage adds up the [num_programs, 2, D] partial sums. There are as many programs as the GPU holds at once
+(from the compiled kernel's registers and the multiprocessor count): one wave, with every resident program's loads
+in flight, and no more partial sums than that.
+The dropout mask is never stored: both passes regenerate it with Philox from (seed, row, column), so it does not
+depend on how rows are tiled. One Philox call (ten rounds of two 32-bit multiplies) yields four 32-bit numbers,
+which decide four adjacent columns: a quarter of the integer work of a call per element, which at 2-byte elements
+is comparable to the time their memory traffic takes.
+
+Bytes each launch moves, for n rows of D (e: element size of each tensor; P: backward programs):
+- forward: reads x, residual (n*D*e each), weight, bias (D*e); writes y, s (n*D*e each), mean, rstd (4*n each).
+- backward: reads dy, s, ds_out if s's gradient arrives (n*D*e each), mean, rstd (4*n each), weight (D*e); writes
+  dx, dresidual (n*D*e each) and the fp32 partials (8*P*D).
+- partial sums: read the partials (8*P*D), write dweight, dbias (D*e each).
 """
 
 import functools
@@ -23,19 +33,29 @@ SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Elements per program tile: one row when D is wide, several rows when D is narrow, so short rows do not leave most
 # of a program's lanes idle. 2048 measured fastest on an H100 (backward; forward is indifferent).
 TILE_ELEMENTS = 2048
-# Backward launches up to this many programs per multiprocessor, fewer for wide rows so that its partial sums of
-# dweight/dbias stay near PARTIAL_ELEMENTS_PER_SM floats per multiprocessor: more programs hide more latency, but each
-# adds a row for the second stage to sum. Both measured best on an H100 for D from 512 to 8192.
-MAX_PROGRAMS_PER_SM = 4
-PARTIAL_ELEMENTS_PER_SM = 4096
+# Triton's interpreter runs programs one after another, so it gets few backward programs: more would only add rows
+# of partial sums. (On a GPU, as many as are resident at once: see _resident_backward_programs.)
+INTERPRETER_BACKWARD_PROGRAMS = 4
+# The second stage: each program sums a strip of SUM_BLOCK_COLS of the [num_programs, 2 * D] partials, narrow so
+# that there are many strips (64 at D = 512), loading SUM_BLOCK_PARTIALS rows of it at once (32 KiB), so that the
+# few programs still keep enough bytes in flight to read at bandwidth.
+SUM_BLOCK_COLS = 16
+SUM_BLOCK_PARTIALS = 512
+SUM_NUM_WARPS = 8
 
 
 @triton.jit
-def _dropout_keep(seed, offsets, dropout_p):
-    """offsets: [BLOCK_ROWS, BLOCK_D] element offsets -> bool keep-mask of the same shape, kept with prob. 1 - p.
+def _dropout_keep(seed, rows, n_cols, dropout_p, BLOCK_D: tl.constexpr):
+    """rows: [BLOCK_ROWS] int64 -> bool keep-mask [BLOCK_ROWS, BLOCK_D] of columns 0..BLOCK_D-1, kept with prob. 1 - p.
 
-    The kernels read the seed from the device, so that a captured CUDA graph draws a new one per replay."""
-    return tl.rand(seed, offsets) >= dropout_p
+    Column c of row r takes output c % 4 of Philox call r * ceil(D / 4) + c // 4. The kernels read the seed from the
+    device, so that a captured CUDA graph draws a new one per replay."""
+    groups = tl.arange(0, BLOCK_D // 4)
+    counters = rows[:, None] * tl.cdiv(n_cols, 4) + groups[None, :]
+    uniform0, uniform1, uniform2, uniform3 = tl.rand4x(seed, counters)
+    # join stacks along a new last axis, so this order puts output j at column 4 * group + j.
+    uniform = tl.join(tl.join(uniform0, uniform2), tl.join(uniform1, uniform3))
+    return tl.reshape(uniform, (rows.shape[0], BLOCK_D)) >= dropout_p
 
 
 @triton.jit
@@ -69,7 +89,8 @@ def _residual_layer_norm_fwd_kernel(
 
     s = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     if HAS_DROPOUT:
-        s = tl.where(_dropout_keep(tl.load(seed_ptr), offsets, dropout_p), s * dropout_scale, 0.0)
+        keep = _dropout_keep(tl.load(seed_ptr), rows, n_cols, dropout_p, BLOCK_D)
+        s = tl.where(keep, s * dropout_scale, 0.0)
     if HAS_RESIDUAL:
         s += tl.load(residual_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     # Normalize s as stored, so that y is exactly the LayerNorm of the returned s and backward, which reloads s,
@@ -89,7 +110,8 @@ def _residual_layer_norm_fwd_kernel(
     tl.store(rstd_ptr + rows, rstd, mask=row_mask)
 
 
-@triton.jit
+# Not specialized on the row counts, so that the compile _resident_backward_programs inspects is the one launched.
+@triton.jit(do_not_specialize=["n_rows", "rows_per_program"])
 def _residual_layer_norm_bwd_kernel(
     dy_ptr,  # [n_rows, D]; not read without HAS_DY
     ds_out_ptr,  # [n_rows, D]: gradient reaching s from its own use (pre-LN); not read without HAS_DS_OUT
@@ -99,8 +121,7 @@ def _residual_layer_norm_bwd_kernel(
     rstd_ptr,  # [n_rows], fp32
     dx_ptr,  # [n_rows, D]
     dresidual_ptr,  # [n_rows, D]; not written without HAS_RESIDUAL
-    dweight_partial_ptr,  # [num_programs, D], fp32; not written without HAS_DY
-    dbias_partial_ptr,  # [num_programs, D], fp32; not written without HAS_DY
+    partials_ptr,  # [num_programs, 2, D] fp32: each program's sums for dweight, then dbias; not written without HAS_DY
     n_rows,
     n_cols,  # D
     rows_per_program,  # a multiple of BLOCK_ROWS
@@ -114,7 +135,7 @@ def _residual_layer_norm_bwd_kernel(
     BLOCK_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """dy, ds_out, s: [n_rows, D] -> dx, dresidual: [n_rows, D], this program's row of the dweight/dbias partials."""
+    """dy, ds_out, s: [n_rows, D] -> dx, dresidual: [n_rows, D], this program's [2, D] of the partials."""
     program = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     col_mask = cols < n_cols
@@ -153,60 +174,99 @@ def _residual_layer_norm_bwd_kernel(
         if HAS_RESIDUAL:
             tl.store(dresidual_ptr + offsets, ds.to(dresidual_ptr.dtype.element_ty), mask=mask)
         if HAS_DROPOUT:
-            ds = tl.where(_dropout_keep(seed, offsets, dropout_p), ds * dropout_scale, 0.0)
+            ds = tl.where(_dropout_keep(seed, rows, n_cols, dropout_p, BLOCK_D), ds * dropout_scale, 0.0)
         tl.store(dx_ptr + offsets, ds.to(dx_ptr.dtype.element_ty), mask=mask)
 
     if HAS_DY:
-        tl.store(dweight_partial_ptr + program * n_cols + cols, dweight, mask=col_mask)
-        tl.store(dbias_partial_ptr + program * n_cols + cols, dbias, mask=col_mask)
+        partial_ptr = partials_ptr + program.to(tl.int64) * 2 * n_cols + cols
+        tl.store(partial_ptr, dweight, mask=col_mask)
+        tl.store(partial_ptr + n_cols, dbias, mask=col_mask)
 
 
 @triton.jit
 def _sum_partials_kernel(
-    dweight_partial_ptr,  # [num_partials, D], fp32
-    dbias_partial_ptr,  # [num_partials, D], fp32
+    partials_ptr,  # [num_partials, 2, D], fp32
     dweight_ptr,  # [D]
     dbias_ptr,  # [D]
     num_partials,
     n_cols,  # D
     BLOCK_PARTIALS: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    BLOCK_COLS: tl.constexpr,
 ):
-    """dweight/dbias partials: [num_partials, D] -> dweight, dbias: [D]; one strip of BLOCK_D columns each."""
-    cols = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
-    col_mask = cols < n_cols
-    dweight = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    dbias = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    """partials: [num_partials, 2 * D] -> dweight (its first D columns), dbias (the rest): [D]; one strip of
+    BLOCK_COLS of the 2 * D columns each."""
+    cols = tl.program_id(0) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
+    col_mask = cols < 2 * n_cols
+    total = tl.zeros((BLOCK_COLS,), dtype=tl.float32)
     for start in range(0, num_partials, BLOCK_PARTIALS):
-        partials = start + tl.arange(0, BLOCK_PARTIALS)
+        partials = (start + tl.arange(0, BLOCK_PARTIALS)).to(tl.int64)
         mask = (partials < num_partials)[:, None] & col_mask[None, :]
-        offsets = partials[:, None] * n_cols + cols[None, :]
-        dweight += tl.sum(tl.load(dweight_partial_ptr + offsets, mask=mask, other=0.0), axis=0)
-        dbias += tl.sum(tl.load(dbias_partial_ptr + offsets, mask=mask, other=0.0), axis=0)
-    tl.store(dweight_ptr + cols, dweight.to(dweight_ptr.dtype.element_ty), mask=col_mask)
-    tl.store(dbias_ptr + cols, dbias.to(dbias_ptr.dtype.element_ty), mask=col_mask)
+        total += tl.sum(tl.load(partials_ptr + partials[:, None] * 2 * n_cols + cols[None, :], mask=mask, other=0.0),
+                        axis=0)
+    is_dweight = cols < n_cols
+    tl.store(dweight_ptr + cols, total.to(dweight_ptr.dtype.element_ty), mask=is_dweight)
+    tl.store(dbias_ptr + cols - n_cols, total.to(dbias_ptr.dtype.element_ty), mask=col_mask & ~is_dweight)
 
 
 def _tile_config(n_cols: int) -> tuple[int, int, int]:
     """D -> (BLOCK_D, BLOCK_ROWS, num_warps) of a program's [BLOCK_ROWS, BLOCK_D] tile."""
-    block_d = next_power_of_2(n_cols)
+    # At least 4 columns: the dropout mask comes in groups of four.
+    block_d = max(4, next_power_of_2(n_cols))
     block_rows = max(1, TILE_ELEMENTS // block_d)
     num_warps = min(16, max(4, block_d * block_rows // 512))
     return block_d, block_rows, num_warps
 
 
+def _resident_programs_per_sm(regs_per_thread: int, shared_bytes: int, num_warps: int, regs_per_sm: int,
+                              threads_per_sm: int, shared_per_sm: int) -> int:
+    """How many programs of a kernel fit on one multiprocessor at once (at least 1): registers, allocated per thread
+    in steps of 8, threads and shared memory each set a limit."""
+    threads = 32 * num_warps
+    limits = [regs_per_sm // (-(-regs_per_thread // 8) * 8 * threads), threads_per_sm // threads]
+    if shared_bytes > 0:
+        limits.append(shared_per_sm // shared_bytes)
+    return max(1, min(limits))
+
+
 @functools.lru_cache(maxsize=None)
-def _backward_program_cap(device: torch.device, block_d: int) -> int:
-    """How many programs backward launches at most on `device` for rows padded to block_d."""
-    if device.type == "cuda":
-        sm_count = torch.cuda.get_device_properties(device).multi_processor_count
-        return sm_count * min(MAX_PROGRAMS_PER_SM, max(1, PARTIAL_ELEMENTS_PER_SM // block_d))
-    # Triton's interpreter runs programs one after another, so more would only add rows to the second stage.
-    return 4
+def _resident_backward_programs(device: torch.device, pointer_dtypes: tuple[torch.dtype, ...], n_cols: int,
+                                **constexprs) -> int:
+    """How many backward programs with these pointer dtypes (in the kernel's argument order) and constexprs are
+    resident at once on all of the GPU's multiprocessors: Triton compiles the kernel (without launching it) to
+    report its registers and shared memory."""
+    *tensor_dtypes, seed_dtype = pointer_dtypes
+    # The kernel is not specialized on n_rows and rows_per_program, so any values give the launched compile.
+    compiled = _residual_layer_norm_bwd_kernel.warmup(*tensor_dtypes, 1, n_cols, 1, 0.1, 1.0, seed_dtype,
+                                                      grid=(1,), **constexprs)
+    compiled._init_handles()
+    properties = torch.cuda.get_device_properties(device)
+    shared_per_sm = triton.runtime.driver.active.utils.get_device_properties(device.index)["max_shared_mem"]
+    per_sm = _resident_programs_per_sm(compiled.n_regs, compiled.metadata.shared, constexprs["num_warps"],
+                                       properties.regs_per_multiprocessor,
+                                       properties.max_threads_per_multi_processor, shared_per_sm)
+    return properties.multi_processor_count * per_sm
+
+
+def _backward_program_cap(device: torch.device, pointer_dtypes: tuple[torch.dtype, ...], n_cols: int,
+                          **constexprs) -> int:
+    """How many programs backward launches at most: on a GPU, as many as it holds at once, so that they all run in
+    one wave (each then walks its rows with every other program's loads in flight alongside, and none waits for a
+    slot at the end); more would add partial sums (8 * D bytes each, written then read) and no residency."""
+    if device.type != "cuda":
+        return INTERPRETER_BACKWARD_PROGRAMS
+    return _resident_backward_programs(device, pointer_dtypes, n_cols, **constexprs)
+
+
+def _backward_grid(n_rows: int, block_rows: int, program_cap: int) -> tuple[int, int]:
+    """-> (rows_per_program, a multiple of block_rows; num_programs): whole tiles split evenly over at most
+    program_cap programs, each taking a contiguous run (the last one may have fewer rows)."""
+    tiles_per_program = max(1, cdiv(cdiv(n_rows, block_rows), program_cap))
+    rows_per_program = tiles_per_program * block_rows
+    return rows_per_program, cdiv(n_rows, rows_per_program)
 
 
 def _output_dtype(x_dtype: torch.dtype, residual_dtype: Optional[torch.dtype]) -> torch.dtype:
-    """The dtype of y and s: that of residual + x in PyTorch (an fp32 residual stream under autocast stays fp32)."""
+    """The dtype of y and s: that of residual + x in PyTorch (ResidualLayerNorm casts both to autocast's dtype)."""
     return x_dtype if residual_dtype is None else torch.promote_types(x_dtype, residual_dtype)
 
 
@@ -246,30 +306,30 @@ def _backward(dy: Optional[torch.Tensor], ds_out: Optional[torch.Tensor], s: tor
     has_residual = residual_dtype is not None
     dresidual = torch.empty(s.shape if has_residual else (0,), dtype=residual_dtype or x_dtype, device=s.device)
     block_d, block_rows, num_warps = _tile_config(n_cols)
-    # Each program takes a contiguous run of whole tiles.
-    tiles_per_program = cdiv(cdiv(n_rows, block_rows), _backward_program_cap(s.device, block_d))
-    rows_per_program = max(tiles_per_program, 1) * block_rows
-    num_programs = cdiv(n_rows, rows_per_program)
-    # Every program writes its row of the partial sums, so they need no zeroing.
-    dweight_partial = torch.empty((num_programs, n_cols), dtype=torch.float32, device=s.device)
-    dbias_partial = torch.empty_like(dweight_partial)
+    dy_rows = s_rows if dy is None else dy.reshape(-1, n_cols).contiguous()
+    ds_out_rows = s_rows if ds_out is None else ds_out.reshape(-1, n_cols).contiguous()
+    weight = weight.contiguous()
+    dresidual_or_dx = dresidual if has_residual else dx
+    seed_or_s = s_rows if seed is None else seed
+    constexprs = dict(HAS_DY=dy is not None, HAS_DS_OUT=ds_out is not None, HAS_RESIDUAL=has_residual,
+                      HAS_DROPOUT=seed is not None, BLOCK_ROWS=block_rows, BLOCK_D=block_d, num_warps=num_warps)
+    pointer_dtypes = tuple(t.dtype for t in (dy_rows, ds_out_rows, s_rows, weight, mean, rstd, dx, dresidual_or_dx))
+    program_cap = _backward_program_cap(s.device, (*pointer_dtypes, torch.float32, seed_or_s.dtype), n_cols,
+                                        **constexprs)
+    rows_per_program, num_programs = _backward_grid(n_rows, block_rows, program_cap)
+    # Every program writes its [2, D] of the partial sums, so they need no zeroing.
+    partials = torch.empty((num_programs, 2, n_cols), dtype=torch.float32, device=s.device)
     if n_rows > 0:
         _residual_layer_norm_bwd_kernel[(num_programs,)](
-            s_rows if dy is None else dy.reshape(-1, n_cols).contiguous(),
-            s_rows if ds_out is None else ds_out.reshape(-1, n_cols).contiguous(),
-            s_rows, weight.contiguous(), mean, rstd, dx, dresidual if has_residual else dx,
-            dweight_partial, dbias_partial,
-            n_rows, n_cols, rows_per_program, dropout_p, dropout_scale(dropout_p), s_rows if seed is None else seed,
-            HAS_DY=dy is not None, HAS_DS_OUT=ds_out is not None, HAS_RESIDUAL=has_residual,
-            HAS_DROPOUT=seed is not None, BLOCK_ROWS=block_rows, BLOCK_D=block_d, num_warps=num_warps,
+            dy_rows, ds_out_rows, s_rows, weight, mean, rstd, dx, dresidual_or_dx, partials,
+            n_rows, n_cols, rows_per_program, dropout_p, dropout_scale(dropout_p), seed_or_s, **constexprs,
         )
     if dy is None:
         return dx, dresidual, torch.zeros_like(weight), torch.zeros_like(weight)
     dweight, dbias = torch.empty_like(weight), torch.empty_like(weight)
-    # Narrow column strips give the second stage enough programs to read the partial sums at full bandwidth.
-    block_cols = 16
-    _sum_partials_kernel[(cdiv(n_cols, block_cols),)](
-        dweight_partial, dbias_partial, dweight, dbias, num_programs, n_cols, BLOCK_PARTIALS=128, BLOCK_D=block_cols,
+    _sum_partials_kernel[(cdiv(2 * n_cols, SUM_BLOCK_COLS),)](
+        partials, dweight, dbias, num_programs, n_cols, BLOCK_PARTIALS=SUM_BLOCK_PARTIALS, BLOCK_COLS=SUM_BLOCK_COLS,
+        num_warps=SUM_NUM_WARPS,
     )
     return dx, dresidual, dweight, dbias
 

@@ -28,12 +28,29 @@ class ResidualLayerNorm(nn.Module):
                 return_sum: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x, residual: [..., d] -> LayerNorm(residual + Dropout(x)) (and the sum, for pre-LN, if return_sum).
 
-        Without a residual this is a plain LayerNorm of x: dropout belongs to the branch being added.
+        Without a residual this is a plain LayerNorm of x: dropout belongs to the branch being added. Both outputs
+        have the dtype of residual + x, or autocast's dtype where autocast is on.
         """
         if x.shape[-1] != self.normalized_shape[0]:
             raise ValueError(f"x's last dimension is {x.shape[-1]}, expected {self.normalized_shape[0]}")
         if residual is not None and residual.shape != x.shape:
             raise ValueError(f"residual {tuple(residual.shape)} and x {tuple(x.shape)} must have the same shape")
         dropout_p = self.dropout if self.training and residual is not None else 0.0
+        x, residual = _in_autocast_dtype(x), _in_autocast_dtype(residual)
         y, total = dispatch.residual_layer_norm(x, residual, self.weight, self.bias, eps=self.eps, dropout_p=dropout_p)
         return (y, total) if return_sum else y
+
+
+def _in_autocast_dtype(activation: torch.Tensor | None) -> torch.Tensor | None:
+    """activation: [..., d] cast to autocast's dtype where autocast is on for its device (unchanged otherwise).
+
+    Autocast would run a LayerNorm in fp32 and return fp32, and promote an fp32 residual stream plus a low-precision
+    sublayer output to fp32; cast first, the residual stream and the normalized output stay in the compute dtype,
+    so the next matmul needs no cast. The statistics are still computed in fp32, and the parameters stay as they are.
+    Only what autocast itself would cast is cast: floating tensors other than fp64.
+    """
+    if activation is None or not torch.is_autocast_enabled(activation.device.type):
+        return activation
+    if not activation.is_floating_point() or activation.dtype == torch.float64:
+        return activation
+    return activation.to(torch.get_autocast_dtype(activation.device.type))
