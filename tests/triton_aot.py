@@ -108,12 +108,22 @@ def run_every_launcher(quick: bool) -> None:
                 out.backward(torch.randn_like(out))
         attention.attention_dropout_mask(3, 1, 1, 4, 4, 0.1)
 
+        # Cross-entropy: loss alone; loss and gradient in one launch, then backward's recomputing (own buffer) or
+        # scaling (over the logits) launch; linear + CE with gradients in forward, and with reduction "none"
+        # (recomputed in backward).
         logits = torch.randn(8, 1000, dtype=dtype, requires_grad=True)
         target = torch.randint(0, 1000, (8,))
+        with torch.no_grad():
+            cross_entropy(logits, target, label_smoothing=0.1, check_targets=False)
         cross_entropy(logits, target, label_smoothing=0.1, check_targets=False).backward()
+        cross_entropy(logits * 1.0, target, label_smoothing=0.1, overwrite_logits=True,
+                      check_targets=False).backward()
         hidden = torch.randn(8, 64, dtype=dtype, requires_grad=True)
         weight = torch.randn(1000, 64, dtype=dtype, requires_grad=True)
-        linear_cross_entropy(hidden, weight, target, label_smoothing=0.1, check_targets=False).backward()
+        for reduction in ("mean", "none"):
+            loss = linear_cross_entropy(hidden, weight, target, label_smoothing=0.1, reduction=reduction,
+                                        check_targets=False)
+            loss.backward(torch.ones_like(loss))
         # The transformer presets' widths and the widest row the kernel takes (one-row tiles, 16 warps).
         for d_model in ((512,) if quick else (512, 1024, 8192)):
             x, residual = (torch.randn(4, 5, d_model, dtype=dtype, requires_grad=True) for _ in range(2))

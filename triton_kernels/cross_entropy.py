@@ -4,15 +4,20 @@ loss_i = (1 - e) * (-log p_i[target_i]) + e * mean_c(-log p_i[c]), p = softmax(l
 One kernel does all the work, one program per row, in fp32 whatever the logits' dtype: a first sweep over the row
 keeps a running max, the sum of exp(x - max) and the sum of x (online softmax), which give the log-sum-exp and the
 loss; a second sweep writes the gradient (softmax - (1 - e) * onehot(target) - e / V) times d(total)/d(row loss),
-which may be the logits' own buffer. Rows whose target is ignore_index are not read and get zero loss and gradient.
+which may be the logits' own buffer. The second sweep re-reads a row the first has just read, so a row that stays in
+cache costs one read and one write of the logits. Rows whose target is ignore_index are not read and get zero loss
+and gradient.
 
-`cross_entropy` runs the first sweep in forward (saving only the log-sum-exps) and the second in backward, where
-d(total)/d(row loss) is known, so that nothing V-wide is computed for a loss that is never differentiated.
+`cross_entropy` runs both sweeps in forward, in one launch, for an upstream gradient of 1 (the loss itself), when a
+gradient will be needed; backward then only scales it by the real upstream gradient, in place, and a row whose scale
+is exactly 1 (loss.backward() of a "mean" or "sum" loss) is not touched at all. The gradient goes into a new buffer,
+or over the logits themselves with overwrite_logits=True.
 `linear_cross_entropy` never holds all N x V logits: it walks chunks of tokens, and for each one a cuBLAS matmul
-makes the chunk's logits, the kernel turns them into their gradient in place, and two more matmuls give that
-chunk's share of the hidden and weight gradients (Liger-Kernel's fused linear cross-entropy). Those gradients are
-scaled by the incoming gradient in backward; with reduction "none" that is one scale per token, so forward only
-computes the losses and backward recomputes the chunks.
+makes the chunk's logits, the kernel turns them into their gradient in place, and two more matmuls put that chunk's
+share of the hidden and weight gradients into their buffers (the weight's summed in place: Liger-Kernel's fused
+linear cross-entropy). Those gradients are scaled in place by the incoming gradient in backward; with reduction
+"none" that is one scale per token, so forward only computes the losses and backward recomputes the chunks.
+A gradient computed in forward is consumed by the first backward: a second one (retain_graph=True) raises.
 """
 
 from typing import Optional
@@ -28,10 +33,12 @@ REDUCTIONS = ("mean", "sum", "none")
 # Bytes of logits a program sweeps per step (4096 fp32 or 8192 fp16/bf16 elements): wide enough that a 37k vocab
 # takes a handful of steps, narrow enough to stay in registers.
 MAX_BLOCK_BYTES = 16384
-# Fused linear + CE: a chunk's logits take at most 1/LOGITS_FRACTION of what all N x V logits would and at most
-# CHUNK_LOGITS_BYTES, so that memory stays far below the unfused logits; chunks are large enough that adding each
-# chunk's weight gradient into the fp32 sum (a V x d pass) stays small next to its three matmuls.
-LOGITS_FRACTION = 8
+# Fused linear + CE: a chunk's logits (which become their own gradient) take at most 1/LOGITS_FRACTION of what all
+# N x V logits would and at most CHUNK_LOGITS_BYTES, so that with the gradient buffers (the weight's V x d summed in
+# fp32) everything stays under a quarter of the unfused logits at transformer-base shapes (N ~ 16-25k, V = 37k,
+# d = 512); chunks of 1024+ rows keep the weight gradient's in-place sum (a V x d pass per chunk, in the matmul's
+# epilogue) small next to the chunk's three matmuls.
+LOGITS_FRACTION = 16
 CHUNK_LOGITS_BYTES = 256 * 1024 * 1024
 # Chunks of whole 128-row tiles leave no ragged tile in cuBLAS's matmuls.
 GEMM_ROW_TILE = 128
@@ -45,6 +52,7 @@ def _cross_entropy_kernel(
     loss_ptr,  # [n_rows], fp32; not written without COMPUTE_LOSS
     lse_ptr,  # [n_rows], fp32: written with COMPUTE_LOSS, else read
     grad_scale_ptr,  # [n_rows] (grad_scale_stride 1) or [] (stride 0): d(total)/d(row loss); read with WRITE_GRAD
+    written_scale_ptr,  # []: with SKIP_WRITTEN, grad already holds the gradient at this scale; rows at it are skipped
     logits_row_stride,
     grad_row_stride,
     grad_scale_stride,
@@ -53,6 +61,7 @@ def _cross_entropy_kernel(
     label_smoothing,
     COMPUTE_LOSS: tl.constexpr,
     WRITE_GRAD: tl.constexpr,
+    SKIP_WRITTEN: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
     """logits: [n_rows, V] -> loss, lse: [n_rows] (COMPUTE_LOSS) and/or grad: [n_rows, V] (WRITE_GRAD); one row each."""
@@ -89,12 +98,44 @@ def _cross_entropy_kernel(
     if WRITE_GRAD:
         scale = tl.load(grad_scale_ptr + row * grad_scale_stride).to(tl.float32)
         grad_row_ptr = grad_ptr + row * grad_row_stride
-        for start in range(0, n_cols, BLOCK_V):
+        n_write = n_cols
+        if SKIP_WRITTEN:
+            # Rows whose gradient forward wrote at this very scale (loss.backward() of a "mean" or "sum" loss), and
+            # ignored rows (zero), cost no memory traffic.
+            n_write = tl.where(kept & (scale != tl.load(written_scale_ptr)), n_cols, 0)
+        for start in range(0, n_write, BLOCK_V):
             cols = start + tl.arange(0, BLOCK_V)
             x = tl.load(logits_row_ptr + cols, mask=cols < n_read, other=0.0).to(tl.float32)
             grad = tl.exp(x - lse) - label_smoothing / n_cols - tl.where(cols == target, 1.0 - label_smoothing, 0.0)
             grad = tl.where(kept, grad * scale, 0.0)
             tl.store(grad_row_ptr + cols, grad.to(grad_ptr.dtype.element_ty), mask=cols < n_cols)
+
+
+@triton.jit
+def _scale_rows_kernel(
+    grad_ptr,  # [n_rows, n_cols], rows row_stride elements apart: scaled in place
+    scale_ptr,  # [n_rows] (scale_stride 1) or [] (stride 0), fp32
+    target_ptr,  # [n_rows]; read with SKIP_IGNORED
+    row_stride,
+    scale_stride,
+    n_cols,
+    ignore_index,
+    SKIP_IGNORED: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """grad[row, block] *= scale[row]; one program per (row, block of columns)."""
+    row = tl.program_id(0).to(tl.int64)
+    scale = tl.load(scale_ptr + row * scale_stride)
+    # A scale of exactly 1 (the usual loss.backward()) and an ignored row's zero gradient cost no memory traffic.
+    needed = scale != 1.0
+    if SKIP_IGNORED:
+        needed = needed & (tl.load(target_ptr + row) != ignore_index)
+    if needed:
+        cols = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        in_row = cols < n_cols
+        pointers = grad_ptr + row * row_stride + cols
+        grad = tl.load(pointers, mask=in_row).to(tl.float32)
+        tl.store(pointers, (grad * scale).to(grad_ptr.dtype.element_ty), mask=in_row)
 
 
 def _block_config(n_cols: int, element_size: int) -> tuple[int, int]:
@@ -107,10 +148,11 @@ def _block_config(n_cols: int, element_size: int) -> tuple[int, int]:
 
 def _cross_entropy_rows(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, ignore_index: int,
                         label_smoothing: float, row_loss: Optional[torch.Tensor] = None,
-                        grad: Optional[torch.Tensor] = None, grad_scale: Optional[torch.Tensor] = None) -> None:
+                        grad: Optional[torch.Tensor] = None, grad_scale: Optional[torch.Tensor] = None,
+                        written_scale: Optional[torch.Tensor] = None) -> None:
     """logits: [N, V] (unit column stride), target, lse: [N] -> with row_loss ([N] fp32), each row's loss into it and
     its log-sum-exp into lse, else lse is read; with grad ([N, V], may be logits), the gradient times grad_scale
-    ([] or [N]) into it."""
+    ([] or [N]) into it, except in rows whose grad_scale equals written_scale ([]; grad holds them already)."""
     n_rows, n_cols = logits.shape
     if n_rows == 0:
         return
@@ -118,11 +160,12 @@ def _cross_entropy_rows(logits: torch.Tensor, target: torch.Tensor, lse: torch.T
     block_v, num_warps = _block_config(n_cols, logits.element_size())
     _cross_entropy_kernel[(n_rows,)](
         logits, grad if write_grad else logits, target, row_loss if compute_loss else lse, lse,
-        grad_scale if write_grad else lse,
+        grad_scale if write_grad else lse, lse if written_scale is None else written_scale,
         logits.stride(0), grad.stride(0) if write_grad else 0,
         grad_scale.stride(0) if write_grad and grad_scale.dim() == 1 else 0,
         n_cols, ignore_index, label_smoothing,
-        COMPUTE_LOSS=compute_loss, WRITE_GRAD=write_grad, BLOCK_V=block_v, num_warps=num_warps,
+        COMPUTE_LOSS=compute_loss, WRITE_GRAD=write_grad, SKIP_WRITTEN=written_scale is not None, BLOCK_V=block_v,
+        num_warps=num_warps,
     )
 
 
@@ -156,82 +199,160 @@ def _row_grad_scale(grad_loss: torch.Tensor, target: torch.Tensor, ignore_index:
     return scale / _kept_count(target, ignore_index) if reduction == "mean" else scale
 
 
-# ---- cross_entropy: the loss in forward, the gradient in backward ------------------------------------------------
+def _scale_rows(grad: torch.Tensor, scale: torch.Tensor, target: Optional[torch.Tensor], ignore_index: int) -> None:
+    """grad: [n_rows, n_cols] (unit column stride) *= scale ([] or [n_rows]) in place, rows by row; rows whose
+    target ([n_rows], optional) is ignore_index are left as they are (zero)."""
+    n_rows, n_cols = grad.shape
+    block, num_warps = _block_config(n_cols, grad.element_size())
+    scale = scale.float()
+    _scale_rows_kernel[(n_rows, triton.cdiv(n_cols, block))](
+        grad, scale, grad if target is None else target, grad.stride(0), scale.stride(0) if scale.dim() == 1 else 0,
+        n_cols, ignore_index, SKIP_IGNORED=target is not None, BLOCK=block, num_warps=min(num_warps, 8),
+    )
 
-@torch.library.custom_op("fastformer::cross_entropy", mutates_args=())
-def _cross_entropy_op(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float,
-                      reduction: str, overwrite_logits: bool,
-                      check_targets: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits: [N, V], target: [N] -> (loss: [] or [N] in logits' dtype, lse: [N] fp32). overwrite_logits only tells
-    backward where to write the gradient."""
+
+@torch.library.custom_op("fastformer::scale_gradient_", mutates_args=("grad",))
+def _scale_gradient_op(grad: torch.Tensor, scale: torch.Tensor, target: Optional[torch.Tensor],
+                       ignore_index: int) -> None:
+    """grad: [n_rows, ...] contiguous past dim 0 (or [n] as one row) *= scale ([] or [n_rows]) in place."""
+    if grad.numel() == 0:
+        return
+    rows = grad.view(1, -1) if grad.dim() == 1 else grad.view(grad.shape[0], -1)
+    _scale_rows(rows, scale, target, ignore_index)
+
+
+@_scale_gradient_op.register_fake
+def _(grad: torch.Tensor, scale: torch.Tensor, target: Optional[torch.Tensor], ignore_index: int) -> None:
+    return None
+
+
+def _saved_gradients(ctx, op: str) -> tuple:
+    """ctx.saved_tensors, with a clear error where the gradient computed in forward was already consumed."""
+    if torch.is_grad_enabled():
+        raise RuntimeError(f"{op}: double backward (create_graph=True) is not supported: the gradient is computed "
+                           "in forward by a kernel, not by differentiable operations")
+    try:
+        return ctx.saved_tensors
+    except RuntimeError as error:
+        if "modified by an inplace operation" not in str(error):
+            raise
+        raise RuntimeError(f"{op}: its gradient, computed in forward, was already scaled in place by a first "
+                           "backward (or changed by the caller); a second backward through the same graph "
+                           "(retain_graph=True) is not supported: run forward again") from error
+
+
+# ---- cross_entropy: the loss and its gradient in one forward launch; backward scales -----------------------------
+
+def _cross_entropy_forward(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float,
+                           reduction: str, check_targets: bool,
+                           grad: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits: [N, V] -> (loss, lse: [N] fp32); with grad ([N, V], may be logits), the gradient of the loss (for an
+    upstream gradient of 1) written into it by the same launch."""
     if check_targets:
         _check_class_ids(target, logits.shape[1], ignore_index)
     row_loss = logits.new_empty(logits.shape[:1], dtype=torch.float32)
     lse = torch.empty_like(row_loss)
-    _cross_entropy_rows(logits, target, lse, ignore_index, label_smoothing, row_loss=row_loss)
+    grad_scale = None
+    if grad is not None:
+        grad_scale = _row_grad_scale(torch.ones((), device=logits.device), target, ignore_index, reduction)
+    _cross_entropy_rows(logits, target, lse, ignore_index, label_smoothing, row_loss=row_loss, grad=grad,
+                        grad_scale=grad_scale)
     return _reduce(row_loss, target, ignore_index, reduction, logits.dtype), lse
+
+
+@torch.library.custom_op("fastformer::cross_entropy", mutates_args=())
+def _cross_entropy_op(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float,
+                      reduction: str, compute_grad: bool,
+                      check_targets: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """logits: [N, V], target: [N] -> (loss: [] or [N] in logits' dtype, lse: [N] fp32, with compute_grad the
+    gradient of the loss w.r.t. the logits for an upstream gradient of 1: [N, V] in logits' dtype, else [0])."""
+    grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device) if compute_grad else None
+    loss, lse = _cross_entropy_forward(logits, target, ignore_index, label_smoothing, reduction, check_targets, grad)
+    return loss, lse, logits.new_empty(0) if grad is None else grad
 
 
 @_cross_entropy_op.register_fake
 def _(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float, reduction: str,
-      overwrite_logits: bool, check_targets: bool) -> tuple[torch.Tensor, torch.Tensor]:
+      compute_grad: bool, check_targets: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     loss = logits.new_empty(logits.shape[:1] if reduction == "none" else ())
-    return loss, logits.new_empty(logits.shape[:1], dtype=torch.float32)
+    grad = logits.new_empty(logits.shape) if compute_grad else logits.new_empty(0)
+    return loss, logits.new_empty(logits.shape[:1], dtype=torch.float32), grad
 
 
-@torch.library.custom_op("fastformer::cross_entropy_backward", mutates_args=())
+@torch.library.custom_op("fastformer::cross_entropy_backward_", mutates_args=("grad",))
 def _cross_entropy_backward_op(grad_loss: torch.Tensor, logits: torch.Tensor, target: torch.Tensor,
-                               lse: torch.Tensor, ignore_index: int, label_smoothing: float,
-                               reduction: str) -> torch.Tensor:
-    """grad_loss: [] or [N], logits: [N, V] -> grad_logits: [N, V] in logits' dtype."""
-    grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+                               lse: torch.Tensor, grad: torch.Tensor, ignore_index: int, label_smoothing: float,
+                               reduction: str) -> None:
+    """grad: [N, V], forward's gradient of the loss for an upstream gradient of 1 -> the gradient for grad_loss
+    ([] or [N]), in place: rows whose scale is unchanged are not touched; the others are recomputed from the logits
+    at their exact scale (rounded once, where scaling the rounded gradient would round twice)."""
+    ones = torch.ones((), device=logits.device)
     _cross_entropy_rows(logits, target, lse, ignore_index, label_smoothing, grad=grad,
-                        grad_scale=_row_grad_scale(grad_loss, target, ignore_index, reduction))
-    return grad
+                        grad_scale=_row_grad_scale(grad_loss, target, ignore_index, reduction),
+                        written_scale=_row_grad_scale(ones, target, ignore_index, reduction))
 
 
 @_cross_entropy_backward_op.register_fake
-def _(grad_loss: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, ignore_index: int,
-      label_smoothing: float, reduction: str) -> torch.Tensor:
-    return logits.new_empty(logits.shape)
-
-
-@torch.library.custom_op("fastformer::cross_entropy_backward_over_logits", mutates_args=("logits",))
-def _cross_entropy_backward_over_logits_op(grad_loss: torch.Tensor, logits: torch.Tensor, target: torch.Tensor,
-                                           lse: torch.Tensor, ignore_index: int, label_smoothing: float,
-                                           reduction: str) -> None:
-    """grad_loss: [] or [N], logits: [N, V] -> logits overwritten with their gradient."""
-    _cross_entropy_rows(logits, target, lse, ignore_index, label_smoothing, grad=logits,
-                        grad_scale=_row_grad_scale(grad_loss, target, ignore_index, reduction))
-
-
-@_cross_entropy_backward_over_logits_op.register_fake
-def _(grad_loss: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, ignore_index: int,
-      label_smoothing: float, reduction: str) -> None:
+def _(grad_loss: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor,
+      ignore_index: int, label_smoothing: float, reduction: str) -> None:
     return None
 
 
 def _cross_entropy_setup_context(ctx, inputs: tuple, output: tuple) -> None:
-    logits, target, ignore_index, label_smoothing, reduction, overwrite_logits, _ = inputs
-    _, lse = output
-    ctx.mark_non_differentiable(lse)
-    ctx.save_for_backward(logits, target, lse)
+    logits, target, ignore_index, label_smoothing, reduction, *_ = inputs
+    _, lse, grad = output
+    ctx.mark_non_differentiable(lse, grad)
+    ctx.save_for_backward(logits, target, lse, grad)
     ctx.ignore_index, ctx.label_smoothing, ctx.reduction = ignore_index, label_smoothing, reduction
-    ctx.overwrite_logits = overwrite_logits
 
 
-def _cross_entropy_backward(ctx, grad_loss: torch.Tensor, _grad_lse: Optional[torch.Tensor]) -> tuple:
-    logits, target, lse = ctx.saved_tensors
-    args = (grad_loss, logits, target, lse, ctx.ignore_index, ctx.label_smoothing, ctx.reduction)
-    if ctx.overwrite_logits:
-        _cross_entropy_backward_over_logits_op(*args)
-        grad_logits = logits
-    else:
-        grad_logits = _cross_entropy_backward_op(*args)
-    return grad_logits, None, None, None, None, None, None
+def _cross_entropy_backward(ctx, grad_loss: torch.Tensor, _grad_lse, _grad_grad) -> tuple:
+    logits, target, lse, grad_logits = _saved_gradients(ctx, "cross_entropy")
+    if grad_logits.shape != logits.shape:
+        raise RuntimeError("cross_entropy: backward through a forward run with compute_grad=False")
+    _cross_entropy_backward_op(grad_loss, logits, target, lse, grad_logits, ctx.ignore_index, ctx.label_smoothing,
+                               ctx.reduction)
+    return grad_logits, *(None,) * 6
 
 
 _cross_entropy_op.register_autograd(_cross_entropy_backward, setup_context=_cross_entropy_setup_context)
+
+
+@torch.library.custom_op("fastformer::cross_entropy_over_logits", mutates_args=("logits",))
+def _cross_entropy_over_logits_op(logits: torch.Tensor, target: torch.Tensor, ignore_index: int,
+                                  label_smoothing: float, reduction: str,
+                                  check_targets: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits: [N, V] -> (loss, lse: [N] fp32), the logits overwritten with the loss's gradient (upstream 1)."""
+    return _cross_entropy_forward(logits, target, ignore_index, label_smoothing, reduction, check_targets, logits)
+
+
+@_cross_entropy_over_logits_op.register_fake
+def _(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float, reduction: str,
+      check_targets: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    loss = logits.new_empty(logits.shape[:1] if reduction == "none" else ())
+    return loss, logits.new_empty(logits.shape[:1], dtype=torch.float32)
+
+
+class _CrossEntropyOverLogits(torch.autograd.Function):
+    """cross_entropy whose forward turns the logits' own buffer into their gradient (a custom op that mutates an
+    input cannot carry an autograd formula itself)."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float,
+                reduction: str, check_targets: bool) -> torch.Tensor:
+        loss, _ = _cross_entropy_over_logits_op(logits, target, ignore_index, label_smoothing, reduction,
+                                                check_targets)
+        ctx.save_for_backward(logits, target)
+        ctx.ignore_index = ignore_index
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor) -> tuple:
+        grad_logits, target = _saved_gradients(ctx, "cross_entropy")
+        # The logits are gone, so the rounded gradient itself is scaled: exact for a scale of 1 (skipped) or a power
+        # of two (a GradScaler's), one more rounding for any other.
+        _scale_gradient_op(grad_logits, grad_loss, target, ctx.ignore_index)
+        return grad_logits, *(None,) * 5
 
 
 # ---- linear_cross_entropy: chunks of tokens, gradients in forward ------------------------------------------------
@@ -244,29 +365,23 @@ def _chunk_rows(n_rows: int, vocab: int, element_size: int) -> int:
     return max(1, rows)
 
 
-def _mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b in fp32: on CUDA, cuBLAS writes an fp16/bf16 product straight out in fp32 (torch >= 2.8), so that a
-    gradient later scaled and cast back to fp16/bf16 is rounded once; the CPU matmul has no such variant."""
-    if a.is_cuda and a.dtype in (torch.float16, torch.bfloat16):
-        return torch.mm(a, b, out_dtype=torch.float32)
-    return torch.mm(a, b).float()
-
-
-def _add_chunk_gradients(grad_logits: torch.Tensor, hidden_chunk: torch.Tensor, weight_mm: torch.Tensor,
-                         grad_hidden_chunk: torch.Tensor, grad_weight: torch.Tensor,
-                         grad_bias: Optional[torch.Tensor]) -> None:
-    """grad_logits: [rows, V], hidden_chunk: [rows, d] -> grad_hidden_chunk ([rows, d] fp32) set, and the chunk's
-    share added to grad_weight ([V, d] fp32) and grad_bias ([V] fp32)."""
-    grad_hidden_chunk.copy_(_mm_fp32(grad_logits, weight_mm))
-    if grad_logits.dtype == torch.float32:
-        grad_weight.addmm_(grad_logits.T, hidden_chunk)
+def _mm_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> None:
+    """out (+)= a @ b, in place, rounded once to out's dtype: cuBLAS writes (or adds) an fp16/bf16 product straight
+    into an fp32 out (torch >= 2.8); the CPU matmul has no such variant, so there the product is a temporary."""
+    if out.dtype == a.dtype:
+        if accumulate:
+            torch.addmm(out, a, b, out=out)
+        else:
+            torch.mm(a, b, out=out)
+    elif out.is_cuda and out.dtype == torch.float32:
+        if accumulate:
+            torch.addmm(out, a, b, out_dtype=torch.float32, out=out)
+        else:
+            torch.mm(a, b, out_dtype=torch.float32, out=out)
+    elif accumulate:
+        out += torch.mm(a, b)
     else:
-        # torch's matmuls cannot add an fp16/bf16 product into an fp32 sum. The chunk's product is rounded once
-        # (as F.linear's backward rounds its one product) and added in fp32: an fp32 product would double the
-        # memory and traffic of this V x d pass, which each chunk pays.
-        grad_weight += torch.mm(grad_logits.T, hidden_chunk)
-    if grad_bias is not None:
-        grad_bias += grad_logits.sum(0, dtype=torch.float32)
+        out.copy_(torch.mm(a, b))
 
 
 def _linear_cross_entropy_chunks(
@@ -276,7 +391,13 @@ def _linear_cross_entropy_chunks(
 ) -> Optional[tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]]:
     """hidden: [N, d], weight: [V, d], bias: [V] -> with row_loss ([N] fp32), each token's loss into it and its
     log-sum-exp into lse ([N] fp32), else lse is read; with grad_scale ([] or [N]: d(total)/d(row loss)), returns
-    the gradients of hidden, weight and bias (None without a bias) in fp32."""
+    the gradients of hidden, weight and bias (None without a bias) in fp32.
+
+    fp32 so that each is rounded once to an fp16/bf16 parameter's dtype, after the upstream gradient is applied (as
+    F.linear's backward rounds its one fp32-accumulated product; summing a dozen rounded chunks in bf16 would lose
+    bits): for fp32 parameters (the trainer's, under autocast) these buffers are the gradients themselves, the
+    weight's summed chunk by chunk in place by the matmul, and nothing is copied; an fp16/bf16 parameter pays one
+    fp32 buffer. The hidden gradient's chunks are disjoint rows, each written once."""
     n_rows, vocab = hidden.shape[0], weight.shape[0]
     with_grads = grad_scale is not None
     # Cast here as F.linear would under autocast, then run the matmuls with autocast off so that they run in
@@ -291,19 +412,27 @@ def _linear_cross_entropy_chunks(
         rows = _chunk_rows(n_rows, vocab, torch.finfo(matmul_dtype).bits // 8)
         for start in range(0, n_rows, rows):
             chunk = slice(start, min(start + rows, n_rows))
-            hidden_chunk = hidden_mm[chunk]
-            logits = (torch.mm(hidden_chunk, weight_mm.T) if bias_mm is None
-                      else torch.addmm(bias_mm, hidden_chunk, weight_mm.T))
             chunk_scale = None
             if with_grads:
                 chunk_scale = grad_scale[chunk] if grad_scale.dim() == 1 else grad_scale
+            logits = _chunk_logits(hidden_mm[chunk], weight_mm, bias_mm)
             # With gradients, the kernel turns the chunk's logits into their gradient in place.
             _cross_entropy_rows(logits, target[chunk], lse[chunk], ignore_index, label_smoothing,
                                 row_loss=None if row_loss is None else row_loss[chunk],
                                 grad=logits if with_grads else None, grad_scale=chunk_scale)
             if with_grads:
-                _add_chunk_gradients(logits, hidden_chunk, weight_mm, grad_hidden[chunk], grad_weight, grad_bias)
+                _mm_into(grad_hidden[chunk], logits, weight_mm, accumulate=False)
+                _mm_into(grad_weight, logits.T, hidden_mm[chunk], accumulate=True)
+                if grad_bias is not None:
+                    grad_bias += logits.sum(0, dtype=torch.float32)
+            # Freed before the next chunk's logits are made, so that two chunks are never held at once.
+            del logits
     return (grad_hidden, grad_weight, grad_bias) if with_grads else None
+
+
+def _chunk_logits(hidden_chunk: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """hidden_chunk: [rows, d], weight: [V, d], bias: [V] -> [rows, V]."""
+    return torch.mm(hidden_chunk, weight.T) if bias is None else torch.addmm(bias, hidden_chunk, weight.T)
 
 
 @torch.library.custom_op("fastformer::linear_cross_entropy", mutates_args=())
@@ -313,8 +442,7 @@ def _linear_cross_entropy_op(
         check_targets: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """hidden: [N, d], weight: [V, d], target: [N], bias: [V] -> (loss: [] or [N] in matmul_dtype, lse: [N] fp32,
     and with compute_grads (reduction "mean" or "sum" only) the gradients of the loss w.r.t. hidden [N, d], weight
-    [V, d], bias [V] in fp32, so that backward's scaling rounds them only once; without, and for a missing bias,
-    empty [0] tensors)."""
+    [V, d], bias [V] in fp32, for an upstream gradient of 1; without, and for a missing bias, empty [0] tensors)."""
     if check_targets:
         _check_class_ids(target, weight.shape[0], ignore_index)
     row_loss = hidden.new_empty(hidden.shape[:1], dtype=torch.float32)
@@ -379,18 +507,26 @@ def _linear_cross_entropy_setup_context(ctx, inputs: tuple, output: tuple) -> No
 
 
 def _linear_cross_entropy_backward(ctx, grad_loss: torch.Tensor, *_grads_of_non_differentiable) -> tuple:
+    saved = _saved_gradients(ctx, "linear_cross_entropy")
     if ctx.reduction == "none":
-        hidden, weight, target, bias, lse = ctx.saved_tensors
-        grad_hidden, grad_weight, grad_bias = _linear_cross_entropy_backward_op(
-            grad_loss, hidden, weight, target, bias, lse, ctx.ignore_index, ctx.label_smoothing, ctx.reduction,
-            ctx.matmul_dtype)
+        hidden, weight, target, bias, lse = saved
+        grads = _linear_cross_entropy_backward_op(grad_loss, hidden, weight, target, bias, lse, ctx.ignore_index,
+                                                  ctx.label_smoothing, ctx.reduction, ctx.matmul_dtype)
     else:
-        # Forward's fp32 gradients for d(loss) = 1. Scaled out of place: torch.compile's partitioner rejects an
-        # in-place update of a saved output, and backward is not where this op's memory peaks.
-        grad_hidden, grad_weight, grad_bias = ((grad * grad_loss).to(dtype or grad.dtype)
-                                               for grad, dtype in zip(ctx.saved_tensors, ctx.dtypes))
+        grads = tuple(_scaled_forward_gradient(grad, grad_loss, dtype or grad.dtype)
+                      for grad, dtype in zip(saved, ctx.dtypes))
+    grad_hidden, grad_weight, grad_bias = grads
     # Without a bias, grad_bias is an empty placeholder.
     return grad_hidden, grad_weight, None, grad_bias if ctx.dtypes[2] else None, *(None,) * 6
+
+
+def _scaled_forward_gradient(grad: torch.Tensor, grad_loss: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """grad: forward's fp32 gradient for d(loss) = 1 -> times grad_loss ([]), in dtype: in place for fp32 (nothing
+    touched for the usual grad_loss of 1), else in one pass into the new fp16/bf16 gradient (rounded once)."""
+    if dtype == grad.dtype:
+        _scale_gradient_op(grad, grad_loss, None, 0)
+        return grad
+    return torch.mul(grad, grad_loss.float(), out=torch.empty(grad.shape, dtype=dtype, device=grad.device))
 
 
 _linear_cross_entropy_op.register_autograd(_linear_cross_entropy_backward,
@@ -447,20 +583,30 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     logits.
 
     PyTorch's label-smoothed cross-entropy, with one deliberate difference: "mean" over targets that are all
-    ignore_index is 0 with a zero gradient (PyTorch gives NaN). overwrite_logits=True lets backward write the
-    gradient over the logits' buffer (when their columns are contiguous) instead of a new one: the logits are then
-    lost, so nothing else may need them afterwards. check_targets=False skips the check of the class ids (a host
-    sync) for targets already checked; an id outside [0, V) then reads outside the logits.
+    ignore_index is 0 with a zero gradient (PyTorch gives NaN). When a gradient will be needed, forward computes it
+    too (one kernel launch), into a new [N, V] buffer; overwrite_logits=True writes it over the logits instead, in
+    forward, so the logits are gone once this returns: only for logits that are a temporary nothing else reads (an
+    output projection's result; never a leaf tensor). Backward scales that gradient in place, so the graph takes
+    one backward (retain_graph=True and a second backward raise), and no double backward. check_targets=False
+    skips the check of the class ids (a host sync) for targets already checked; an id outside [0, V) then reads
+    outside the logits.
     """
     _validate_tensors("cross_entropy", {"logits": logits})
     if logits.dim() != 2 or logits.shape[1] == 0:
         raise ValueError(f"logits must be [N, V] with V >= 1, got shape {tuple(logits.shape)}")
     _validate_target(target, logits.shape[0], "logits", logits.device)
     _validate_options(ignore_index, label_smoothing, reduction)
+    compute_grad = torch.is_grad_enabled() and logits.requires_grad
+    if overwrite_logits and compute_grad and logits.is_leaf:
+        raise ValueError("overwrite_logits=True needs logits computed from something else (e.g. an output "
+                         "projection's result): a leaf tensor's values would be lost")
     if logits.stride(1) != 1:
         logits = logits.contiguous()
-    loss, _ = _cross_entropy_op(logits, target.contiguous(), ignore_index, float(label_smoothing), reduction,
-                                bool(overwrite_logits), bool(check_targets))
+    options = (target.contiguous(), ignore_index, float(label_smoothing), reduction)
+    # Under torch.compile the compiler plans the buffers, so the gradient always gets its own.
+    if overwrite_logits and compute_grad and not torch.compiler.is_compiling():
+        return _CrossEntropyOverLogits.apply(logits, *options, bool(check_targets))
+    loss, *_ = _cross_entropy_op(logits, *options, compute_grad, bool(check_targets))
     return loss
 
 
@@ -484,7 +630,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
 
     The N x V logits are never held whole (chunks of tokens, each at most 1/LOGITS_FRACTION of them). Under
     torch.autocast the matmuls run in autocast's dtype, as F.linear's would; the weight gradient is summed in fp32.
-    check_targets: as for cross_entropy.
+    With reduction "mean" or "sum", forward computes the gradients and backward scales them in place (one backward
+    per graph, as for cross_entropy). check_targets: as for cross_entropy.
     """
     _validate_tensors("linear_cross_entropy", {"hidden": hidden, "weight": weight, "bias": bias})
     if hidden.dim() != 2:
