@@ -12,6 +12,14 @@ straddle a boundary pay for the mask. A query block past the sequence's query le
 Backward recomputes the probabilities from the saved log-sum-exp: a preprocess kernel computes
 delta = rowsum(dout * out), one kernel per key block accumulates dk and dv over the query blocks, and one per query
 block accumulates dq over the key blocks, so no program writes where another does (no atomics).
+Short sequences (both lengths <= SHORT_PATH_MAX_LEN, and the keys' tile within SHORT_PATH_TILE_BYTES) take another
+path, chosen in short_path_tiles from the padded lengths: one forward and one backward program per (batch, head)
+holds all of its keys and values. The forward's softmax sees every key at once (exact, no online rescaling); the
+backward recomputes each query block's probabilities once, computes delta on the spot, and writes that block's dq
+and, at the end, dk and dv (no preprocess, no second recompute, no atomics). At WMT lengths the flash tiles were
+mostly padding and the backward recomputed the probabilities twice.
+Gradients are written through their strides, so the packed forms (flash_attention(qkv), flash_attention(q, kv))
+get the gradient of the packed projection as one buffer.
 Dropout of the probabilities uses Philox keyed by (seed, flat index in [batch, heads, q_len, k_len]), so the mask
 does not depend on block sizes, is regenerated identically in backward, and `attention_dropout_mask` can rebuild it.
 """
@@ -887,7 +895,7 @@ def _flash_attention_backward_op(
         q_lengths: Optional[torch.Tensor], k_lengths: Optional[torch.Tensor], causal: bool, dropout_p: float,
         seed: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dout: [batch, q_len, heads, D] -> (dq, dk, dv) shaped like q, k, v (contiguous)."""
-    dq, dk, dv = torch.empty_like(q, memory_format=torch.contiguous_format), torch.empty_like(k), torch.empty_like(k)
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     _backward(dout, q, k, v, out, lse, q_lengths, k_lengths, causal, dropout_p, seed, dq, dk, dv)
     return dq, dk, dv
 
