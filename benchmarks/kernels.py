@@ -166,12 +166,15 @@ def sdpa_keep_mask(q_lengths: torch.Tensor, k_lengths: torch.Tensor, q_len: int,
 
 
 def attention_rows(bench: Bench, dtype: torch.dtype) -> list[dict]:
+    from triton_kernels.attention import attention_path
     device = bench.device
     rows = []
     for case in attention_cases(device, bench.quick):
         causal = case["kind"] == "decoder-causal"
         batch, max_len, heads, head_dim = case["batch"], case["max_len"], case["heads"], case["head_dim"]
-        name = f"{case['preset']} {case['kind']} B={batch} L<={max_len}"
+        # Which of the kernel's paths runs: a function of the padded sizes alone, the same for padded and not.
+        path = attention_path(max_len, max_len, head_dim, dtype)
+        name = f"{case['preset']} {case['kind']} B={batch} L<={max_len} ({path} path)"
         for padded in (True, False):
             q_lengths = case["q_lengths"] if padded else torch.full((batch,), max_len)
             k_lengths = case["k_lengths"] if padded else torch.full((batch,), max_len)
@@ -179,7 +182,7 @@ def attention_rows(bench: Bench, dtype: torch.dtype) -> list[dict]:
                        for _ in range(3))
             grad_out = torch.randn_like(q)
             flops = attention_flops(q_lengths, k_lengths, heads, head_dim, causal)
-            label = name if padded else f"{case['preset']} {case['kind']} B={batch} L={max_len} unpadded"
+            label = name if padded else f"{case['preset']} {case['kind']} B={batch} L={max_len} unpadded ({path} path)"
             lengths = (q_lengths.to(device), k_lengths.to(device)) if padded else (None, None)
 
             def fused() -> torch.Tensor:
@@ -224,6 +227,7 @@ def attention_rows(bench: Bench, dtype: torch.dtype) -> list[dict]:
                     fast["speedup"] = slow["ms"]["median"] / fast["ms"]["median"]
                     fast["vs"] = baseline_name
                     fast["padded"] = padded
+                    fast["path"] = path
                     if direction == "fwd+bwd":
                         fast["goal"] = TARGET_ATTENTION_SPEEDUP if padded else TARGET_ATTENTION_FLASH_SPEEDUP
                         fast["verdict"] = bu.verdict(fast["speedup"], fast["goal"])

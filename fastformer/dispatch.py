@@ -80,10 +80,13 @@ def _use_triton(op: str, tensor: torch.Tensor, unsupported_reason) -> bool:
     return False
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lengths: torch.Tensor | None = None,
-              k_lengths: torch.Tensor | None = None, causal: bool = False, attn_mask: torch.Tensor | None = None,
-              dropout_p: float = 0.0, check_lengths: bool = True) -> torch.Tensor:
+def attention(q: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | None = None,
+              q_lengths: torch.Tensor | None = None, k_lengths: torch.Tensor | None = None, causal: bool = False,
+              attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, check_lengths: bool = True) -> torch.Tensor:
     """q: [batch, q_len, heads, head_dim], k/v: [batch, k_len, heads, head_dim] -> [batch, q_len, heads, head_dim].
+
+    Packed forms: attention(qkv) with qkv: [batch, len, 3, heads, head_dim]; attention(q, kv) with kv:
+    [batch, k_len, 2, heads, head_dim] (the kernel then writes their gradients into one buffer).
 
     check_lengths=False skips the kernel's check of the length values (a host sync) for lengths already checked.
     """

@@ -1,10 +1,13 @@
 """Fused FlashAttention-style kernel: forward and dq/dk/dv against the reference and torch's
-scaled_dot_product_attention, on the masks the Transformer needs and strided (fused-QKV) inputs.
+scaled_dot_product_attention, on the masks the Transformer needs and strided (fused-QKV) inputs, on both of its
+paths: the short-sequence one (one forward and one backward kernel per (batch, head)) and the long (flash) one,
+forced by lowering the short path's bound to 0.
 
 The kernel tests run on the GPU when there is one, else in Triton's interpreter on the CPU (fp32 and fp16 only: its
 bf16 arithmetic is wrong); the bf16 and realistic-shape checks are the `gpu` tests at the bottom.
 """
 
+import collections
 import math
 from collections.abc import Callable
 from typing import NamedTuple
@@ -19,7 +22,8 @@ from fastformer import dispatch
 from fastformer.nn import MultiheadAttention
 from fastformer.reference.attention import attention as reference_attention
 from tolerances import FP32, assert_close_lowp
-from triton_kernels.attention import attention_dropout_mask, flash_attention, unsupported_reason
+import triton_kernels.attention as attention_kernels
+from triton_kernels.attention import SHORT_PATH_MAX_LEN, attention_dropout_mask, flash_attention, unsupported_reason
 
 # Without CUDA, conftest.py has switched Triton to its interpreter, which runs kernels on CPU tensors.
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -47,7 +51,43 @@ CASES = {
     "one key": Case(2, 18, 1, 2, 32, None, None, False),
     "all but one key padded": Case(2, 17, 33, 2, 64, None, [1, 33], False),
     "one query": Case(2, 1, 30, 2, 32, [1, 1], [30, 3], False),
+    "all padding but one query and one key": Case(3, 21, 21, 2, 32, [1, 21, 1], [1, 1, 21], True),
 }
+
+PATH_KERNELS = {
+    "short": {"_short_attention_fwd_kernel", "_short_attention_bwd_kernel"},
+    "long": {"_flash_attention_fwd_kernel", "_flash_attention_bwd_preprocess_kernel",
+             "_flash_attention_bwd_dkdv_kernel", "_flash_attention_bwd_dq_kernel"},
+}
+
+
+@pytest.fixture
+def kernel_launches(monkeypatch) -> collections.Counter:
+    """Counts the launches of each Triton kernel by name (on the GPU, autotuning adds its benchmark runs)."""
+    launches: collections.Counter = collections.Counter()
+    kernel_class = type(attention_kernels._short_attention_fwd_kernel)
+    run = kernel_class.run
+
+    def counted_run(kernel, *args, **kwargs):
+        launches[kernel.fn.__name__] += 1
+        return run(kernel, *args, **kwargs)
+
+    monkeypatch.setattr(kernel_class, "run", counted_run)
+    return launches
+
+
+@pytest.fixture(params=["short", "long"])
+def path(request, monkeypatch) -> str:
+    """Which attention path the test runs: "long" lowers the short path's bound to 0, so every length takes it."""
+    if request.param == "long":
+        monkeypatch.setattr(attention_kernels, "SHORT_PATH_MAX_LEN", 0)
+    return request.param
+
+
+def assert_path_ran(launches: collections.Counter, path: str) -> None:
+    """The attention kernels launched are all, and only, those of `path` (the dropout-mask kernel aside)."""
+    ran = set(launches) - {"_dropout_mask_kernel"}
+    assert ran == PATH_KERNELS[path], ran
 
 
 def lengths_tensor(lengths: list[int] | None, device: str) -> torch.Tensor | None:
@@ -141,10 +181,11 @@ def assert_all_close(actual: dict[str, torch.Tensor], expected: dict[str, torch.
         torch.testing.assert_close(actual[name], expected[name], msg=lambda m: f"{name}: {m}", **tolerance)
 
 
-def check_kernel(case: Case, dtype: torch.dtype, strided: bool = False, device: str = DEVICE) -> None:
+def check_kernel(case: Case, dtype: torch.dtype, strided: bool = False, device: str = DEVICE,
+                 kernel: Callable = flash_attention) -> None:
     """The kernel's output and gradients: against the reference and torch's SDPA in fp32, the 2x rule in fp16/bf16."""
     problem = random_problem(case, device)
-    fused = outputs_and_grads(flash_attention, problem, dtype, case, strided)
+    fused = outputs_and_grads(kernel, problem, dtype, case, strided)
     if dtype == torch.float32:
         assert_all_close(fused, outputs_and_grads(reference_attention, problem, dtype, case), **FP32)
         assert_all_close(fused, outputs_and_grads(torch_sdpa, problem, dtype, case), **FP32)
@@ -170,22 +211,54 @@ def check_kernel(case: Case, dtype: torch.dtype, strided: bool = False, device: 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("name", CASES)
-def test_kernel_matches_reference_and_torch(name, dtype):
+def test_kernel_matches_reference_and_torch(name, dtype, path, kernel_launches):
     check_kernel(CASES[name], dtype)
+    assert_path_ran(kernel_launches, path)
 
 
 @pytest.mark.parametrize("name", ["full", "causal with padding", "cross, q_len < k_len"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_kernel_reads_fused_projection_views(name, dtype):
+def test_kernel_reads_fused_projection_views(name, dtype, path, kernel_launches):
     check_kernel(CASES[name], dtype, strided=True)
+    assert_path_ran(kernel_launches, path)
 
 
 @pytest.mark.parametrize("head_dim", [32, 64, 128])
-def test_kernel_head_dims(head_dim):
+def test_kernel_head_dims(head_dim, path, kernel_launches):
     check_kernel(Case(2, 21, 21, 2, head_dim, [21, 6], [21, 6], True), torch.float32, strided=True)
+    assert_path_ran(kernel_launches, path)
 
 
-def test_padded_positions_are_never_read_and_padded_gradients_are_zero():
+# Lengths at the edges of the interpreter's 16-row steps and of the short path's power-of-2 key tile, and one past
+# the short path's bound (which takes the long path whatever the test asks). head_dim 32 keeps 128 keys of fp32
+# within the short path's tile budget.
+@pytest.mark.parametrize("length", [1, 7, 16, 17, 100, SHORT_PATH_MAX_LEN, SHORT_PATH_MAX_LEN + 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_kernel_tile_edges(length, dtype, path, kernel_launches):
+    shorter = max(1, length // 3)
+    check_kernel(Case(2, length, length, 1, 32, [length, shorter], [shorter, length], True), dtype, strided=True)
+    assert_path_ran(kernel_launches, "long" if length > SHORT_PATH_MAX_LEN else path)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_kernel_cross_attention_past_the_short_bound(dtype, kernel_launches):
+    """Queries within the short path's bound but keys past it: the long path."""
+    check_kernel(Case(2, 9, SHORT_PATH_MAX_LEN + 1, 1, 32, [9, 3], [SHORT_PATH_MAX_LEN + 1, 40], False), dtype)
+    assert_path_ran(kernel_launches, "long")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_short_path_is_one_forward_and_one_backward_kernel(causal, kernel_calls, kernel_launches):
+    def counted_kernel(*args, **kwargs):
+        return attention_kernels.flash_attention(*args, **kwargs)  # looked up at call time, where kernel_calls counts
+
+    check_kernel(CASES["causal with padding"]._replace(causal=causal), torch.float32, strided=True,
+                 kernel=counted_kernel)
+    assert kernel_calls == {"flash_attention": 1}
+    assert kernel_launches == {"_short_attention_fwd_kernel": 1, "_short_attention_bwd_kernel": 1}
+
+
+def test_padded_positions_are_never_read_and_padded_gradients_are_zero(path):
     """Garbage (NaN) at padded positions of q, k, v and in the gradient of padded query rows cannot reach any result:
     padded rows come out exactly zero, and so do the gradients of padded queries and keys."""
     case = CASES["causal with padding"]
@@ -204,7 +277,7 @@ def test_padded_positions_are_never_read_and_padded_gradients_are_zero():
         assert torch.all(fused[name].masked_select(padded) == 0.0), name
 
 
-def test_empty_batch_and_no_queries():
+def test_empty_batch_and_no_queries(path):
     for case in (Case(0, 5, 5, 2, 32, None, None, False), Case(2, 0, 5, 2, 32, None, None, True)):
         problem = random_problem(case)
         assert_all_close(outputs_and_grads(flash_attention, problem, torch.float32, case),
@@ -251,7 +324,7 @@ def test_kernel_rejects_bad_input():
         flash_attention(q, k, k, dropout_p=1.0)
 
 
-def test_unchecked_lengths_skip_the_host_check_and_are_clamped(monkeypatch):
+def test_unchecked_lengths_skip_the_host_check_and_are_clamped(monkeypatch, path):
     """check_lengths=False never runs the (syncing) value check; lengths outside [0, len] act as clamped to it."""
     case = CASES["causal cross, q_len > k_len"]
     problem = random_problem(case)
@@ -325,8 +398,20 @@ def check_dropout_consistency(case: Case, dtype: torch.dtype, device: str = DEVI
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("name", ["causal with padding", "cross, q_len < k_len"])
-def test_dropout_forward_and_backward_match_reference_with_its_mask(name, dtype):
+def test_dropout_forward_and_backward_match_reference_with_its_mask(name, dtype, path, kernel_launches):
     check_dropout_consistency(CASES[name], dtype)
+    assert_path_ran(kernel_launches, path)
+
+
+def test_dropout_mask_is_the_same_on_both_paths(monkeypatch):
+    """The Philox offsets are positions in [batch, heads, q_len, k_len], not tiles: both paths drop the same
+    probabilities, so with one seed they agree to rounding."""
+    case = CASES["causal with padding"]
+    problem = random_problem(case)
+    short = outputs_and_grads(flash_attention, problem, torch.float32, case, dropout_p=0.3, seed=9)
+    monkeypatch.setattr(attention_kernels, "SHORT_PATH_MAX_LEN", 0)
+    long = outputs_and_grads(flash_attention, problem, torch.float32, case, dropout_p=0.3, seed=9)
+    assert_all_close(short, long, **FP32)
 
 
 # ---- torch.compile, custom op, dispatch ------------------------------------------------------------------------
@@ -337,10 +422,16 @@ def test_torch_compile_matches_eager():
     def layer(q, k, v, q_lengths, k_lengths, causal):
         return flash_attention(q, k, v, q_lengths, k_lengths, causal, dropout_p=0.1, seed=5)
 
+    def packed_layer(q, k, v, q_lengths, k_lengths, causal):
+        return flash_attention(torch.stack([q, k, v], dim=2), None, None, q_lengths, k_lengths, causal,
+                               dropout_p=0.1, seed=5)
+
     problem = random_problem(case)
-    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
-    assert_all_close(outputs_and_grads(compiled, problem, torch.float32, case, strided=True),
-                     outputs_and_grads(layer, problem, torch.float32, case, strided=True), atol=0.0, rtol=0.0)
+    expected = outputs_and_grads(layer, problem, torch.float32, case, strided=True)
+    for fn in (layer, packed_layer):
+        compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+        assert_all_close(outputs_and_grads(compiled, problem, torch.float32, case, strided=True), expected,
+                         atol=0.0, rtol=0.0)
 
 
 def test_custom_op_registration():
@@ -350,26 +441,99 @@ def test_custom_op_registration():
     q, k, v = (problem[name].requires_grad_() for name in ("q", "k", "v"))
     q_lengths, k_lengths = (lengths_tensor(lengths, DEVICE) for lengths in (case.q_lengths, case.k_lengths))
     seed = torch.tensor([5], device=DEVICE)
+    kv = torch.stack([k, v], dim=2).detach().requires_grad_()
+    qkv = torch.stack([q[:, :19], k[:, :19], v[:, :19]], dim=2).detach().requires_grad_()
     for check_lengths in (True, False):
         torch.library.opcheck(torch.ops.fastformer.flash_attention.default,
                               (q, k, v, q_lengths, k_lengths, True, 0.1, seed, check_lengths))
+    # The packed op shares the length check with the one above: once each.
+    torch.library.opcheck(torch.ops.fastformer.flash_attention_packed.default,
+                          (q, kv, q_lengths, k_lengths, True, 0.1, seed, False))
+    torch.library.opcheck(torch.ops.fastformer.flash_attention_packed.default,
+                          (None, qkv, q_lengths, q_lengths, True, 0.1, seed, False))
 
 
-def test_multihead_attention_module_runs_the_kernel_through_dispatch(kernel_calls):
-    """nn.MultiheadAttention under the "triton" backend (fused QKV views into the kernel) equals the reference."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("form", ["qkv", "kv"])
+def test_packed_forms_match_the_reference(form, dtype, path, kernel_launches):
+    """flash_attention(qkv) and flash_attention(q, kv): the output, and the packed input's gradient (one buffer of
+    its shape), equal the reference on the separate q, k, v (2x rule in fp16)."""
+    case = CASES["causal with padding" if form == "qkv" else "cross, q_len < k_len"]
+    problem = random_problem(case)
+    q_lengths, k_lengths = (lengths_tensor(lengths, DEVICE) for lengths in (case.q_lengths, case.k_lengths))
+    masks = dict(q_lengths=q_lengths, k_lengths=k_lengths, causal=case.causal)
+
+    def run(fn, run_dtype: torch.dtype, packed_call: bool) -> list[torch.Tensor]:
+        q, k, v = (problem[name].to(dtype).to(run_dtype) for name in ("q", "k", "v"))
+        if form == "qkv":
+            leaves = [torch.stack([q, k, v], dim=2).requires_grad_()]
+            inputs = (leaves[0], None, None) if packed_call else leaves[0].unbind(2)
+        else:
+            leaves = [q.requires_grad_(), torch.stack([k, v], dim=2).requires_grad_()]
+            inputs = (q, leaves[1], None) if packed_call else (q, *leaves[1].unbind(2))
+        out = fn(*inputs, **masks)
+        return [out.detach(), *torch.autograd.grad(out, leaves, problem["dout"].to(dtype).to(run_dtype))]
+
+    fused = run(flash_attention, dtype, packed_call=True)
+    assert_path_ran(kernel_launches, path)
+    if dtype == torch.float32:
+        for actual, expected in zip(fused, run(reference_attention, dtype, packed_call=False)):
+            torch.testing.assert_close(actual, expected, **FP32)
+        return
+    exact = run(reference_attention, torch.float64, packed_call=True)  # the reference's own packed form
+    lowp_torch = run(lowp_attention, dtype, packed_call=False)
+    for name, actual, lowp, expected in zip(["out", "d(q)kv", "dkv"], fused, lowp_torch, exact):
+        assert actual.dtype == dtype and actual.shape == expected.shape, name
+        assert_close_lowp(actual, lowp, expected, name)
+
+
+def test_packed_forms_reject_bad_shapes():
+    q = torch.randn(2, 5, 2, 32, device=DEVICE)
+    with pytest.raises(ValueError, match=r"packed qkv .* must be \[batch, len, 3"):
+        flash_attention(q)
+    with pytest.raises(ValueError, match=r"packed kv .* must be \[batch, k_len, 2"):
+        flash_attention(q, torch.randn(2, 7, 3, 2, 32, device=DEVICE))
+    with pytest.raises(ValueError, match="v given without k"):
+        flash_attention(q, None, q)
+
+
+def autograd_node_names(tensor: torch.Tensor) -> set[str]:
+    """The names of every node in tensor's backward graph."""
+    names, stack, seen = set(), [tensor.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(type(node).__name__)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return names
+
+
+@pytest.mark.parametrize("inputs", ["self", "key is value", "separate"])
+def test_multihead_attention_module_runs_the_kernel_through_dispatch(inputs, path, kernel_calls, kernel_launches):
+    """nn.MultiheadAttention under the "triton" backend (the fused projection's packed output into the kernel)
+    equals the reference; the packed q/k/v reach the kernel whole, so no unbind/stack copies their gradient."""
     torch.manual_seed(0)
     module = MultiheadAttention(64, 2, batch_first=True).to(DEVICE)
     x = torch.randn(2, 9, 64, device=DEVICE)
-    lengths = torch.tensor([9, 4], device=DEVICE)
+    memory = x if inputs == "self" else torch.randn(2, 11, 64, device=DEVICE)
+    value = torch.randn(2, 11, 64, device=DEVICE) if inputs == "separate" else memory
+    query_lengths = torch.tensor([9, 4], device=DEVICE)
+    key_lengths = query_lengths if inputs == "self" else torch.tensor([11, 6], device=DEVICE)
     results = {}
     for backend in ("triton", "reference"):
         module.zero_grad()
         with fastformer.backend(backend):
-            out = module(x, x, x, is_causal=True, query_lengths=lengths, key_lengths=lengths)[0]
+            out = module(x, memory, value, is_causal=inputs == "self", query_lengths=query_lengths,
+                         key_lengths=key_lengths)[0]
+        if backend == "triton":
+            assert not {"UnbindBackward0", "StackBackward0"} & autograd_node_names(out)
         out.backward(torch.cos(out.detach()))
         results[backend] = [out.detach()] + [p.grad.clone() for p in module.parameters()]
     # Once, under "triton": a comparison of the reference with itself would prove nothing.
     assert kernel_calls == {"flash_attention": 1}
+    assert_path_ran(kernel_launches, path)
     for fused, expected in zip(results["triton"], results["reference"]):
         torch.testing.assert_close(fused, expected, **FP32)
 

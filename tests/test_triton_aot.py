@@ -20,7 +20,8 @@ from triton_kernels.attention import _LAUNCHES
 SCRIPT = Path(__file__).with_name("triton_aot.py")
 CACHE_DIR = Path(__file__).resolve().parents[1] / "build" / "triton-aot-cache"
 KERNELS = {"_flash_attention_fwd_kernel", "_flash_attention_bwd_preprocess_kernel",
-           "_flash_attention_bwd_dkdv_kernel", "_flash_attention_bwd_dq_kernel", "_dropout_mask_kernel",
+           "_flash_attention_bwd_dkdv_kernel", "_flash_attention_bwd_dq_kernel", "_short_attention_fwd_kernel",
+           "_short_attention_bwd_kernel", "_dropout_mask_kernel",
            "_cross_entropy_kernel", "_residual_layer_norm_fwd_kernel", "_residual_layer_norm_bwd_kernel",
            "_sum_partials_kernel", "_scale_rows_kernel"}
 

@@ -100,12 +100,17 @@ def run_every_launcher(quick: bool) -> None:
     dtypes = (torch.float16, torch.float32) if quick else (torch.float16, torch.bfloat16, torch.float32)
     for dtype in dtypes:
         for head_dim in ((64,) if quick else (64, 128)):
-            for masked in (False, True):
-                q, k, v = (torch.randn(2, 40, 2, head_dim, dtype=dtype, requires_grad=True) for _ in range(3))
-                lengths = torch.tensor([40, 17]) if masked else None
-                out = attention.flash_attention(q, k, v, q_lengths=lengths, k_lengths=lengths, causal=masked,
-                                                dropout_p=0.1 if masked else 0.0, check_lengths=False)
-                out.backward(torch.randn_like(out))
+            # The longest sequence of the short path (its largest tile: the one that could run out of shared
+            # memory), and one past its bound for the long path.
+            longest_short = min(attention.SHORT_PATH_MAX_LEN,
+                                attention.SHORT_PATH_TILE_BYTES // (head_dim * dtype.itemsize))
+            for length in (longest_short, attention.SHORT_PATH_MAX_LEN + 72):
+                for masked in (False, True):
+                    q, k, v = (torch.randn(2, length, 2, head_dim, dtype=dtype, requires_grad=True) for _ in range(3))
+                    lengths = torch.tensor([length, 17]) if masked else None
+                    out = attention.flash_attention(q, k, v, q_lengths=lengths, k_lengths=lengths, causal=masked,
+                                                    dropout_p=0.1 if masked else 0.0, check_lengths=False)
+                    out.backward(torch.randn_like(out))
         attention.attention_dropout_mask(3, 1, 1, 4, 4, 0.1)
 
         # Cross-entropy: loss alone; loss and gradient in one launch, then backward's recomputing (own buffer) or

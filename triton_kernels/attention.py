@@ -12,6 +12,14 @@ straddle a boundary pay for the mask. A query block past the sequence's query le
 Backward recomputes the probabilities from the saved log-sum-exp: a preprocess kernel computes
 delta = rowsum(dout * out), one kernel per key block accumulates dk and dv over the query blocks, and one per query
 block accumulates dq over the key blocks, so no program writes where another does (no atomics).
+Short sequences (both lengths <= SHORT_PATH_MAX_LEN, and the keys' tile within SHORT_PATH_TILE_BYTES) take another
+path, chosen in short_path_tiles from the padded lengths: one forward and one backward program per (batch, head)
+holds all of its keys and values. The forward's softmax sees every key at once (exact, no online rescaling); the
+backward recomputes each query block's probabilities once, computes delta on the spot, and writes that block's dq
+and, at the end, dk and dv (no preprocess, no second recompute, no atomics). At WMT lengths the flash tiles were
+mostly padding and the backward recomputed the probabilities twice.
+Gradients are written through their strides, so the packed forms (flash_attention(qkv), flash_attention(q, kv))
+get the gradient of the packed projection as one buffer.
 Dropout of the probabilities uses Philox keyed by (seed, flat index in [batch, heads, q_len, k_len]), so the mask
 does not depend on block sizes, is regenerated identically in backward, and `attention_dropout_mask` can rebuild it.
 """
@@ -25,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from triton_kernels._host import cdiv, dropout_scale, seed_tensor
+from triton_kernels._host import cdiv, dropout_scale, next_power_of_2, seed_tensor
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 SUPPORTED_HEAD_DIMS = (32, 64, 128)
@@ -70,10 +78,11 @@ def _load_seed(seed_ptr, HAS_DROPOUT: tl.constexpr):
 
 
 @triton.jit
-def _contiguous_offsets(batch_index, head, positions, offs_d, length, heads, HEAD_DIM: tl.constexpr):
-    """-> [len(positions), HEAD_DIM] int64 offsets of those rows of (batch_index, head) in a contiguous
-    [batch, length, heads, HEAD_DIM] tensor."""
-    return ((batch_index.to(tl.int64) * length + positions[:, None]) * heads + head) * HEAD_DIM + offs_d[None, :]
+def _row_pointers(ptr, batch_index, head, positions, offs_d, stride_b, stride_m, stride_h, stride_d):
+    """-> [len(positions), len(offs_d)] pointers to those rows of (batch_index, head) in a [batch, len, heads, D]
+    tensor with the given strides."""
+    return (ptr + batch_index.to(tl.int64) * stride_b + head.to(tl.int64) * stride_h + positions[:, None] * stride_m
+            + offs_d[None, :] * stride_d)
 
 
 @triton.jit
@@ -276,12 +285,13 @@ def _flash_attention_bwd_dkdv_kernel(
     delta_ptr,  # [batch, heads, q_len], fp32
     q_lengths_ptr,  # [batch] ints; not read without HAS_Q_LENGTHS
     k_lengths_ptr,  # [batch] ints; not read without HAS_K_LENGTHS
-    dk_ptr,  # [batch, k_len, heads, HEAD_DIM], contiguous
-    dv_ptr,  # [batch, k_len, heads, HEAD_DIM], contiguous
+    dk_ptr,  # [batch, k_len, heads, HEAD_DIM], any strides
+    dv_ptr,  # [batch, k_len, heads, HEAD_DIM], dk's strides
     stride_qb, stride_qm, stride_qh, stride_qd,
     stride_kb, stride_kn, stride_kh, stride_kd,
     stride_vb, stride_vn, stride_vh, stride_vd,
     stride_dob, stride_dom, stride_doh, stride_dod,
+    stride_dkb, stride_dkn, stride_dkh, stride_dkd,
     heads,
     q_len,
     k_len,
@@ -343,10 +353,11 @@ def _flash_attention_bwd_dkdv_kernel(
     # Padded keys were read as zeros and picked up stray values; their gradient is zero.
     dk = tl.where(key_valid[:, None], dk * sm_scale, 0.0)
     dv = tl.where(key_valid[:, None], dv, 0.0)
-    offsets = _contiguous_offsets(batch_index, head, keys, offs_d, k_len, heads, HEAD_DIM)
     in_tensor = (keys < k_len)[:, None]
-    tl.store(dk_ptr + offsets, dk.to(dk_ptr.dtype.element_ty), mask=in_tensor)
-    tl.store(dv_ptr + offsets, dv.to(dv_ptr.dtype.element_ty), mask=in_tensor)
+    tl.store(_row_pointers(dk_ptr, batch_index, head, keys, offs_d, stride_dkb, stride_dkn, stride_dkh, stride_dkd),
+             dk.to(dk_ptr.dtype.element_ty), mask=in_tensor)
+    tl.store(_row_pointers(dv_ptr, batch_index, head, keys, offs_d, stride_dkb, stride_dkn, stride_dkh, stride_dkd),
+             dv.to(dv_ptr.dtype.element_ty), mask=in_tensor)
 
 
 @triton.jit
@@ -392,11 +403,12 @@ def _flash_attention_bwd_dq_kernel(
     delta_ptr,  # [batch, heads, q_len], fp32
     q_lengths_ptr,  # [batch] ints; not read without HAS_Q_LENGTHS
     k_lengths_ptr,  # [batch] ints; not read without HAS_K_LENGTHS
-    dq_ptr,  # [batch, q_len, heads, HEAD_DIM], contiguous
+    dq_ptr,  # [batch, q_len, heads, HEAD_DIM], any strides
     stride_qb, stride_qm, stride_qh, stride_qd,
     stride_kb, stride_kn, stride_kh, stride_kd,
     stride_vb, stride_vn, stride_vh, stride_vd,
     stride_dob, stride_dom, stride_doh, stride_dod,
+    stride_dqb, stride_dqm, stride_dqh, stride_dqd,
     heads,
     q_len,
     k_len,
@@ -448,8 +460,208 @@ def _flash_attention_bwd_dq_kernel(
                         offs_n, offs_d, seq_k, unmasked_end, key_end, qk_scale, rng_rows, dropout_p, dropout_scale,
                         seed, CAUSAL, True, HAS_DROPOUT, DOT_PRECISION, BLOCK_N)
 
-    offsets = _contiguous_offsets(batch_index, head, queries, offs_d, q_len, heads, HEAD_DIM)
-    tl.store(dq_ptr + offsets, (dq * sm_scale).to(dq_ptr.dtype.element_ty), mask=(queries < q_len)[:, None])
+    tl.store(_row_pointers(dq_ptr, batch_index, head, queries, offs_d, stride_dqb, stride_dqm, stride_dqh, stride_dqd),
+             (dq * sm_scale).to(dq_ptr.dtype.element_ty), mask=(queries < q_len)[:, None])
+
+
+# ---- short sequences: all keys of a (batch, head) resident in one program ----------------------------------------
+
+
+@triton.jit(do_not_specialize=["heads", "q_len", "k_len"])
+def _short_attention_fwd_kernel(
+    q_ptr,  # [batch, q_len, heads, HEAD_DIM], any strides
+    k_ptr,  # [batch, k_len, heads, HEAD_DIM], any strides
+    v_ptr,  # [batch, k_len, heads, HEAD_DIM], any strides
+    q_lengths_ptr,  # [batch] ints; not read without HAS_Q_LENGTHS
+    k_lengths_ptr,  # [batch] ints; not read without HAS_K_LENGTHS
+    out_ptr,  # [batch, q_len, heads, HEAD_DIM], any strides
+    lse_ptr,  # [batch, heads, q_len], fp32: log2 of each row's sum of 2^scores; +inf on padded rows
+    stride_qb, stride_qm, stride_qh, stride_qd,
+    stride_kb, stride_kn, stride_kh, stride_kd,
+    stride_vb, stride_vn, stride_vh, stride_vd,
+    stride_ob, stride_om, stride_oh, stride_od,
+    heads,
+    q_len,
+    k_len,
+    qk_scale,  # log2(e) / sqrt(HEAD_DIM)
+    dropout_p,
+    dropout_scale,  # 1 / (1 - dropout_p)
+    seed_ptr,  # [1] int64 Philox seed; not read without HAS_DROPOUT
+    HEAD_DIM: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_Q_LENGTHS: tl.constexpr,
+    HAS_K_LENGTHS: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # >= k_len: every key in one tile
+):
+    """q: [batch, q_len, heads, D], k/v: [batch, k_len <= BLOCK_N, heads, D] -> out, lse of one (batch, head).
+
+    k and v are loaded once and stay resident while the program walks its query blocks; each block's softmax sees
+    every key at once, so it is exact in one pass (no online rescaling)."""
+    batch_head = tl.program_id(0)
+    batch_index = batch_head // heads
+    head = batch_head % heads
+    seq_q, seq_k = _sequence_lengths(q_lengths_ptr, k_lengths_ptr, batch_index, q_len, k_len, HAS_Q_LENGTHS,
+                                     HAS_K_LENGTHS)
+    seed = _load_seed(seed_ptr, HAS_DROPOUT)
+    offs_m = tl.arange(0, BLOCK_M)
+    keys = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    key_valid = keys < seq_k
+    k = tl.load(_row_pointers(k_ptr, batch_index, head, keys, offs_d, stride_kb, stride_kn, stride_kh, stride_kd),
+                mask=key_valid[:, None], other=0.0)
+    v = tl.load(_row_pointers(v_ptr, batch_index, head, keys, offs_d, stride_vb, stride_vn, stride_vh, stride_vd),
+                mask=key_valid[:, None], other=0.0)
+    lse_base = lse_ptr + batch_head.to(tl.int64) * q_len
+    rng_base = batch_head.to(tl.int64) * q_len * k_len
+
+    for query_start in range(0, seq_q, BLOCK_M):
+        queries = query_start + offs_m
+        row_valid = queries < seq_q
+        q = tl.load(_row_pointers(q_ptr, batch_index, head, queries, offs_d, stride_qb, stride_qm, stride_qh,
+                                  stride_qd), mask=row_valid[:, None], other=0.0)
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
+        visible = key_valid[None, :]
+        if CAUSAL:
+            visible = visible & (keys[None, :] <= queries[:, None])
+        scores = tl.where(visible, scores, float("-inf"))
+        # -inf only when no key is visible: seq_k clamped to 0 from unchecked lengths. Those rows output zero.
+        row_max = tl.max(scores, 1)
+        row_max = tl.where(row_max == float("-inf"), 0.0, row_max)
+        p = tl.math.exp2(scores - row_max[:, None])
+        row_sum = tl.sum(p, 1)
+        row_sum = tl.where(row_sum > 0.0, row_sum, 1.0)
+        if HAS_DROPOUT:
+            # The normalizer sums the kept and the dropped probabilities alike: dropout acts after the softmax.
+            keep = _dropout_keep(seed, rng_base + queries[:, None].to(tl.int64) * k_len + keys[None, :], dropout_p)
+            p = tl.where(keep, p, 0.0)
+        out_scale = 1.0 / row_sum
+        if HAS_DROPOUT:
+            out_scale = out_scale * dropout_scale
+        out = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION) * out_scale[:, None]
+        out = tl.where(row_valid[:, None], out, 0.0)
+        in_tensor = queries < q_len
+        tl.store(_row_pointers(out_ptr, batch_index, head, queries, offs_d, stride_ob, stride_om, stride_oh,
+                               stride_od), out.to(out_ptr.dtype.element_ty), mask=in_tensor[:, None])
+        tl.store(lse_base + queries, tl.where(row_valid, row_max + tl.math.log2(row_sum), float("inf")),
+                 mask=in_tensor)
+    # Query rows past the sequence's length: zero output, lse +inf (their probabilities are 0 in backward).
+    for query_start in range(tl.cdiv(seq_q, BLOCK_M) * BLOCK_M, q_len, BLOCK_M):
+        queries = query_start + offs_m
+        in_tensor = queries < q_len
+        tl.store(_row_pointers(out_ptr, batch_index, head, queries, offs_d, stride_ob, stride_om, stride_oh,
+                               stride_od), tl.zeros((BLOCK_M, HEAD_DIM), dtype=out_ptr.dtype.element_ty),
+                 mask=in_tensor[:, None])
+        tl.store(lse_base + queries, tl.full((BLOCK_M,), float("inf"), dtype=tl.float32), mask=in_tensor)
+
+
+@triton.jit(do_not_specialize=["heads", "q_len", "k_len"])
+def _short_attention_bwd_kernel(
+    q_ptr,  # [batch, q_len, heads, HEAD_DIM], any strides
+    k_ptr,  # [batch, k_len, heads, HEAD_DIM], any strides
+    v_ptr,  # [batch, k_len, heads, HEAD_DIM], any strides
+    out_ptr,  # [batch, q_len, heads, HEAD_DIM], any strides, from the forward
+    dout_ptr,  # [batch, q_len, heads, HEAD_DIM], any strides
+    lse_ptr,  # [batch, heads, q_len], fp32, from the forward
+    q_lengths_ptr,  # [batch] ints; not read without HAS_Q_LENGTHS
+    k_lengths_ptr,  # [batch] ints; not read without HAS_K_LENGTHS
+    dq_ptr,  # [batch, q_len, heads, HEAD_DIM], any strides
+    dk_ptr,  # [batch, k_len, heads, HEAD_DIM], any strides
+    dv_ptr,  # [batch, k_len, heads, HEAD_DIM], dk's strides
+    stride_qb, stride_qm, stride_qh, stride_qd,
+    stride_kb, stride_kn, stride_kh, stride_kd,
+    stride_vb, stride_vn, stride_vh, stride_vd,
+    stride_ob, stride_om, stride_oh, stride_od,
+    stride_dob, stride_dom, stride_doh, stride_dod,
+    stride_dqb, stride_dqm, stride_dqh, stride_dqd,
+    stride_dkb, stride_dkn, stride_dkh, stride_dkd,
+    heads,
+    q_len,
+    k_len,
+    qk_scale,  # log2(e) / sqrt(HEAD_DIM)
+    sm_scale,  # 1 / sqrt(HEAD_DIM)
+    dropout_p,
+    dropout_scale,  # 1 / (1 - dropout_p)
+    seed_ptr,  # [1] int64 Philox seed; not read without HAS_DROPOUT
+    HEAD_DIM: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_Q_LENGTHS: tl.constexpr,
+    HAS_K_LENGTHS: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # >= k_len: every key in one tile
+):
+    """dq, dk, dv of one (batch, head), k_len <= BLOCK_N, in one pass over its query blocks.
+
+    With every key resident, a query block's probabilities are recomputed once and give that block's finished dq
+    and its share of dk and dv; delta = rowsum(dout * out) is computed on the spot. No program writes where another
+    does, and no preprocess launch is needed."""
+    batch_head = tl.program_id(0)
+    batch_index = batch_head // heads
+    head = batch_head % heads
+    seq_q, seq_k = _sequence_lengths(q_lengths_ptr, k_lengths_ptr, batch_index, q_len, k_len, HAS_Q_LENGTHS,
+                                     HAS_K_LENGTHS)
+    seed = _load_seed(seed_ptr, HAS_DROPOUT)
+    offs_m = tl.arange(0, BLOCK_M)
+    keys = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    key_valid = keys < seq_k
+    k = tl.load(_row_pointers(k_ptr, batch_index, head, keys, offs_d, stride_kb, stride_kn, stride_kh, stride_kd),
+                mask=key_valid[:, None], other=0.0)
+    v = tl.load(_row_pointers(v_ptr, batch_index, head, keys, offs_d, stride_vb, stride_vn, stride_vh, stride_vd),
+                mask=key_valid[:, None], other=0.0)
+    lse_base = lse_ptr + batch_head.to(tl.int64) * q_len
+    rng_base = batch_head.to(tl.int64) * q_len * k_len
+
+    dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
+    dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
+    for query_start in range(0, seq_q, BLOCK_M):
+        queries = query_start + offs_m
+        row_valid = queries < seq_q
+        # Rows past the query length read q = dout = 0 and lse = +inf, so p = 0 and they add nothing.
+        q = tl.load(_row_pointers(q_ptr, batch_index, head, queries, offs_d, stride_qb, stride_qm, stride_qh,
+                                  stride_qd), mask=row_valid[:, None], other=0.0)
+        dout = tl.load(_row_pointers(dout_ptr, batch_index, head, queries, offs_d, stride_dob, stride_dom,
+                                     stride_doh, stride_dod), mask=row_valid[:, None], other=0.0)
+        out = tl.load(_row_pointers(out_ptr, batch_index, head, queries, offs_d, stride_ob, stride_om, stride_oh,
+                                    stride_od), mask=row_valid[:, None], other=0.0)
+        delta = tl.sum(dout.to(tl.float32) * out.to(tl.float32), axis=1)
+        lse = tl.load(lse_base + queries, mask=row_valid, other=float("inf"))
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
+        visible = key_valid[None, :]
+        if CAUSAL:
+            visible = visible & (keys[None, :] <= queries[:, None])
+        p = tl.where(visible, tl.math.exp2(scores - lse[:, None]), 0.0)
+        dp = tl.dot(dout, tl.trans(v), input_precision=DOT_PRECISION)
+        if HAS_DROPOUT:
+            keep = _dropout_keep(seed, rng_base + queries[:, None].to(tl.int64) * k_len + keys[None, :], dropout_p)
+            dv = tl.dot(tl.trans(tl.where(keep, p * dropout_scale, 0.0).to(dout.dtype)), dout, dv,
+                        input_precision=DOT_PRECISION)
+            dp = tl.where(keep, dp * dropout_scale, 0.0)
+        else:
+            dv = tl.dot(tl.trans(p.to(dout.dtype)), dout, dv, input_precision=DOT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION) * sm_scale
+        tl.store(_row_pointers(dq_ptr, batch_index, head, queries, offs_d, stride_dqb, stride_dqm, stride_dqh,
+                               stride_dqd), dq.to(dq_ptr.dtype.element_ty), mask=(queries < q_len)[:, None])
+        dk = tl.dot(tl.trans(ds.to(q.dtype)), q, dk, input_precision=DOT_PRECISION)
+    for query_start in range(tl.cdiv(seq_q, BLOCK_M) * BLOCK_M, q_len, BLOCK_M):
+        queries = query_start + offs_m
+        tl.store(_row_pointers(dq_ptr, batch_index, head, queries, offs_d, stride_dqb, stride_dqm, stride_dqh,
+                               stride_dqd), tl.zeros((BLOCK_M, HEAD_DIM), dtype=dq_ptr.dtype.element_ty),
+                 mask=(queries < q_len)[:, None])
+
+    # Padded keys were read as zeros and picked up stray values; their gradient is zero.
+    dk = tl.where(key_valid[:, None], dk * sm_scale, 0.0)
+    dv = tl.where(key_valid[:, None], dv, 0.0)
+    in_tensor = (keys < k_len)[:, None]
+    tl.store(_row_pointers(dk_ptr, batch_index, head, keys, offs_d, stride_dkb, stride_dkn, stride_dkh, stride_dkd),
+             dk.to(dk_ptr.dtype.element_ty), mask=in_tensor)
+    tl.store(_row_pointers(dv_ptr, batch_index, head, keys, offs_d, stride_dkb, stride_dkn, stride_dkh, stride_dkd),
+             dv.to(dv_ptr.dtype.element_ty), mask=in_tensor)
 
 
 @triton.jit
@@ -521,6 +733,48 @@ def _launch(name: str, q: torch.Tensor, batch_heads: int, length: int, *args, **
         launch.tuned[lambda meta: (batch_heads, cdiv(length, meta[launch.grid_block]))](*args, **kwargs)
 
 
+# The short path holds all of a (batch, head)'s keys and values in one program: up to this many keys, and with a
+# k (or v) tile of at most SHORT_PATH_TILE_BYTES (fp16/bf16: 128 keys at head_dim 64, 64 at 128; fp32 half that),
+# so that k, v, their fp32 gradients and a [BLOCK_M, BLOCK_N] score tile stay within a program's registers.
+SHORT_PATH_MAX_LEN = 128
+SHORT_PATH_TILE_BYTES = 128 * 64 * 2
+
+
+class ShortPathTiles(NamedTuple):
+    """The short path's tiles for one problem: query rows per step of the forward and of the backward, keys (all of
+    them, padded to a power of 2), and warps per program."""
+    forward_block_m: int
+    backward_block_m: int
+    block_n: int
+    num_warps: int
+
+
+def short_path_tiles(q_len: int, k_len: int, head_dim: int, dtype: torch.dtype,
+                     interpreted: bool = False) -> Optional[ShortPathTiles]:
+    """The tiles of the short-sequence path for these sizes, or None when they take the long (flash) path.
+
+    The one place that picks the path: a function of the padded lengths and the dtype only, never of the length
+    values, so choosing needs no host sync."""
+    block_n = max(16, next_power_of_2(k_len))
+    if max(q_len, k_len) > SHORT_PATH_MAX_LEN or block_n * head_dim * dtype.itemsize > SHORT_PATH_TILE_BYTES:
+        return None
+    if interpreted:
+        return ShortPathTiles(INTERPRETER_BLOCK, INTERPRETER_BLOCK, block_n, 4)
+    block_q = max(16, next_power_of_2(q_len))
+    wide = block_n * head_dim > 64 * 64
+    # The backward keeps dk and dv accumulators beside k and v, so it steps through fewer query rows at a time.
+    forward_block_m = min(block_q, 64)
+    backward_block_m = min(block_q, 32 if wide else 64)
+    if dtype == torch.float32:
+        forward_block_m, backward_block_m = min(forward_block_m, 32), min(backward_block_m, 16)
+    return ShortPathTiles(forward_block_m, backward_block_m, block_n, 8 if wide else 4)
+
+
+def attention_path(q_len: int, k_len: int, head_dim: int, dtype: torch.dtype) -> str:
+    """-> "short" (one forward and one backward kernel per (batch, head)) or "long" (flash tiles) for these sizes."""
+    return "long" if short_path_tiles(q_len, k_len, head_dim, dtype) is None else "short"
+
+
 def _dot_precision(dtype: torch.dtype) -> str:
     """fp32 products in full precision (not TF32); the choice is moot for fp16/bf16 operands."""
     return "ieee" if dtype == torch.float32 else "tf32"
@@ -557,6 +811,19 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lengths: Optio
     lse = torch.empty((batch, heads, q_len), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out, lse
+    args = (q, k, v, q if q_lengths is None else q_lengths, q if k_lengths is None else k_lengths, out, lse,
+            *_strides(q), *_strides(k), *_strides(v), *_strides(out), heads, q_len, k_len,
+            LOG2_E / math.sqrt(head_dim), dropout_p, dropout_scale(dropout_p), q if seed is None else seed)
+    flags = dict(HEAD_DIM=head_dim, CAUSAL=causal, HAS_Q_LENGTHS=q_lengths is not None,
+                 HAS_K_LENGTHS=k_lengths is not None, HAS_DROPOUT=seed is not None,
+                 DOT_PRECISION=_dot_precision(q.dtype))
+    tiles = short_path_tiles(q_len, k_len, head_dim, q.dtype, _interpreted(q.device))
+    if tiles is None:
+        _launch("forward", q, batch * heads, q_len, *args, **flags)
+    else:
+        _short_attention_fwd_kernel[(batch * heads,)](*args, **flags, BLOCK_M=tiles.forward_block_m,
+                                                       BLOCK_N=tiles.block_n, num_warps=tiles.num_warps)
+    return out, lse
     _launch("forward", q, batch * heads, q_len,
             q, k, v, q if q_lengths is None else q_lengths, q if k_lengths is None else k_lengths, out, lse,
             *_strides(q), *_strides(k), *_strides(v), *_strides(out), heads, q_len, k_len,
@@ -568,33 +835,39 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lengths: Optio
 
 def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
               lse: torch.Tensor, q_lengths: Optional[torch.Tensor], k_lengths: Optional[torch.Tensor], causal: bool,
-              dropout_p: float, seed: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dout: [batch, q_len, heads, D] -> (dq, dk, dv) shaped like q, k, v (contiguous)."""
+              dropout_p: float, seed: Optional[torch.Tensor], dq: torch.Tensor, dk: torch.Tensor,
+              dv: torch.Tensor) -> None:
+    """dout: [batch, q_len, heads, D] -> writes dq, dk, dv (shaped like q, k, v, any strides; dk and dv with the
+    same strides), so that they can be views of one packed gradient."""
     batch, q_len, heads, head_dim = q.shape
     k_len = k.shape[1]
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if batch * heads == 0 or k_len == 0:
-        return dq, dk, dv
+        return
     if q_len == 0:
-        return dq, dk.zero_(), dv.zero_()
+        dk.zero_()
+        dv.zero_()
+        return
+    lengths = (q if q_lengths is None else q_lengths, q if k_lengths is None else k_lengths)
+    scalars = (heads, q_len, k_len, LOG2_E / math.sqrt(head_dim), 1.0 / math.sqrt(head_dim), dropout_p,
+               dropout_scale(dropout_p), q if seed is None else seed)
+    flags = dict(HEAD_DIM=head_dim, CAUSAL=causal, HAS_Q_LENGTHS=q_lengths is not None,
+                 HAS_K_LENGTHS=k_lengths is not None, HAS_DROPOUT=seed is not None,
+                 DOT_PRECISION=_dot_precision(q.dtype))
+    tiles = short_path_tiles(q_len, k_len, head_dim, q.dtype, _interpreted(q.device))
+    if tiles is not None:
+        _short_attention_bwd_kernel[(batch * heads,)](
+            q, k, v, out, dout, lse, *lengths, dq, dk, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
+            *_strides(dout), *_strides(dq), *_strides(dk), *scalars, **flags, BLOCK_M=tiles.backward_block_m,
+            BLOCK_N=tiles.block_n, num_warps=tiles.num_warps)
+        return
     delta = torch.empty_like(lse)
     preprocess_block = INTERPRETER_BLOCK if _interpreted(q.device) else PREPROCESS_BLOCK_M
     _flash_attention_bwd_preprocess_kernel[(batch * heads, cdiv(q_len, preprocess_block))](
         out, dout, delta, *_strides(out), *_strides(dout), heads, q_len, HEAD_DIM=head_dim, BLOCK_M=preprocess_block)
-    common = (q, k, v, dout, lse, delta, q if q_lengths is None else q_lengths, q if k_lengths is None else k_lengths)
-    scalars = (*_strides(q), *_strides(k), *_strides(v), *_strides(dout), heads, q_len, k_len,
-               LOG2_E / math.sqrt(head_dim), 1.0 / math.sqrt(head_dim), dropout_p, dropout_scale(dropout_p),
-               q if seed is None else seed)
-    flags = dict(HEAD_DIM=head_dim, CAUSAL=causal, HAS_Q_LENGTHS=q_lengths is not None,
-                 HAS_K_LENGTHS=k_lengths is not None, HAS_DROPOUT=seed is not None,
-                 DOT_PRECISION=_dot_precision(q.dtype))
-    _launch("dkdv", q, batch * heads, k_len,
-            *common, dk, dv, *scalars, **flags)
-    _launch("dq", q, batch * heads, q_len,
-            *common, dq, *scalars, **flags)
-    return dq, dk, dv
+    inputs = (q, k, v, dout, lse, delta, *lengths)
+    input_strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(dout))
+    _launch("dkdv", q, batch * heads, k_len, *inputs, dk, dv, *input_strides, *_strides(dk), *scalars, **flags)
+    _launch("dq", q, batch * heads, q_len, *inputs, dq, *input_strides, *_strides(dq), *scalars, **flags)
 
 
 # The length check runs inside the op, so that torch.compile(fullgraph=True) takes it; with check_lengths=False the
@@ -621,8 +894,10 @@ def _flash_attention_backward_op(
         dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
         q_lengths: Optional[torch.Tensor], k_lengths: Optional[torch.Tensor], causal: bool, dropout_p: float,
         seed: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dout: [batch, q_len, heads, D] -> (dq, dk, dv) shaped like q, k, v."""
-    return _backward(dout, q, k, v, out, lse, q_lengths, k_lengths, causal, dropout_p, seed)
+    """dout: [batch, q_len, heads, D] -> (dq, dk, dv) shaped like q, k, v (contiguous)."""
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    _backward(dout, q, k, v, out, lse, q_lengths, k_lengths, causal, dropout_p, seed, dq, dk, dv)
+    return dq, dk, dv
 
 
 @_flash_attention_backward_op.register_fake
@@ -650,8 +925,102 @@ def _backward_autograd(ctx, dout: torch.Tensor, _lse_grad: Optional[torch.Tensor
 _flash_attention_op.register_autograd(_backward_autograd, setup_context=_setup_context)
 
 
-def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
-    """Why the kernel cannot take these (well-formed, 4-D) inputs, or None if it can."""
+def _packed_views(q: Optional[torch.Tensor], packed: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """packed: [batch, len, 3, heads, D] (q None) or [batch, k_len, 2, heads, D] -> (q, k, v) [batch, len, heads, D]."""
+    return tuple(packed.unbind(2)) if q is None else (q, *packed.unbind(2))
+
+
+# Packed inputs (flash-attention's qkvpacked / kvpacked forms): q, k and v are slices of the fused projection's
+# output, and the backward writes their gradients into one buffer of the packed shape, which is the projection's
+# gradient as it is; separate q, k, v views would have autograd stack three gradients into it, a copy per call.
+@torch.library.custom_op("fastformer::flash_attention_packed", mutates_args=())
+def _flash_attention_packed_op(q: Optional[torch.Tensor], packed: torch.Tensor, q_lengths: Optional[torch.Tensor],
+                               k_lengths: Optional[torch.Tensor], causal: bool, dropout_p: float,
+                               seed: Optional[torch.Tensor], check_lengths: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """packed: [batch, len, 3, heads, D] holding q, k, v (q None), or [batch, k_len, 2, heads, D] holding k, v beside
+    q: [batch, q_len, heads, D] -> (out: [batch, q_len, heads, D], lse: [batch, heads, q_len] fp32)."""
+    return _forward(*_packed_views(q, packed), q_lengths, k_lengths, causal, dropout_p, seed, check_lengths)
+
+
+@_flash_attention_packed_op.register_fake
+def _(q: Optional[torch.Tensor], packed: torch.Tensor, q_lengths: Optional[torch.Tensor],
+      k_lengths: Optional[torch.Tensor], causal: bool, dropout_p: float, seed: Optional[torch.Tensor],
+      check_lengths: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    q = _packed_views(q, packed)[0]
+    batch, q_len, heads, head_dim = q.shape
+    return (packed.new_empty((batch, q_len, heads, head_dim)),
+            packed.new_empty((batch, heads, q_len), dtype=torch.float32))
+
+
+@torch.library.custom_op("fastformer::flash_attention_packed_backward", mutates_args=())
+def _flash_attention_packed_backward_op(
+        dout: torch.Tensor, q: Optional[torch.Tensor], packed: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+        q_lengths: Optional[torch.Tensor], k_lengths: Optional[torch.Tensor], causal: bool, dropout_p: float,
+        seed: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """dout: [batch, q_len, heads, D] -> (dq shaped like q, or an empty tensor when q is None; dpacked shaped like
+    packed, contiguous)."""
+    dpacked = torch.empty(packed.shape, dtype=packed.dtype, device=packed.device)
+    if q is None:
+        dq_or_none, (dq, dk, dv) = packed.new_empty(0), dpacked.unbind(2)
+    else:
+        dq_or_none = dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        dk, dv = dpacked.unbind(2)
+    _backward(dout, *_packed_views(q, packed), out, lse, q_lengths, k_lengths, causal, dropout_p, seed, dq, dk, dv)
+    return dq_or_none, dpacked
+
+
+@_flash_attention_packed_backward_op.register_fake
+def _(dout: torch.Tensor, q: Optional[torch.Tensor], packed: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+      q_lengths: Optional[torch.Tensor], k_lengths: Optional[torch.Tensor], causal: bool, dropout_p: float,
+      seed: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    return (packed.new_empty(0) if q is None else q.new_empty(q.shape)), packed.new_empty(packed.shape)
+
+
+def _setup_packed_context(ctx, inputs: tuple, output: tuple) -> None:
+    q, packed, q_lengths, k_lengths, causal, dropout_p, seed, _ = inputs
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, packed, out, lse, q_lengths, k_lengths, seed)
+    ctx.causal, ctx.dropout_p = causal, dropout_p
+
+
+def _packed_backward_autograd(ctx, dout: torch.Tensor, _lse_grad: Optional[torch.Tensor]) -> tuple:
+    q, packed, out, lse, q_lengths, k_lengths, seed = ctx.saved_tensors
+    dq, dpacked = _flash_attention_packed_backward_op(dout, q, packed, out, lse, q_lengths, k_lengths, ctx.causal,
+                                                      ctx.dropout_p, seed)
+    return (None if q is None else dq), dpacked, None, None, None, None, None, None
+
+
+_flash_attention_packed_op.register_autograd(_packed_backward_autograd, setup_context=_setup_packed_context)
+
+
+def split_packed(q: torch.Tensor, k: Optional[torch.Tensor],
+                 v: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q, k, v), (qkv, None, None) or (q, kv, None) -> q, k, v views [batch, len, heads, D]; raises for any other
+    form. qkv: [batch, len, 3, heads, D]; kv: [batch, k_len, 2, heads, D]."""
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        if (tensor is not None or name == "q") and not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if k is None:
+        if v is not None:
+            raise ValueError("v given without k: pass q, k, v, or a packed qkv alone, or q and a packed kv")
+        if q.dim() != 5 or q.shape[2] != 3:
+            raise ValueError(f"packed qkv (k and v None) must be [batch, len, 3, heads, head_dim], got shape "
+                             f"{tuple(q.shape)}")
+        return tuple(q.unbind(2))
+    if v is None:
+        if k.dim() != 5 or k.shape[2] != 2:
+            raise ValueError(f"packed kv (v None) must be [batch, k_len, 2, heads, head_dim], got shape "
+                             f"{tuple(k.shape)}")
+        return (q, *k.unbind(2))
+    return q, k, v
+
+
+def unsupported_reason(q: torch.Tensor, k: Optional[torch.Tensor] = None,
+                       v: Optional[torch.Tensor] = None) -> Optional[str]:
+    """Why the kernel cannot take these (well-formed; packed forms as in flash_attention) inputs, or None if it
+    can."""
+    q, k, v = split_packed(q, k, v)
     if q.dtype not in SUPPORTED_DTYPES:
         return f"q has dtype {q.dtype}; the kernel takes float32, float16 and bfloat16"
     for name, tensor in (("k", k), ("v", v)):
@@ -701,22 +1070,35 @@ def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lengths: Opti
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
 
 
-def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lengths: Optional[torch.Tensor] = None,
-                    k_lengths: Optional[torch.Tensor] = None, causal: bool = False, dropout_p: float = 0.0,
-                    seed: Optional[int] = None, check_lengths: bool = True) -> torch.Tensor:
+def flash_attention(q: torch.Tensor, k: Optional[torch.Tensor] = None, v: Optional[torch.Tensor] = None,
+                    q_lengths: Optional[torch.Tensor] = None, k_lengths: Optional[torch.Tensor] = None,
+                    causal: bool = False, dropout_p: float = 0.0, seed: Optional[int] = None,
+                    check_lengths: bool = True) -> torch.Tensor:
     """q: [batch, q_len, heads, D], k/v: [batch, k_len, heads, D] (any strides) -> [batch, q_len, heads, D].
 
     softmax(q k^T / sqrt(D)) v with keys at or past k_lengths[b] ignored, query rows at or past q_lengths[b] output
     as zeros (lengths: int [batch] tensors, None = full), and `causal` letting query i see keys j <= i.
+    Packed forms, as a fused projection makes them: flash_attention(qkv) with qkv: [batch, len, 3, heads, D], and
+    flash_attention(q, kv) with kv: [batch, k_len, 2, heads, D]; the gradient of qkv (kv) is then one buffer of its
+    shape, written by the kernel, so the projection's backward needs no copy.
     Differentiable with respect to q, k and v. The dropout mask of the probabilities is a function of `seed` (drawn
     on q's device from torch's generator when None) and the element's position: `attention_dropout_mask` rebuilds it.
     check_lengths: raise on length values outside [0, q_len] / [1, k_len], at the cost of one host sync. Pass False
     for lengths already checked (fastformer.Transformer checks its batch once per step): then no call synchronizes,
     and the kernel clamps lengths to [0, len].
+    Sequences up to SHORT_PATH_MAX_LEN run one forward and one backward kernel per (batch, head) with every key
+    resident; longer ones the flash tiles (`attention_path` says which).
     """
-    _validate(q, k, v, q_lengths, k_lengths, dropout_p)
-    out, _ = _flash_attention_op(q, k, v, q_lengths, k_lengths, bool(causal), float(dropout_p),
-                                 seed_tensor(seed, dropout_p, q.device), bool(check_lengths))
+    views = split_packed(q, k, v)
+    _validate(*views, q_lengths, k_lengths, dropout_p)
+    flags = (q_lengths, k_lengths, bool(causal), float(dropout_p), seed_tensor(seed, dropout_p, views[0].device),
+             bool(check_lengths))
+    if k is None:
+        out, _ = _flash_attention_packed_op(None, q, *flags)
+    elif v is None:
+        out, _ = _flash_attention_packed_op(q, k, *flags)
+    else:
+        out, _ = _flash_attention_op(q, k, v, *flags)
     return out
 
 

@@ -67,11 +67,13 @@ class MultiheadAttention(nn.Module):
             nn.init.zeros_(self.in_proj_bias)
             nn.init.zeros_(self.out_proj.bias)
 
-    def _project(self, x: torch.Tensor, part: slice, n_parts: int) -> tuple[torch.Tensor, ...]:
-        """x: [batch, len, embed_dim] -> n_parts views [batch, len, heads, head_dim] of one fused projection."""
+    def _project(self, x: torch.Tensor, part: slice, n_parts: int) -> torch.Tensor:
+        """x: [batch, len, embed_dim] -> the fused projection of n_parts inputs, viewed [batch, len, heads, head_dim]
+        for one part and [batch, len, n_parts, heads, head_dim] (the attention's packed form) for more."""
         bias = self.in_proj_bias[part] if self.in_proj_bias is not None else None
         projected = F.linear(x, self.in_proj_weight[part], bias)
-        return projected.view(*x.shape[:2], n_parts, self.num_heads, self.head_dim).unbind(dim=2)
+        parts = () if n_parts == 1 else (n_parts,)
+        return projected.view(*x.shape[:2], *parts, self.num_heads, self.head_dim)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 key_padding_mask: torch.Tensor | None = None, need_weights: bool = False,
@@ -87,15 +89,16 @@ class MultiheadAttention(nn.Module):
         batch, q_len, _ = query.shape
         k_len = key.shape[1]
         e = self.embed_dim
+        # Packed q/k/v reach the kernel as one tensor, so that their gradient is the projection's gradient as it is
+        # (separate views would have autograd stack three gradients into it).
         if query is key and key is value:
-            q, k, v = self._project(query, slice(0, 3 * e), 3)
+            q, k, v = self._project(query, slice(0, 3 * e), 3), None, None
         elif key is value:
-            (q,) = self._project(query, slice(0, e), 1)
-            k, v = self._project(key, slice(e, 3 * e), 2)
+            q, k, v = self._project(query, slice(0, e), 1), self._project(key, slice(e, 3 * e), 2), None
         else:
-            (q,) = self._project(query, slice(0, e), 1)
-            (k,) = self._project(key, slice(e, 2 * e), 1)
-            (v,) = self._project(value, slice(2 * e, 3 * e), 1)
+            q = self._project(query, slice(0, e), 1)
+            k = self._project(key, slice(e, 2 * e), 1)
+            v = self._project(value, slice(2 * e, 3 * e), 1)
 
         # is_causal is a promise that attn_mask is the causal mask (torch's convention), so the kernel's causal
         # flag replaces it.

@@ -13,10 +13,14 @@ import torch
 import torch.nn.functional as F
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lengths: torch.Tensor | None = None,
-              k_lengths: torch.Tensor | None = None, causal: bool = False, attn_mask: torch.Tensor | None = None,
-              dropout_p: float = 0.0, dropout_mask: torch.Tensor | None = None) -> torch.Tensor:
+def attention(q: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | None = None,
+              q_lengths: torch.Tensor | None = None, k_lengths: torch.Tensor | None = None, causal: bool = False,
+              attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
+              dropout_mask: torch.Tensor | None = None) -> torch.Tensor:
     """q: [batch, q_len, heads, head_dim], k/v: [batch, k_len, heads, head_dim] -> [batch, q_len, heads, head_dim].
+
+    Packed forms as the kernel takes them: attention(qkv), qkv: [batch, len, 3, heads, head_dim], and
+    attention(q, kv), kv: [batch, k_len, 2, heads, head_dim].
 
     Keys at or past k_lengths[b] are ignored; query rows at or past q_lengths[b] output zero. `causal` lets query i
     see keys j <= i. attn_mask, broadcastable to [batch, heads, q_len, k_len], is bool (True = ignore) or additive
@@ -26,6 +30,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lengths: torc
     """
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if k is None:
+        q, k, v = q.unbind(2)
+    elif v is None:
+        k, v = k.unbind(2)
     batch, q_len, _, head_dim = q.shape
     k_len = k.shape[1]
     compute_dtype = torch.promote_types(q.dtype, torch.float32)
