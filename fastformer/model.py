@@ -268,19 +268,29 @@ class Transformer(nn.Module):
         return self.decode(tgt_tokens, self.encode(src_tokens))
 
     def loss(self, src_tokens: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
-             label_smoothing: float = 0.0, reduction: str = "mean") -> torch.Tensor:
+             label_smoothing: float = 0.0, reduction: str = "mean",
+             lengths: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Teacher-forced label-smoothed cross-entropy; tgt_in = [bos, y...], tgt_out = [y..., eos], both [batch, T].
 
         The output projection is fused into the loss, so the [batch * T, vocab] logits are never held whole.
         Padding positions of tgt_out (pad_id) are ignored. All three tensors are checked with one host sync; a real
         tgt_out token where tgt_in is padding is an error, and so is reduction="mean" over a tgt_out that is all
         padding (PyTorch's mean would be NaN there): "sum" gives 0.0 and "none" zeros for it.
+
+        lengths: (src_lengths, tgt_lengths) [batch] on the model's device, already checked by the caller (as
+        `TokenizedCorpus.batch` does on the CPU): the values are trusted and not checked, so no host sync happens.
         """
         if not isinstance(tgt_out, torch.Tensor) or tgt_out.shape != tgt_in.shape:
             raise ValueError(f"tgt_out must be a tensor of tgt_in's shape {tuple(tgt_in.shape)}, got "
                              f"{tuple(tgt_out.shape) if isinstance(tgt_out, torch.Tensor) else type(tgt_out).__name__}")
-        src_lengths, tgt_lengths = self._checked_lengths((src_tokens, "src_tokens", False), (tgt_in, "tgt_in", True),
-                                                         targets=tgt_out, targets_for_mean=reduction == "mean")
+        if lengths is None:
+            src_lengths, tgt_lengths = self._checked_lengths((src_tokens, "src_tokens", False),
+                                                             (tgt_in, "tgt_in", True), targets=tgt_out,
+                                                             targets_for_mean=reduction == "mean")
+        else:
+            for tokens, name in ((src_tokens, "src_tokens"), (tgt_in, "tgt_in"), (tgt_out, "tgt_out")):
+                self._check_token_tensor(tokens, name)
+            src_lengths, tgt_lengths = lengths
         hidden = self._decode_hidden(tgt_in, tgt_lengths, self._encode(src_tokens, src_lengths))
         criterion = LinearCrossEntropyLoss(ignore_index=self.config.pad_id, label_smoothing=label_smoothing,
                                            reduction=reduction, check_targets=False)

@@ -25,14 +25,18 @@ from tqdm import tqdm
 import fastformer
 from fastformer import checkpoint, evaluate
 from fastformer.config import TransformerConfig
-from fastformer.data import (LengthFilter, SplitFiles, TokenBatchSampler, TokenizedCorpus, Tokenizer, find_split,
-                             read_parallel, train_tokenizer)
+from fastformer.data import (Batch, BucketBatch, BucketBatchSampler, LengthFilter, SplitFiles, TokenBatchSampler,
+                             TokenizedCorpus, Tokenizer, find_split, read_parallel, train_tokenizer)
 from fastformer.dispatch import BACKENDS
+from fastformer.mixed_precision import MasterWeights
 from fastformer.model import Transformer
 
 PRESETS = {"tiny": TransformerConfig.tiny, "base": TransformerConfig.base, "big": TransformerConfig.big}
 TOKENIZER_FILE = "spm.model"
 DEFAULT_BUNDLED_VOCAB = 1000
+BATCHINGS = ("tokens", "buckets")
+PRECISIONS = ("auto", "bf16-master")
+STEPS = ("eager", "captured")
 
 
 def _option(default: object, help: str) -> object:
@@ -71,6 +75,12 @@ class TrainOptions:
     min_len: int = _option(3, "training pairs need at least this many tokens on each side")
     max_len: int = _option(150, "training pairs may have at most this many tokens on each side")
     max_ratio: float = _option(2.0, "training pairs may have at most this length ratio")
+    batching: str = _option("tokens", f"one of {BATCHINGS}: batches of free shapes within the token budget, or of a "
+                                      f"small fixed set of shapes (what --step captured needs)")
+    precision: str = _option("auto", f"one of {PRECISIONS}: auto is bf16 autocast on a GPU and fp32 on the CPU; "
+                                     f"bf16-master trains a bf16 copy of the model and updates fp32 master weights")
+    step: str = _option("eager", f"one of {STEPS}: captured replays each bucket's step as a CUDA graph (needs a GPU, "
+                                 f"--batching buckets and --precision bf16-master)")
     quiet: bool = _option(False, "no progress bar and no log lines")
 
     def __post_init__(self) -> None:
@@ -78,8 +88,13 @@ class TrainOptions:
             self.preset = "tiny" if self.data_dir is None else "base"
         if self.preset not in PRESETS:
             raise ValueError(f"preset must be one of {tuple(PRESETS)}, got {self.preset!r}")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        for name, choices in (("backend", BACKENDS), ("batching", BATCHINGS), ("precision", PRECISIONS),
+                              ("step", STEPS)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
+        if self.step == "captured" and (self.batching, self.precision) != ("buckets", "bf16-master"):
+            raise ValueError("--step captured needs --batching buckets (static shapes) and --precision bf16-master "
+                             "(no autocast in the graph)")
         for name in ("batch_tokens", "update_tokens", "warmup", "max_steps", "log_every", "keep_last"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -96,13 +111,16 @@ class TrainOptions:
 # rule. The others (budget, logging, checkpointing, device, backend) may change from one session to the next.
 RESUME_FIXED_OPTIONS = ("data_dir", "src_lang", "tgt_lang", "preset", "vocab_size", "dropout", "batch_tokens",
                         "update_tokens", "lr_scale", "warmup", "label_smoothing", "seed", "min_len", "max_len",
-                        "max_ratio")
+                        "max_ratio", "batching")
+# Options added after checkpoints were first written: a checkpoint without one was trained with this value.
+OPTIONS_ADDED_LATER = {"batching": "tokens"}
 
 
 def changed_resume_options(saved: dict, options: TrainOptions) -> list[str]:
     """The RESUME_FIXED_OPTIONS whose value differs from the saved run's, as "--flag NEW (checkpoint: OLD)"; options
     a checkpoint did not record are not compared."""
     changed = []
+    saved = {**OPTIONS_ADDED_LATER, **saved}
     for name in RESUME_FIXED_OPTIONS:
         if name not in saved:
             continue
@@ -141,9 +159,12 @@ class _LossModule(nn.Module):
         self.model = model
         self.label_smoothing = label_smoothing
 
-    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor) -> torch.Tensor:
-        """src: [batch, src_len], tgt_in/tgt_out: [batch, tgt_len] -> summed label-smoothed loss: []."""
-        return self.model.loss(src, tgt_in, tgt_out, label_smoothing=self.label_smoothing, reduction="sum")
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor, src_lengths: torch.Tensor,
+                tgt_lengths: torch.Tensor) -> torch.Tensor:
+        """src: [batch, src_len], tgt_in/tgt_out: [batch, tgt_len], lengths [batch] checked on the CPU (Batch) ->
+        summed label-smoothed loss: []."""
+        return self.model.loss(src, tgt_in, tgt_out, label_smoothing=self.label_smoothing, reduction="sum",
+                               lengths=(src_lengths, tgt_lengths))
 
 
 def process_rank() -> int:
@@ -199,6 +220,12 @@ def check_backend(backend: str, device: torch.device) -> None:
                          f"TRITON_INTERPRET=1 before starting fastformer); or use --backend auto or reference")
 
 
+def check_step(step: str, device: torch.device) -> None:
+    if step == "captured" and device.type != "cuda":
+        raise ValueError(f"--step captured replays CUDA graphs: it needs a GPU (--device cuda), not {device}; or use "
+                         f"--step eager")
+
+
 @dataclass(frozen=True)
 class _CorpusFiles:
     train: SplitFiles
@@ -217,6 +244,7 @@ def check_run(options: TrainOptions) -> None:
     and the corpus files."""
     device = evaluate.resolve_device(options.device)
     check_backend(options.backend, device)
+    check_step(options.step, device)
     _find_corpus(options)
 
 
@@ -302,13 +330,13 @@ def _set_rng_state(state: dict, device: torch.device) -> None:
 class _BatchStream:
     """This rank's micro-batches, epoch after epoch; (epoch, index) is the position a checkpoint records."""
 
-    def __init__(self, sampler: TokenBatchSampler, epoch: int = 0, index: int = 0) -> None:
+    def __init__(self, sampler: TokenBatchSampler | BucketBatchSampler, epoch: int = 0, index: int = 0) -> None:
         self.sampler = sampler
         self.epoch = epoch
         self.index = index
         self.batches = sampler.batches(epoch)
 
-    def next(self) -> list[int]:
+    def next(self) -> list[int] | BucketBatch:
         if self.index >= len(self.batches):
             self.epoch += 1
             self.index = 0
@@ -325,6 +353,7 @@ class Trainer:
         self.options = options
         self.env = _setup_distributed(options.device)
         check_backend(options.backend, self.env.device)
+        check_step(options.step, self.env.device)
         files = _find_corpus(options)
         resumed = _load_resumable(options, self.env) if options.resume else None
         if self.env.is_main:
@@ -340,9 +369,14 @@ class Trainer:
         position = {"epoch": 0, "index": 0}
         if resumed is not None:
             position = self._restore(*resumed)
-        sampler = TokenBatchSampler(self.data.train.src_lengths, self.data.train.tgt_lengths, options.batch_tokens,
-                                    seed=options.seed, rank=self.env.rank, world_size=self.env.world_size)
+        sampler_class = BucketBatchSampler if options.batching == "buckets" else TokenBatchSampler
+        sampler = sampler_class(self.data.train.src_lengths, self.data.train.tgt_lengths, options.batch_tokens,
+                                seed=options.seed, rank=self.env.rank, world_size=self.env.world_size)
         self.stream = _BatchStream(sampler, position["epoch"], position["index"])
+        self.captured = None
+        if options.step == "captured":
+            from fastformer.captured_step import CapturedStep
+            self.captured = CapturedStep(self.master, self.loss_module, self.optimizer, self.env.device)
 
     def _build_model(self) -> None:
         """The model (the same initial weights on every rank), its DDP-wrapped loss, Adam and the schedule."""
@@ -352,12 +386,21 @@ class Trainer:
         self.model = Transformer(self.config).to(self.env.device)
         # Every rank draws its own dropout masks.
         torch.manual_seed(options.seed + 1 + self.env.rank)
-        self.loss_module: nn.Module = _LossModule(self.model, options.label_smoothing)
-        if self.env.world_size > 1:
+        # bf16-master: the bf16 copy trains, self.model holds the fp32 masters (checkpoints and validation use it),
+        # and the ranks all-reduce the master gradients themselves, in one call per update.
+        self.master = MasterWeights(self.model) if options.precision == "bf16-master" else None
+        trained = self.model if self.master is None else self.master.compute
+        self.loss_module: nn.Module = _LossModule(trained, options.label_smoothing)
+        if self.env.world_size > 1 and self.master is None:
             device_ids = [self.env.device.index] if self.env.device.type == "cuda" else None
             self.loss_module = nn.parallel.DistributedDataParallel(self.loss_module, device_ids=device_ids)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=options.lr_scale * self.config.d_model ** -0.5,
-                                          betas=(0.9, 0.98), eps=1e-9)
+        lr = options.lr_scale * self.config.d_model ** -0.5
+        if options.step == "captured":
+            # Replayed in a graph: the lr and the step count live on the GPU, updated in place.
+            self.optimizer = torch.optim.Adam(self.model.parameters(), lr=torch.tensor(lr, device=self.env.device),
+                                              betas=(0.9, 0.98), eps=1e-9, fused=True, capturable=True)
+        else:
+            self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr, betas=(0.9, 0.98), eps=1e-9)
         self.scheduler = inverse_sqrt_schedule(self.optimizer, options.warmup)
         self.accumulation = max(1, round(options.update_tokens / (options.batch_tokens * self.env.world_size)))
 
@@ -373,40 +416,73 @@ class Trainer:
                 raise ValueError(f"{path} was written with {key}={saved.data.get(key)}, this run has {key}={value}: "
                                  f"the data order would differ, so resume with the same {key}")
         self.model.load_state_dict(saved.model)
-        self.optimizer.load_state_dict(saved.optimizer)
+        load_optimizer_state(self.optimizer, saved.optimizer)
+        if self.master is not None:
+            self.master.copy_to_compute()
         self.scheduler.load_state_dict(saved.schedule)
         self.step = saved.step
         _set_rng_state(saved.rng[self.env.rank], self.env.device)
         return saved.data
 
+    def _next_batch(self) -> Batch:
+        """The stream's next micro-batch, collated (to its bucket's shape) and checked on the CPU."""
+        item = self.stream.next()
+        if isinstance(item, BucketBatch):
+            return self.data.train.batch(item.indices, self.config.vocab_size, item.shape)
+        return self.data.train.batch(item, self.config.vocab_size)
+
     def _update(self) -> tuple[torch.Tensor, int]:
         """One optimizer step over `accumulation` micro-batches per rank -> (summed loss [] on device, target
         tokens), both of this rank."""
-        batches = [self.data.train.collate(self.stream.next()) for _ in range(self.accumulation)]
-        local_tokens = sum(int((tgt_out != self.config.pad_id).sum()) for _, _, tgt_out in batches)
+        batches = [self._next_batch() for _ in range(self.accumulation)]
+        local_tokens = sum(batch.target_tokens for batch in batches)
         total_tokens = self.env.sum([local_tokens])[0]
+        if self.captured is not None:
+            for batch in batches:
+                self.captured.micro_step(batch)
+            self._all_reduce_master_gradients()
+            self.captured.update(grad_scale=1.0 / max(total_tokens, 1.0))
+            self.scheduler.step()
+            self.step += 1
+            return self.captured.take_loss_sum(), local_tokens
         loss_sum = torch.zeros((), device=self.env.device)
-        autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.env.device.type == "cuda")
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16,
+                                  enabled=self.env.device.type == "cuda" and self.master is None)
         for i, batch in enumerate(batches):
-            src, tgt_in, tgt_out = (tensor.to(self.env.device, non_blocking=True) for tensor in batch)
+            tensors = (tensor.to(self.env.device, non_blocking=True) for tensor in batch[:5])
             # Gradients are all-reduced only on the last micro-batch of an update.
             sync = (self.loss_module.no_sync() if isinstance(self.loss_module, nn.parallel.DistributedDataParallel)
                     and i < len(batches) - 1 else contextlib.nullcontext())
             with sync:
                 with autocast:
-                    loss = self.loss_module(src, tgt_in, tgt_out)
+                    loss = self.loss_module(*tensors)
                 loss.backward()
+            if self.master is not None:
+                self.master.accumulate_gradients()
             loss_sum += loss.detach().float()
-        # DDP averaged the ranks' summed gradients; rescale to the mean over every target token of the update.
-        scale = self.env.world_size / total_tokens
-        for parameter in self.model.parameters():
-            if parameter.grad is not None:
-                parameter.grad.mul_(scale)
+        if self.master is not None:
+            self._all_reduce_master_gradients()
+            # The ranks' summed gradients, to the mean over every target token of the update.
+            self.master.flat_grad.mul_(1.0 / max(total_tokens, 1.0))
+        else:
+            # DDP averaged the ranks' summed gradients; rescale to the mean over every target token of the update.
+            scale = self.env.world_size / max(total_tokens, 1.0)
+            for parameter in self.model.parameters():
+                if parameter.grad is not None:
+                    parameter.grad.mul_(scale)
         self.optimizer.step()
         self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        if self.master is not None:
+            self.master.copy_to_compute()
+            self.master.zero_grad()
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         return loss_sum, local_tokens
+
+    def _all_reduce_master_gradients(self) -> None:
+        if self.master is not None and self.env.world_size > 1:
+            dist.all_reduce(self.master.flat_grad)
 
     def save(self) -> Path:
         """Writes checkpoint_<step>.pt (rank 0) with every rank's RNG state, keeping the newest keep_last."""
@@ -418,8 +494,9 @@ class Trainer:
                 config=self.config.to_dict(),
                 tokenizer=self.tokenizer.model_proto,
                 step=self.step,
-                optimizer=self.optimizer.state_dict(),
-                schedule=self.scheduler.state_dict(),
+                optimizer=portable_optimizer_state(self.optimizer),
+                schedule={key: [item.item() if isinstance(item, torch.Tensor) else item for item in value]
+                          if isinstance(value, list) else value for key, value in self.scheduler.state_dict().items()},
                 rng=rng_states,
                 data=checkpoint.DataPosition(epoch=self.stream.epoch, index=self.stream.index, seed=self.options.seed,
                                              batch_tokens=self.options.batch_tokens,
@@ -542,6 +619,41 @@ class _Throughput:
 
     def overall_rate(self) -> float:
         return self.total_tokens / max(self.total_seconds, 1e-9)
+
+
+def portable_optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
+    """optimizer.state_dict() as the eager Adam writes it, whatever the optimizer's implementation flags: a float lr
+    and no fused/capturable switches, so that a checkpoint resumes on any device and step (its state tensors, the
+    step counts included, are the same in every implementation)."""
+    state = optimizer.state_dict()
+    groups = []
+    for group in state["param_groups"]:
+        group = dict(group)
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"] = group["lr"].item()
+        for flag in ("fused", "capturable"):
+            if flag in group:
+                group[flag] = None if flag == "fused" else False
+        groups.append(group)
+    # Copies, so that the saved state never aliases the live one (as a CPU tensor's .cpu() would).
+    return {"state": {index: {name: value.to("cpu", copy=True) if isinstance(value, torch.Tensor) else value
+                              for name, value in entry.items()} for index, entry in state["state"].items()},
+            "param_groups": groups}
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Loads a portable_optimizer_state into optimizer, keeping its own implementation flags (and an lr tensor, set
+    to the saved lr)."""
+    groups = []
+    for group, own in zip(state["param_groups"], optimizer.param_groups):
+        group = dict(group)
+        for flag in ("fused", "capturable"):
+            if flag in own:
+                group[flag] = own[flag]
+        if isinstance(own["lr"], torch.Tensor):
+            group["lr"] = own["lr"].fill_(group["lr"])
+        groups.append(group)
+    optimizer.load_state_dict({"state": state["state"], "param_groups": groups})
 
 
 def train(options: TrainOptions) -> TrainResult:

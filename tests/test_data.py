@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 
 import pytest
 import torch
 
-from fastformer.data import (BOS_ID, BUNDLED_CORPUS, EOS_ID, PAD_ID, LengthFilter, TokenBatchSampler,
-                             TokenizedCorpus, Tokenizer, decode_sentences, find_split, read_lines, read_parallel,
-                             token_budget_batches, train_tokenizer)
+from fastformer.data import (BOS_ID, BUNDLED_CORPUS, EOS_ID, PAD_ID, BucketBatchSampler, BucketShape, LengthFilter,
+                             TokenBatchSampler, TokenizedCorpus, Tokenizer, bucket_length_grid, decode_sentences,
+                             find_split, read_lines, read_parallel, token_budget_batches, train_tokenizer)
 from fastformer.data import make_corpus
 
 
@@ -241,3 +242,165 @@ def test_token_budget_batches_are_the_greedy_maximal_runs(max_tokens: int):
             length += 1
         assert batch == order[position:position + length]
         position += length
+
+
+# --- static-shape (bucketed) batching ---------------------------------------------------------------------------------
+
+def wmt14_like_lengths(pairs: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A length model of WMT14 en-de under a ~37k shared BPE (no network here, so no real corpus): source lengths
+    log-normal with median 23 and log-sd 0.62 (mean ~29 subwords, a long right tail), target = source x a log-normal
+    ratio with median 1.08 and log-sd 0.18 (German runs ~10% longer); then the usual filter (1..250 tokens, ratio
+    <= 2) and EOS/BOS added, as TokenizedCorpus counts them -> (src_lengths, tgt_lengths) [pairs]."""
+    generator = torch.Generator().manual_seed(seed)
+    src = torch.exp(torch.randn(2 * pairs, generator=generator, dtype=torch.float64) * 0.62 + math.log(23.0))
+    ratio = torch.exp(torch.randn(2 * pairs, generator=generator, dtype=torch.float64) * 0.18 + math.log(1.08))
+    src_lengths, tgt_lengths = src.round().long(), (src * ratio).round().long()
+    longer, shorter = torch.maximum(src_lengths, tgt_lengths), torch.minimum(src_lengths, tgt_lengths)
+    kept = (shorter >= 1) & (longer <= 250) & (longer <= 2 * shorter)
+    return src_lengths[kept][:pairs] + 1, tgt_lengths[kept][:pairs] + 1
+
+
+@pytest.fixture(scope="module")
+def wmt_lengths() -> tuple[torch.Tensor, torch.Tensor]:
+    return wmt14_like_lengths(200_000)
+
+
+def _real_token_ratios(batches, src_lengths: torch.Tensor, tgt_lengths: torch.Tensor) -> tuple[float, float]:
+    """Real tokens over the tokens of the padded batch shapes, on the source and on the target side."""
+    indices = [i for batch in batches for i in batch.indices]
+    src_padded = sum(batch.shape.sentences * batch.shape.src_len for batch in batches)
+    tgt_padded = sum(batch.shape.sentences * batch.shape.tgt_len for batch in batches)
+    return int(src_lengths[indices].sum()) / src_padded, int(tgt_lengths[indices].sum()) / tgt_padded
+
+
+def _check_bucket_batches(batches, sampler: BucketBatchSampler, src_lengths, tgt_lengths, max_tokens: int) -> None:
+    """Each batch fits its shape, the shape is one of the sampler's fixed buckets and within the token budget."""
+    buckets = set(sampler.buckets)
+    for batch in batches:
+        assert batch.shape in buckets
+        assert len(batch.indices) <= batch.shape.sentences
+        assert batch.shape.sentences * max(batch.shape.src_len, batch.shape.tgt_len) <= max_tokens
+        if batch.indices:
+            assert int(src_lengths[batch.indices].max()) <= batch.shape.src_len
+            assert int(tgt_lengths[batch.indices].max()) <= batch.shape.tgt_len
+
+
+@pytest.mark.parametrize("max_tokens", [4096, 8192])
+def test_buckets_hold_over_90_percent_real_tokens_at_wmt14_lengths(wmt_lengths, max_tokens: int):
+    """200k pairs of the WMT14-like length model: every pair exactly once, at most 48 distinct shapes, and over 90%
+    of the tokens real on each side (the token-budget sampler's batches, of free shapes, are the comparison)."""
+    src_lengths, tgt_lengths = wmt_lengths
+    assert 27 < float(src_lengths.float().mean()) < 31 and int(torch.maximum(src_lengths, tgt_lengths).max()) > 200
+    sampler = BucketBatchSampler(src_lengths, tgt_lengths, max_tokens, seed=5)
+    batches = sampler.batches(0)
+    assert sorted(i for batch in batches for i in batch.indices) == list(range(len(src_lengths)))
+    _check_bucket_batches(batches, sampler, src_lengths, tgt_lengths, max_tokens)
+    assert len(sampler.buckets) <= 48 and len({batch.shape for batch in batches}) <= 48
+    src_ratio, tgt_ratio = _real_token_ratios(batches, src_lengths, tgt_lengths)
+    assert src_ratio >= 0.90 and tgt_ratio >= 0.90, (src_ratio, tgt_ratio)
+    # Random batches of the same shapes would be mostly padding: the grouping by length is what pays.
+    shuffled = torch.randperm(len(src_lengths), generator=torch.Generator().manual_seed(0)).tolist()
+    position, random_src_padded = 0, 0
+    for batch in batches:
+        chunk = shuffled[position:position + len(batch.indices)]
+        position += len(chunk)
+        random_src_padded += batch.shape.sentences * int(src_lengths[chunk].max()) if chunk else 0
+    assert int(src_lengths.sum()) / random_src_padded < 0.5
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+@pytest.mark.parametrize("max_tokens", [200, 1000])
+def test_buckets_cover_every_pair_once_per_epoch_across_ranks(corpus, world_size: int, max_tokens: int):
+    src_lengths, tgt_lengths = corpus.src_lengths, corpus.tgt_lengths
+    samplers = [BucketBatchSampler(src_lengths, tgt_lengths, max_tokens, seed=7, rank=rank, world_size=world_size)
+                for rank in range(world_size)]
+    assert all(sampler.buckets == samplers[0].buckets for sampler in samplers)
+    for epoch in (0, 1):
+        per_rank = [sampler.batches(epoch) for sampler in samplers]
+        assert len({len(batches) for batches in per_rank}) == 1, "ranks must step in lockstep"
+        seen = sorted(i for batches in per_rank for batch in batches for i in batch.indices)
+        assert seen == list(range(len(corpus)))
+        for sampler, batches in zip(samplers, per_rank):
+            _check_bucket_batches(batches, sampler, src_lengths, tgt_lengths, max_tokens)
+    src_ratio, tgt_ratio = _real_token_ratios(samplers[0].all_batches(0), src_lengths, tgt_lengths)
+    assert src_ratio >= 0.90 and tgt_ratio >= 0.90, (src_ratio, tgt_ratio)
+
+
+def test_bucket_order_is_seeded_reshuffled_and_resumable(corpus):
+    """The batches of an epoch are a function of (lengths, seed, epoch) alone: a sampler built anew (a resumed run)
+    continues an epoch from any index with exactly the batches the first one had left."""
+    make = lambda seed: BucketBatchSampler(corpus.src_lengths, corpus.tgt_lengths, 1000, seed=seed)  # noqa: E731
+    sampler = make(1)
+    epoch0 = sampler.batches(0)
+    assert make(1).batches(0)[17:] == epoch0[17:]
+    assert sampler.batches(1) != epoch0 and make(2).batches(0) != epoch0
+    assert sorted(i for batch in sampler.batches(1) for i in batch.indices) == list(range(len(corpus)))
+
+
+def test_leftovers_move_to_a_larger_bucket_and_only_the_largest_gets_filler_rows():
+    """Two cells: 5 short pairs (batches of 4) and 8 long ones (batches of 2). The short cell's fifth pair joins the
+    long cell, whose odd one out is padded with a filler row; on 4 ranks, filler-only batches even the count out."""
+    src = torch.tensor([4] * 5 + [8] * 8)
+    sampler = BucketBatchSampler(src, src, 16, grid=[4, 8])
+    assert sampler.buckets == [BucketShape(4, 4, 4), BucketShape(2, 8, 8)]
+    batches = sampler.all_batches(0)
+    sizes = sorted((batch.shape.sentences, len(batch.indices)) for batch in batches)
+    assert sizes == [(2, 1)] + [(2, 2)] * 4 + [(4, 4)]
+    assert sorted(i for batch in batches for i in batch.indices) == list(range(13))
+    four_ranks = BucketBatchSampler(src, src, 16, grid=[4, 8], world_size=4).all_batches(0)
+    assert len(four_ranks) == 8 and [len(batch.indices) for batch in four_ranks[6:]] == [0, 0]
+    assert sorted(i for batch in four_ranks for i in batch.indices) == list(range(13))
+
+
+def test_rare_cells_merge_until_at_most_max_buckets(wmt_lengths):
+    src_lengths, tgt_lengths = (lengths[:20_000] for lengths in wmt_lengths)
+    for max_buckets in (8, 20):
+        sampler = BucketBatchSampler(src_lengths, tgt_lengths, 4096, max_buckets=max_buckets)
+        assert len(sampler.buckets) == max_buckets
+        batches = sampler.batches(0)
+        assert sorted(i for batch in batches for i in batch.indices) == list(range(20_000))
+        _check_bucket_batches(batches, sampler, src_lengths, tgt_lengths, 4096)
+
+
+def test_bucket_length_grid_is_fine_then_geometric():
+    grid = bucket_length_grid(250)
+    assert grid[0] == 2 and grid[-1] >= 250 > grid[-2]
+    steps = [b - a for a, b in zip(grid, grid[1:])]
+    assert all(step >= 2 and step % 2 == 0 for step in steps)
+    assert all(b <= 1.1 * a + 2 for a, b in zip(grid, grid[1:]))
+    assert steps[0] == 2 and steps[-1] > 16, "fine at short lengths, coarse at long ones"
+
+
+def test_bucket_sampler_rejects_what_it_cannot_batch():
+    lengths = torch.tensor([3, 9, 4])
+    with pytest.raises(ValueError, match="below the longest sequence"):
+        BucketBatchSampler(lengths, lengths, 8)
+    with pytest.raises(ValueError, match="grid ends at 8"):
+        BucketBatchSampler(lengths, lengths, 64, grid=[4, 8])
+    with pytest.raises(ValueError, match="each of 4 ranks"):
+        BucketBatchSampler(lengths, lengths, 64, world_size=4)
+    with pytest.raises(ValueError, match="at least 1 token"):
+        BucketBatchSampler(torch.tensor([3, 0]), torch.tensor([3, 3]), 64)
+
+
+def test_batch_to_a_bucket_pads_adds_filler_rows_and_checks_ids_on_the_cpu(corpus):
+    indices = [3, 11]
+    shape = BucketShape(4, int(corpus.src_lengths[indices].max()) + 3, int(corpus.tgt_lengths[indices].max()) + 2)
+    batch = corpus.batch(indices, vocab_size=200, shape=shape)
+    plain = corpus.collate(indices)
+    for padded, part, width in zip(batch[:3], plain, (shape.src_len, shape.tgt_len, shape.tgt_len)):
+        assert padded.shape == (4, width) and padded.dtype == torch.int64
+        assert torch.equal(padded[:2, :part.shape[1]], part) and (padded[:2, part.shape[1]:] == PAD_ID).all()
+    assert batch.src[2:, 0].tolist() == [EOS_ID] * 2 and (batch.src[2:, 1:] == PAD_ID).all()
+    assert batch.tgt_in[2:, 0].tolist() == [BOS_ID] * 2 and (batch.tgt_out[2:] == PAD_ID).all()
+    assert batch.src_lengths.tolist() == (batch.src != PAD_ID).sum(1).tolist()
+    assert batch.tgt_lengths.tolist() == (batch.tgt_in != PAD_ID).sum(1).tolist()
+    assert batch.target_tokens == int((batch.tgt_out != PAD_ID).sum())
+    unpadded = corpus.batch(indices, vocab_size=200)
+    assert all(torch.equal(a, b) for a, b in zip(unpadded[:3], plain))
+    with pytest.raises(ValueError, match=r"ids outside \[0, vocab_size=50\)"):
+        corpus.batch(indices, vocab_size=50)
+    with pytest.raises(ValueError, match="exceeds the bucket"):
+        corpus.batch(indices, vocab_size=200, shape=BucketShape(4, 2, 64))
+    with pytest.raises(ValueError, match="do not fit the bucket"):
+        corpus.batch([1, 2, 3], vocab_size=200, shape=BucketShape(2, 64, 64))

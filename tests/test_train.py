@@ -214,3 +214,49 @@ def test_a_corpus_on_disk_trains_the_paper_base_model_by_default():
     assert TrainOptions(data_dir="/data/wmt14").preset == "base"
     assert TrainOptions().preset == "tiny", "the bundled toy corpus keeps the tiny model"
     assert TrainOptions(data_dir="/data/wmt14", preset="big").preset == "big"
+
+
+def test_bf16_master_weights_on_buckets_resume_exactly_under_torchrun(data_dir: Path, tmp_path: Path):
+    """--precision bf16-master --batching buckets on 2 gloo ranks (master gradients all-reduced by hand): 2 steps then
+    --resume to 4 == 4 straight; the checkpoint holds fp32 weights, and the ranks trained."""
+    common = TRAIN_FLAGS + ["--data-dir", str(data_dir), "--precision", "bf16-master", "--batching", "buckets",
+                            "--valid-every", "0"]
+    split, straight = tmp_path / "split", tmp_path / "straight"
+    _run(common + ["--out-dir", str(split), "--max-steps", "2"], ranks=2)
+    _run(common + ["--out-dir", str(split), "--max-steps", "4", "--resume"], ranks=2)
+    _run(common + ["--out-dir", str(straight), "--max-steps", "4"], ranks=2)
+    resumed = checkpoint.load_checkpoint(checkpoint.checkpoint_path(split, 4))
+    reference = checkpoint.load_checkpoint(checkpoint.checkpoint_path(straight, 4))
+    assert resumed.data == reference.data
+    _assert_same_tensors(resumed.model, reference.model, "resumed vs straight")
+    assert all(tensor.dtype == torch.float32 for tensor in reference.model.values() if tensor.is_floating_point())
+    first = checkpoint.load_checkpoint(checkpoint.checkpoint_path(split, 2))
+    assert not torch.equal(first.model["encoder.layers.0.ffn.linear1.weight"],
+                           reference.model["encoder.layers.0.ffn.linear1.weight"])
+
+
+def test_a_checkpoint_from_before_buckets_resumes_and_keeps_its_batching(data_dir: Path, tmp_path: Path):
+    """A checkpoint whose options predate --batching was trained on token batches: resuming it on buckets is refused
+    by name, and resuming it under another precision works (checkpoints hold fp32 weights either way)."""
+    out_dir = tmp_path / "run"
+    flags = TRAIN_FLAGS + ["--data-dir", str(data_dir), "--out-dir", str(out_dir), "--valid-every", "0"]
+    _run(flags + ["--max-steps", "2"])
+    path = checkpoint.checkpoint_path(out_dir, 2)
+    old = checkpoint.load_checkpoint(path)
+    for name in ("batching", "precision", "step"):
+        del old.options[name]
+    checkpoint.save_checkpoint(old, path)
+    assert "--batching buckets (checkpoint: tokens)" in _fail(flags + ["--max-steps", "3", "--resume", "--batching",
+                                                                        "buckets"])
+    _run(flags + ["--max-steps", "3", "--resume", "--precision", "bf16-master"])
+    assert checkpoint.load_checkpoint(checkpoint.checkpoint_path(out_dir, 3)).step == 3
+
+
+def test_captured_step_needs_a_gpu_buckets_and_master_weights(data_dir: Path, tmp_path: Path):
+    flags = TRAIN_FLAGS + ["--data-dir", str(data_dir), "--out-dir", str(tmp_path / "run"), "--max-steps", "1",
+                           "--step", "captured"]
+    assert "--step captured needs --batching buckets" in _fail(flags)
+    if not torch.cuda.is_available():
+        stderr = _fail(flags + ["--batching", "buckets", "--precision", "bf16-master"])
+        assert "--step captured replays CUDA graphs: it needs a GPU" in stderr
+        assert not (tmp_path / "run").exists()
