@@ -182,3 +182,17 @@ def test_kernels_smoke_run_on_cpu(tmp_path):
     ops = {row["op"] for row in results["rows"]}
     assert ops == {"attention", "cross_entropy", "linear_cross_entropy", "residual_layer_norm", "copy"}
     assert all(row["ms"]["median"] > 0 for row in results["rows"] if row["status"] == "ok")
+
+
+@pytest.mark.parametrize("system", ["fastformer", "ctranslate2", "ctranslate2-int8"])
+def test_cpu_decoding_smoke_run(system):
+    """The CPU decoding comparison decodes every hypothesis to its fixed length and reports a rate and a checksum."""
+    if system.startswith("ctranslate2"):
+        pytest.importorskip("ctranslate2")
+    command = [sys.executable, str(BENCHMARKS / "cpu_decoding.py"), "--shape", "a", "--system", system,
+               "--repeats", "1"]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=BENCHMARKS.parent)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    fields = dict(field.split("=") for field in completed.stdout.split() if "=" in field)
+    assert fields["shape"] == "a" and fields["system"] == system
+    assert float(fields["tok/s"]) > 0 and len(fields["checksum"]) == 8
