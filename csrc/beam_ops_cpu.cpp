@@ -1,4 +1,4 @@
-// fp32 CPU implementations of the beam-search ops (see beam_ops.h): plain loops, torch-free.
+// fp32 CPU implementations of the beam-search ops (see beam_ops.h): loops on 8-float vectors, torch-free.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
