@@ -156,6 +156,14 @@ def build_update(system: str, config: TransformerConfig, device: torch.device, c
     return update, backend
 
 
+def real_token_ratios(batches: list[bu.Batch]) -> dict:
+    """-> the real (unpadded) share of the source and target tokens the batches hold, padding included."""
+    real_src = sum(int(batch.src_lengths.sum()) for batch in batches)
+    real_tgt = sum(batch.target_tokens for batch in batches)
+    return {"source": real_src / sum(batch.src.numel() for batch in batches),
+            "target": real_tgt / sum(batch.tgt_out.numel() for batch in batches)}
+
+
 def run_training(system: str, config: TransformerConfig, batches: list[bu.Batch], settings: Settings,
                  device: torch.device) -> dict:
     """Times `repeats` passes over the batches after `warmup` untimed ones -> the row of the results."""
@@ -183,6 +191,7 @@ def run_training(system: str, config: TransformerConfig, batches: list[bu.Batch]
         "tokens_per_s": tokens_per_s,
         "seconds_per_update": bu.summary([t / len(batches) for t in times]),
         "target_tokens_per_update": tokens / len(batches),
+        "real_token_ratio": real_token_ratios(batches),
         "peak_memory_gib": None if peak is None else peak / 2**30,
         "model_flops_per_target_token": flops / tokens,
         "tflops": flops / statistics.median(times) / 1e12,
@@ -491,6 +500,8 @@ def tables(results: dict) -> str:
             "vs_ref": ratio(median_of(row), median_of(base)) if row["status"] == "ok" else None,
             "mfu_pct": None if row.get("mfu") is None else 100 * row["mfu"],
             "mflop_tok": row["model_flops_per_target_token"] / 1e6 if row["status"] == "ok" else None,
+            "real_share": ("{source:.2f} / {target:.2f}".format(**row["real_token_ratio"]) if row["status"] == "ok"
+                           else None),
             "status_note": (f"{row['status']}: {row.get('error', '')[:60]}" if row["status"] != "ok"
                             else f"ok, BUT {len(row['notes'])} op(s) fell back to the reference (JSON notes)"
                             if row.get("notes") else "ok"),
@@ -513,7 +524,8 @@ def tables(results: dict) -> str:
         "Training (target tokens/s of a full update)",
         bu.format_table(train_rows, [("preset", "preset"), ("system", "system"), ("runs", "runs"), ("tok_s", "tokens/s"),
                                      ("spread", "spread %"), ("vs_ref", "x reference"), ("peak_memory_gib", "peak GiB"),
-                                     ("mfu_pct", "MFU %"), ("mflop_tok", "MFLOP/tok"), ("max_tokens", "max_tokens"),
+                                     ("mfu_pct", "MFU %"), ("mflop_tok", "MFLOP/tok"),
+                                     ("real_share", "real src / tgt"), ("max_tokens", "max_tokens"),
                                      ("status_note", "status")]),
         "",
         "Inference (beam search, forced output length = source length)",

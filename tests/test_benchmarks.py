@@ -168,6 +168,9 @@ def test_throughput_smoke_run_on_cpu(tmp_path):
     for row in results["training"] + results["inference"]:
         if row["status"] == "ok":
             assert row["tokens_per_s"]["median"] > 0
+    for row in results["training"]:
+        if row["status"] == "ok":
+            assert 0 < row["real_token_ratio"]["source"] <= 1 and 0 < row["real_token_ratio"]["target"] <= 1
     for row in results["inference"]:
         if row["status"] == "ok":
             # The engines take one length limit per call, so they decode each batch's longest forced length.
@@ -196,3 +199,16 @@ def test_cpu_decoding_smoke_run(system):
     fields = dict(field.split("=") for field in completed.stdout.split() if "=" in field)
     assert fields["shape"] == "a" and fields["system"] == system
     assert float(fields["tok/s"]) > 0 and len(fields["checksum"]) == 8
+
+
+def test_real_token_ratios_count_the_unpadded_tokens():
+    from throughput import real_token_ratios
+
+    batches = bench_utils.wmt_batches(3, 512, VOCAB, 64, seed=4)
+    pad = 0  # make_batch's pad id
+    real_src = sum(int((batch.src != pad).sum()) for batch in batches)
+    real_tgt = sum(int((batch.tgt_out != pad).sum()) for batch in batches)
+    ratios = real_token_ratios(batches)
+    assert ratios["source"] == pytest.approx(real_src / sum(batch.src.numel() for batch in batches))
+    assert ratios["target"] == pytest.approx(real_tgt / sum(batch.tgt_out.numel() for batch in batches))
+    assert 0 < ratios["source"] < 1 and 0 < ratios["target"] < 1
