@@ -347,9 +347,39 @@ void beam_step(const at::Tensor& logits, const at::Tensor& active, const at::Ten
 
 namespace {
 
-// torch's operator `name` (e.g. "mkldnn::_linear_pointwise") where this torch build has it.
-std::optional<c10::OperatorHandle> find_operator(const char* name) {
-  return c10::Dispatcher::singleton().findSchema({name, ""});
+// torch's oneDNN linear ops, where this torch build has them (looked up once).
+struct OneDnnLinearOps {
+  std::optional<c10::OperatorHandle> reorder_weight, linear;
+};
+
+const OneDnnLinearOps& onednn_linear_ops() {
+  static const OneDnnLinearOps ops{c10::Dispatcher::singleton().findSchema({"mkldnn::_reorder_linear_weight", ""}),
+                                   c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""})};
+  return ops;
+}
+
+// Checks that every tensor of the decoder is there and on `device`, and that the layout is one the decoder runs.
+void check_decoder_weights(const DecoderWeights& weights, const DecoderOptions& options, const at::Device& device) {
+  TORCH_CHECK(!weights.layers.empty(), "the decoder must have at least one layer");
+  TORCH_CHECK(options.norm_first == weights.final_norm.has_value(),
+              "a pre-LN decoder (norm_first) needs final_norm and a post-LN one has none");
+  auto check = [&](const std::string& name, const at::Tensor& tensor) {
+    TORCH_CHECK(tensor.defined(), "decoder weight ", name, " is missing");
+    TORCH_CHECK(tensor.device() == device, "decoder weight ", name, " is on ", tensor.device(), ", expected ",
+                device);
+  };
+  for (size_t i = 0; i < weights.layers.size(); ++i) {
+    weights.layers[i].for_each_tensor(
+        [&](const char* name, const at::Tensor& tensor) { check("layers." + std::to_string(i) + "." + name, tensor); });
+  }
+  check("embedding", weights.embedding);
+  check("positions", weights.positions);
+  check("output_weight", weights.output_weight);
+  if (weights.output_bias) check("output_bias", *weights.output_bias);
+  if (weights.final_norm) {
+    check("final_norm.weight", weights.final_norm->weight);
+    check("final_norm.bias", weights.final_norm->bias);
+  }
 }
 
 at::Tensor apply_activation(at::Tensor x, std::optional<Activation> activation) {
@@ -366,28 +396,43 @@ at::Tensor apply_activation(at::Tensor x, std::optional<Activation> activation) 
 
 DecoderLinear::DecoderLinear(const at::Tensor& weight, const std::optional<at::Tensor>& bias, int64_t rows)
     : weight_(weight), bias_(bias) {
-  static const std::optional<c10::OperatorHandle> reorder = find_operator("mkldnn::_reorder_linear_weight");
-  static const bool has_linear = find_operator("mkldnn::_linear_pointwise").has_value();
-  if (!weight.is_cpu() || weight.scalar_type() != at::kFloat || !reorder || !has_linear) return;
+  const OneDnnLinearOps& ops = onednn_linear_ops();
+  if (!weight.is_cpu() || weight.scalar_type() != at::kFloat || !ops.reorder_weight || !ops.linear) return;
   std::vector<c10::IValue> stack{weight.contiguous(), rows};
-  reorder->callBoxed(stack);
+  ops.reorder_weight->callBoxed(stack);
   weight_ = stack[0].toTensor();
   onednn_ = true;
 }
 
 at::Tensor DecoderLinear::operator()(const at::Tensor& x, std::optional<Activation> activation) const {
   if (!onednn_) return apply_activation(at::linear(x, weight_, bias_), activation);
-  static const std::optional<c10::OperatorHandle> linear = find_operator("mkldnn::_linear_pointwise");
   // The activation is not fused: oneDNN's ReLU turns NaN into 0, and a NaN must reach the search's finite check.
   std::vector<c10::IValue> stack{x.contiguous(), weight_, bias_ ? c10::IValue(*bias_) : c10::IValue(),
                                  std::string("none"), c10::List<std::optional<at::Scalar>>(), c10::IValue()};
-  linear->callBoxed(stack);
+  onednn_linear_ops().linear->callBoxed(stack);
   return apply_activation(stack[0].toTensor(), activation);
 }
 
+DecoderLinears::DecoderLinears(const DecoderWeights& weights, int64_t rows)
+    : output(weights.output_weight, weights.output_bias, rows) {
+  for (const DecoderLayerWeights& w : weights.layers) {
+    layers.push_back({DecoderLinear(w.self_qkv_weight, w.self_qkv_bias, rows),
+                      DecoderLinear(w.self_out_weight, w.self_out_bias, rows),
+                      DecoderLinear(w.cross_q_weight, w.cross_q_bias, rows),
+                      DecoderLinear(w.cross_out_weight, w.cross_out_bias, rows),
+                      DecoderLinear(w.linear1_weight, w.linear1_bias, rows),
+                      DecoderLinear(w.linear2_weight, w.linear2_bias, rows)});
+  }
+}
+
 CachedDecoder::CachedDecoder(const at::Tensor& memory, const at::Tensor& src_lengths, DecoderWeights weights,
-                             DecoderOptions options, int64_t beam_size, int64_t cache_len)
-    : weights_(std::move(weights)), options_(std::move(options)), beam_size_(beam_size), cache_len_(cache_len) {
+                             DecoderOptions options, int64_t beam_size, int64_t cache_len,
+                             std::shared_ptr<const DecoderLinears> linears)
+    : weights_(std::move(weights)),
+      linears_(std::move(linears)),
+      options_(std::move(options)),
+      beam_size_(beam_size),
+      cache_len_(cache_len) {
   c10::InferenceMode inference;
   TORCH_CHECK(memory.dim() == 3, "memory must be [n_sentences, src_len, d_model], got ", memory.sizes());
   TORCH_CHECK(beam_size >= 1 && cache_len >= 1, "beam_size and cache_len must be >= 1");
@@ -398,7 +443,7 @@ CachedDecoder::CachedDecoder(const at::Tensor& memory, const at::Tensor& src_len
   const int64_t heads = options_.n_heads;
   TORCH_CHECK(heads >= 1 && d_model_ % heads == 0, "n_heads must divide d_model=", d_model_);
   const int64_t head_dim = d_model_ / heads;
-  check_weights(memory.device());
+  check_decoder_weights(weights_, options_, memory.device());
   TORCH_CHECK(cache_len <= weights_.positions.size(0), "cache_len=", cache_len, " exceeds max_positions=",
               weights_.positions.size(0));
   TORCH_CHECK(src_lengths.dim() == 1 && src_lengths.size(0) == n_sentences, "src_lengths must be [", n_sentences,
@@ -416,39 +461,9 @@ CachedDecoder::CachedDecoder(const at::Tensor& memory, const at::Tensor& src_len
   cross_keys_values_ = at::stack(keys_values).contiguous();
   k_cache_ = at::empty({n_layers_, n_slots_, heads, cache_len, head_dim}, memory.options());
   v_cache_ = at::empty_like(k_cache_);
-  for (const DecoderLayerWeights& w : weights_.layers) {
-    linears_.push_back({DecoderLinear(w.self_qkv_weight, w.self_qkv_bias, n_slots_),
-                        DecoderLinear(w.self_out_weight, w.self_out_bias, n_slots_),
-                        DecoderLinear(w.cross_q_weight, w.cross_q_bias, n_slots_),
-                        DecoderLinear(w.cross_out_weight, w.cross_out_bias, n_slots_),
-                        DecoderLinear(w.linear1_weight, w.linear1_bias, n_slots_),
-                        DecoderLinear(w.linear2_weight, w.linear2_bias, n_slots_)});
-  }
-  output_ = DecoderLinear(weights_.output_weight, weights_.output_bias, n_slots_);
+  if (!linears_) linears_ = std::make_shared<const DecoderLinears>(weights_, n_slots_);
 }
 
-void CachedDecoder::check_weights(const at::Device& device) const {
-  TORCH_CHECK(n_layers_ >= 1, "the decoder must have at least one layer");
-  TORCH_CHECK(options_.norm_first == weights_.final_norm.has_value(),
-              "a pre-LN decoder (norm_first) needs final_norm and a post-LN one has none");
-  auto check = [&](const std::string& name, const at::Tensor& tensor) {
-    TORCH_CHECK(tensor.defined(), "decoder weight ", name, " is missing");
-    TORCH_CHECK(tensor.device() == device, "decoder weight ", name, " is on ", tensor.device(), ", expected ",
-                device);
-  };
-  for (size_t i = 0; i < weights_.layers.size(); ++i) {
-    weights_.layers[i].for_each_tensor(
-        [&](const char* name, const at::Tensor& tensor) { check("layers." + std::to_string(i) + "." + name, tensor); });
-  }
-  check("embedding", weights_.embedding);
-  check("positions", weights_.positions);
-  check("output_weight", weights_.output_weight);
-  if (weights_.output_bias) check("output_bias", *weights_.output_bias);
-  if (weights_.final_norm) {
-    check("final_norm.weight", weights_.final_norm->weight);
-    check("final_norm.bias", weights_.final_norm->bias);
-  }
-}
 
 at::Tensor CachedDecoder::layer_norm(const at::Tensor& x, const LayerNormWeights& norm) const {
   return at::layer_norm(x, {d_model_}, norm.weight, norm.bias, norm.eps);
@@ -456,14 +471,14 @@ at::Tensor CachedDecoder::layer_norm(const at::Tensor& x, const LayerNormWeights
 
 at::Tensor CachedDecoder::self_block(const at::Tensor& h, int64_t layer, const at::Tensor& row_slots,
                                      const at::Tensor& indirection, int64_t step) {
-  const DecoderLayerLinears& linear = linears_[layer];
+  const DecoderLayerLinears& linear = linears_->layers[layer];
   const at::Tensor attended = self_attention_step(linear.self_qkv(h), k_cache_[layer], v_cache_[layer], indirection,
                                                   row_slots, beam_size_, step);
   return linear.self_out(attended);
 }
 
 at::Tensor CachedDecoder::cross_block(const at::Tensor& h, int64_t layer, const at::Tensor& row_slots) {
-  const DecoderLayerLinears& linear = linears_[layer];
+  const DecoderLayerLinears& linear = linears_->layers[layer];
   const at::Tensor keys_values = cross_keys_values_[layer];
   const at::Tensor attended =
       cross_attention(linear.cross_q(h), keys_values[0], keys_values[1], src_lengths_, row_slots, beam_size_);
@@ -471,7 +486,7 @@ at::Tensor CachedDecoder::cross_block(const at::Tensor& h, int64_t layer, const 
 }
 
 at::Tensor CachedDecoder::feed_forward(const at::Tensor& h, int64_t layer) const {
-  const DecoderLayerLinears& linear = linears_[layer];
+  const DecoderLayerLinears& linear = linears_->layers[layer];
   return linear.linear2(linear.linear1(h, activation_));
 }
 
@@ -497,7 +512,7 @@ at::Tensor CachedDecoder::step(const at::Tensor& tokens, const at::Tensor& row_s
     }
   }
   if (weights_.final_norm) x = layer_norm(x, *weights_.final_norm);
-  return output_(x);
+  return linears_->output(x);
 }
 
 namespace {
@@ -505,6 +520,7 @@ namespace {
 // The search over the batch's sentences [begin, end) of memory [n_sentences, src_len, d_model].
 std::vector<Hypotheses> search_sentences(const at::Tensor& memory, const at::Tensor& src_lengths,
                                          const DecoderWeights& weights, const DecoderOptions& decoder_options,
+                                         const std::shared_ptr<const DecoderLinears>& linears,
                                          const SearchOptions& search_options, const std::vector<int64_t>& max_lens,
                                          int64_t n_best, int64_t begin, int64_t end) {
   const at::Tensor group_memory = memory.narrow(0, begin, end - begin);
@@ -512,7 +528,7 @@ std::vector<Hypotheses> search_sentences(const at::Tensor& memory, const at::Ten
   const int64_t k = search_options.beam_size;
   const int64_t cache_len = *std::max_element(group_max_lens.begin(), group_max_lens.end()) + 1;
   CachedDecoder decoder(group_memory, src_lengths.narrow(0, begin, end - begin), weights, decoder_options, k,
-                        cache_len);
+                        cache_len, linears);
   BeamState state(end - begin, k, cache_len, search_options.bos_id, memory.device());
   run_search(decoder, state, at::tensor(group_max_lens, at::kLong).to(memory.device(), at::kInt), search_options);
   return backtrack(state, k, n_best, begin);
@@ -538,9 +554,12 @@ std::vector<Hypotheses> beam_search(const at::Tensor& memory, const at::Tensor& 
   TORCH_CHECK(n_best >= 1 && n_best <= k, "n_best must be in [1, beam_size]");
   if (n_sentences == 0) return {};
   const int64_t n_groups = memory.is_cuda() ? 1 : cpu_sentence_groups(n_sentences);
+  const int64_t rows_per_group = (n_sentences + n_groups - 1) / n_groups * k;
+  check_decoder_weights(weights, decoder_options, memory.device());
+  const auto linears = std::make_shared<const DecoderLinears>(weights, rows_per_group);
   if (n_groups == 1) {
-    return search_sentences(memory, src_lengths, weights, decoder_options, search_options, max_lens, n_best, 0,
-                            n_sentences);
+    return search_sentences(memory, src_lengths, weights, decoder_options, linears, search_options, max_lens, n_best,
+                            0, n_sentences);
   }
   // On the CPU each thread searches its own group of sentences from start to end: every op of a decoding step is
   // small, and splitting each one across threads costs more in fork/join than it gains. The groups' ops run
@@ -551,7 +570,8 @@ std::vector<Hypotheses> beam_search(const at::Tensor& memory, const at::Tensor& 
     for (int64_t group = first_group; group < end_group; ++group) {
       const int64_t begin = group * n_sentences / n_groups, end = (group + 1) * n_sentences / n_groups;
       std::vector<Hypotheses> group_results =
-          search_sentences(memory, src_lengths, weights, decoder_options, search_options, max_lens, n_best, begin, end);
+          search_sentences(memory, src_lengths, weights, decoder_options, linears, search_options, max_lens, n_best,
+                           begin, end);
       std::move(group_results.begin(), group_results.end(), results.begin() + begin);
     }
   });

@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -104,6 +105,14 @@ struct DecoderLayerLinears {
   DecoderLinear self_qkv, self_out, cross_q, cross_out, linear1, linear2;
 };
 
+// Every linear layer of a decoder, built once per search and shared by its groups of sentences, so that each
+// weight is reordered for oneDNN once; rows: the rows a step usually has.
+struct DecoderLinears {
+  DecoderLinears(const DecoderWeights& weights, int64_t rows);
+  std::vector<DecoderLayerLinears> layers;
+  DecoderLinear output;
+};
+
 struct DecoderOptions {
   int64_t n_heads = 1;
   bool norm_first = false;
@@ -154,8 +163,10 @@ void beam_step(const at::Tensor& logits, const at::Tensor& active, const at::Ten
 // keys/values computed once per layer ([n_sentences, heads, src_len, head_dim], shared by a sentence's beams).
 class CachedDecoder {
  public:
+  // linears: the decoder's linear layers when the caller built them for several decoders; built here when null.
   CachedDecoder(const at::Tensor& memory, const at::Tensor& src_lengths, DecoderWeights weights,
-                DecoderOptions options, int64_t beam_size, int64_t cache_len);
+                DecoderOptions options, int64_t beam_size, int64_t cache_len,
+                std::shared_ptr<const DecoderLinears> linears = nullptr);
 
   // tokens: [n_rows] ids at position `step` of the rows' hypotheses, row_slots: [n_rows] int32, indirection:
   // [n_slots, cache_len] int32 -> logits [n_rows, vocab].
@@ -166,7 +177,6 @@ class CachedDecoder {
   int64_t cache_len() const { return cache_len_; }
 
  private:
-  void check_weights(const at::Device& device) const;
   at::Tensor self_block(const at::Tensor& h, int64_t layer, const at::Tensor& row_slots,
                         const at::Tensor& indirection, int64_t step);
   at::Tensor cross_block(const at::Tensor& h, int64_t layer, const at::Tensor& row_slots);
@@ -174,8 +184,7 @@ class CachedDecoder {
   at::Tensor layer_norm(const at::Tensor& x, const LayerNormWeights& norm) const;
 
   DecoderWeights weights_;
-  std::vector<DecoderLayerLinears> linears_;
-  DecoderLinear output_;
+  std::shared_ptr<const DecoderLinears> linears_;
   DecoderOptions options_;
   Activation activation_;
   int64_t n_layers_, d_model_, beam_size_, cache_len_, n_slots_;
