@@ -467,6 +467,32 @@ def _flash_attention_bwd_dq_kernel(
 # ---- short sequences: all keys of a (batch, head) resident in one program ----------------------------------------
 
 
+@triton.jit
+def _short_program_start(q_lengths_ptr, k_lengths_ptr, seed_ptr, k_ptr, v_ptr, lse_ptr, stride_kb, stride_kn,
+                         stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd, heads, q_len, k_len,
+                         HEAD_DIM: tl.constexpr, HAS_Q_LENGTHS: tl.constexpr, HAS_K_LENGTHS: tl.constexpr,
+                         HAS_DROPOUT: tl.constexpr, BLOCK_N: tl.constexpr):
+    """-> (batch_index, head, seq_q, seed, keys, offs_d, key_valid, k, v, lse_base, rng_base) of this program's
+    (batch, head); k/v: [BLOCK_N, HEAD_DIM], all its keys and values, zero past seq_k; lse_base: its [q_len] lse
+    row; rng_base: the flat dropout index of its (query 0, key 0)."""
+    batch_head = tl.program_id(0)
+    batch_index = batch_head // heads
+    head = batch_head % heads
+    seq_q, seq_k = _sequence_lengths(q_lengths_ptr, k_lengths_ptr, batch_index, q_len, k_len, HAS_Q_LENGTHS,
+                                     HAS_K_LENGTHS)
+    seed = _load_seed(seed_ptr, HAS_DROPOUT)
+    keys = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    key_valid = keys < seq_k
+    k = tl.load(_row_pointers(k_ptr, batch_index, head, keys, offs_d, stride_kb, stride_kn, stride_kh, stride_kd),
+                mask=key_valid[:, None], other=0.0)
+    v = tl.load(_row_pointers(v_ptr, batch_index, head, keys, offs_d, stride_vb, stride_vn, stride_vh, stride_vd),
+                mask=key_valid[:, None], other=0.0)
+    lse_base = lse_ptr + batch_head.to(tl.int64) * q_len
+    rng_base = batch_head.to(tl.int64) * q_len * k_len
+    return batch_index, head, seq_q, seed, keys, offs_d, key_valid, k, v, lse_base, rng_base
+
+
 @triton.jit(do_not_specialize=["heads", "q_len", "k_len"])
 def _short_attention_fwd_kernel(
     q_ptr,  # [batch, q_len, heads, HEAD_DIM], any strides
@@ -500,22 +526,11 @@ def _short_attention_fwd_kernel(
 
     k and v are loaded once and stay resident while the program walks its query blocks; each block's softmax sees
     every key at once, so it is exact in one pass (no online rescaling)."""
-    batch_head = tl.program_id(0)
-    batch_index = batch_head // heads
-    head = batch_head % heads
-    seq_q, seq_k = _sequence_lengths(q_lengths_ptr, k_lengths_ptr, batch_index, q_len, k_len, HAS_Q_LENGTHS,
-                                     HAS_K_LENGTHS)
-    seed = _load_seed(seed_ptr, HAS_DROPOUT)
+    batch_index, head, seq_q, seed, keys, offs_d, key_valid, k, v, lse_base, rng_base = _short_program_start(
+        q_lengths_ptr, k_lengths_ptr, seed_ptr, k_ptr, v_ptr, lse_ptr, stride_kb, stride_kn, stride_kh, stride_kd,
+        stride_vb, stride_vn, stride_vh, stride_vd, heads, q_len, k_len, HEAD_DIM, HAS_Q_LENGTHS, HAS_K_LENGTHS,
+        HAS_DROPOUT, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
-    keys = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
-    key_valid = keys < seq_k
-    k = tl.load(_row_pointers(k_ptr, batch_index, head, keys, offs_d, stride_kb, stride_kn, stride_kh, stride_kd),
-                mask=key_valid[:, None], other=0.0)
-    v = tl.load(_row_pointers(v_ptr, batch_index, head, keys, offs_d, stride_vb, stride_vn, stride_vh, stride_vd),
-                mask=key_valid[:, None], other=0.0)
-    lse_base = lse_ptr + batch_head.to(tl.int64) * q_len
-    rng_base = batch_head.to(tl.int64) * q_len * k_len
 
     for query_start in range(0, seq_q, BLOCK_M):
         queries = query_start + offs_m
@@ -599,22 +614,11 @@ def _short_attention_bwd_kernel(
     With every key resident, a query block's probabilities are recomputed once and give that block's finished dq
     and its share of dk and dv; delta = rowsum(dout * out) is computed on the spot. No program writes where another
     does, and no preprocess launch is needed."""
-    batch_head = tl.program_id(0)
-    batch_index = batch_head // heads
-    head = batch_head % heads
-    seq_q, seq_k = _sequence_lengths(q_lengths_ptr, k_lengths_ptr, batch_index, q_len, k_len, HAS_Q_LENGTHS,
-                                     HAS_K_LENGTHS)
-    seed = _load_seed(seed_ptr, HAS_DROPOUT)
+    batch_index, head, seq_q, seed, keys, offs_d, key_valid, k, v, lse_base, rng_base = _short_program_start(
+        q_lengths_ptr, k_lengths_ptr, seed_ptr, k_ptr, v_ptr, lse_ptr, stride_kb, stride_kn, stride_kh, stride_kd,
+        stride_vb, stride_vn, stride_vh, stride_vd, heads, q_len, k_len, HEAD_DIM, HAS_Q_LENGTHS, HAS_K_LENGTHS,
+        HAS_DROPOUT, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
-    keys = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
-    key_valid = keys < seq_k
-    k = tl.load(_row_pointers(k_ptr, batch_index, head, keys, offs_d, stride_kb, stride_kn, stride_kh, stride_kd),
-                mask=key_valid[:, None], other=0.0)
-    v = tl.load(_row_pointers(v_ptr, batch_index, head, keys, offs_d, stride_vb, stride_vn, stride_vh, stride_vd),
-                mask=key_valid[:, None], other=0.0)
-    lse_base = lse_ptr + batch_head.to(tl.int64) * q_len
-    rng_base = batch_head.to(tl.int64) * q_len * k_len
 
     dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
