@@ -91,7 +91,8 @@ __device__ void attend_one(const T* q, const T* k, const T* v, int head_dim, int
 
 template <typename T>
 __global__ void self_attention_step_kernel(SelfAttentionArgs a) {
-  const int row = blockIdx.x, h = blockIdx.y, d_model = a.heads * a.head_dim;
+  const int row = blockIdx.x, h = blockIdx.y, d_model = a.heads * a.head_dim, step = *a.step;
+  if (step < 0 || step >= a.cache_len) return;  // the host checks an eager call; a replayed graph cannot
   const int64_t slot = a.row_slots[row];
   const int64_t first_slot_of_sentence = slot - slot % a.beam_size;
   const int32_t* indirection = a.indirection + slot * a.cache_len;
@@ -99,15 +100,15 @@ __global__ void self_attention_step_kernel(SelfAttentionArgs a) {
   T* k_cache = static_cast<T*>(a.k_cache);
   T* v_cache = static_cast<T*>(a.v_cache);
   auto offset_of = [&](int p) -> int64_t {
-    const int64_t cache_slot = p == a.step ? slot : first_slot_of_sentence + indirection[p];
+    const int64_t cache_slot = p == step ? slot : first_slot_of_sentence + indirection[p];
     return ((cache_slot * a.heads + h) * a.cache_len + p) * a.head_dim;
   };
   for (int d = threadIdx.x; d < a.head_dim; d += blockDim.x) {
-    k_cache[offset_of(a.step) + d] = q[d_model + d];
-    v_cache[offset_of(a.step) + d] = q[2 * d_model + d];
+    k_cache[offset_of(step) + d] = q[d_model + d];
+    v_cache[offset_of(step) + d] = q[2 * d_model + d];
   }
   __syncthreads();  // the block reads its own appended key/value back
-  attend_one(q, k_cache, v_cache, a.head_dim, a.step + 1, offset_of,
+  attend_one(q, k_cache, v_cache, a.head_dim, step + 1, offset_of,
              static_cast<T*>(a.out) + static_cast<int64_t>(row) * d_model + h * a.head_dim);
 }
 
@@ -146,7 +147,8 @@ __global__ void row_candidates_kernel(BeamStepArgs a) {
   __shared__ float scratch[kWarp];
   __shared__ Candidate best_scratch[kWarp];
   const int row = blockIdx.x, k = a.beam_size, j = row % k;
-  const int sentence = a.active[row / k];
+  const int sentence = a.active[row / k], step = *a.step;
+  if (a.done[sentence]) return;  // select_beams_kernel skips it too, before reading these candidates
   const T* logits = static_cast<const T*>(a.logits) + static_cast<int64_t>(row) * a.vocab;
   const float running = a.sums[static_cast<int64_t>(sentence) * k + j];
   const int max_len = a.max_lens[sentence];
@@ -162,7 +164,7 @@ __global__ void row_candidates_kernel(BeamStepArgs a) {
 #pragma unroll
   for (int i = 0; i < kListSize; ++i) list[i] = Candidate{-INFINITY, INT_MAX};
   for (int t = threadIdx.x; t < a.vocab; t += blockDim.x) {
-    if (!token_allowed(a, t, max_len)) continue;
+    if (!token_allowed(a, step, t, max_len)) continue;
     const Candidate c{running + ((to_float(logits[t]) - max_logit) - log_total), j * a.vocab + t};
     if (!(c.score > -INFINITY) || !ranks_before(c, list[kListSize - 1])) continue;
     list[kListSize - 1] = c;
@@ -195,7 +197,11 @@ __global__ void select_beams_kernel(BeamStepArgs a) {
   __shared__ int next_parents[kMaxCudaBeamSize], next_tokens[kMaxCudaBeamSize];
   __shared__ float next_sums[kMaxCudaBeamSize];
   __shared__ int n_alive;
-  const int k = a.beam_size, block = blockIdx.x, sentence = a.active[block];
+  const int k = a.beam_size, block = blockIdx.x, sentence = a.active[block], step = *a.step;
+  // Read by every thread before thread 0 may set it below (the barrier), so that the whole block agrees.
+  const bool already_done = a.done[sentence];
+  __syncthreads();
+  if (already_done) return;
   if (threadIdx.x == 0) {
     for (int j = 0; j < k; ++j) heads[j] = 0;
     for (int rank = 0; rank < 2 * k; ++rank) {
@@ -213,11 +219,11 @@ __global__ void select_beams_kernel(BeamStepArgs a) {
       ranked[rank] = best;
       if (best.score > -INFINITY) ++heads[best_beam];
     }
-    n_alive = select_next_beams(a, sentence, ranked, next_parents, next_tokens, next_sums);
+    n_alive = select_next_beams(a, step, sentence, ranked, next_parents, next_tokens, next_sums);
   }
   __syncthreads();
   for (int j = 0; j < k; ++j) {
-    write_next_beam(a, sentence, j, n_alive, next_parents, next_tokens, next_sums, threadIdx.x, blockDim.x);
+    write_next_beam(a, step, sentence, j, n_alive, next_parents, next_tokens, next_sums, threadIdx.x, blockDim.x);
   }
 }
 
@@ -228,7 +234,8 @@ size_t attention_shared_bytes(int head_dim, int length) {
 template <typename T>
 cudaError_t launch_self_attention(const SelfAttentionArgs& a, cudaStream_t stream) {
   const dim3 grid(a.n_rows, a.heads);
-  self_attention_step_kernel<T><<<grid, kAttentionThreads, attention_shared_bytes(a.head_dim, a.step + 1),
+  // Room for every position: the step is read on the device, so the same launch serves every step of a graph.
+  self_attention_step_kernel<T><<<grid, kAttentionThreads, attention_shared_bytes(a.head_dim, a.cache_len),
                                   stream>>>(a);
   return cudaGetLastError();
 }
@@ -268,7 +275,7 @@ bool valid_attention_shape(int head_dim, int length) {
 
 cudaError_t self_attention_step_cuda(const SelfAttentionArgs& args, DType dtype, cudaStream_t stream) {
   if (args.n_rows == 0) return cudaSuccess;
-  if (!valid_attention_shape(args.head_dim, args.step + 1)) return cudaErrorInvalidValue;
+  if (!valid_attention_shape(args.head_dim, args.cache_len)) return cudaErrorInvalidValue;
   switch (dtype) {
     case DType::kFloat32: return launch_self_attention<float>(args, stream);
     case DType::kFloat16: return launch_self_attention<__half>(args, stream);

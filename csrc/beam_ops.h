@@ -7,6 +7,11 @@
 // row_slots maps rows to slots. Beams are reordered through the cache indirection (no key/value moves):
 // indirection[slot][p] is the beam of the slot's sentence whose cache slot holds position p of this hypothesis.
 //
+// The step (the position being decoded) is read through a pointer where the data lives, not passed by value: a CUDA
+// graph captures a launch's arguments once, and replays it step after step while the step advances on the device.
+// A sentence whose `done` flag is set may still have rows (the bucketed search keeps finished sentences in its
+// fixed-size batches until it shrinks them): the ops compute its rows but beam_step leaves its state unchanged.
+//
 // The scoring rules are those of fastformer/reference/beam_search.py.
 #pragma once
 
@@ -37,7 +42,8 @@ struct SelfAttentionArgs {
   const int32_t* indirection;   // [n_slots, cache_len]
   const int32_t* row_slots;     // [n_rows]
   void* out;                    // [n_rows, heads * head_dim]
-  int n_rows, heads, head_dim, cache_len, beam_size, step;
+  const int32_t* step;          // [1]: the position decoded, in [0, cache_len)
+  int n_rows, heads, head_dim, cache_len, beam_size;
 };
 
 // Single-query cross-attention over the encoder's keys/values, shared by the beams of a sentence.
@@ -71,10 +77,11 @@ struct BeamStepArgs {
   double* finished_scores;      // [n_sentences, 2 * beam_size]: length-penalized scores
   int32_t* finished_steps;      // [n_sentences, 2 * beam_size]: the step that emitted EOS (= real tokens)
   int32_t* finished_beams;      // [n_sentences, 2 * beam_size]: the beam that emitted EOS
-  int32_t* done;                // [n_sentences] out: 1 once the sentence's search is over
+  int32_t* done;                // [n_sentences] in/out: 1 once the sentence's search is over (then it is skipped)
   float* candidate_scores;      // [n_active * beam_size, 2 * beam_size] workspace (CUDA only)
   int32_t* candidate_ids;       // [n_active * beam_size, 2 * beam_size] workspace (CUDA only)
-  int n_sentences, n_active, vocab, beam_size, cache_len, step, min_len, pad_id, bos_id, eos_id;
+  const int32_t* step;          // [1]: the step, in [0, cache_len)
+  int n_sentences, n_active, vocab, beam_size, cache_len, min_len, pad_id, bos_id, eos_id;
   double length_penalty;
   LengthPenaltyForm length_penalty_form;
 };
@@ -91,10 +98,10 @@ FASTFORMER_HOST_DEVICE inline bool ranks_before(Candidate a, Candidate b) {
 }
 
 // Whether `token` may follow a hypothesis of `step` real tokens (forcing EOS wins over barring it).
-FASTFORMER_HOST_DEVICE inline bool token_allowed(const BeamStepArgs& args, int token, int max_len) {
+FASTFORMER_HOST_DEVICE inline bool token_allowed(const BeamStepArgs& args, int step, int token, int max_len) {
   if (token == args.pad_id || token == args.bos_id) return false;
-  if (args.step >= max_len) return token == args.eos_id;
-  return token != args.eos_id || args.step >= args.min_len;
+  if (step >= max_len) return token == args.eos_id;
+  return token != args.eos_id || step >= args.min_len;
 }
 
 // The divisor of a finished hypothesis's sum of log-probabilities; length counts its real tokens and EOS.
@@ -104,11 +111,12 @@ FASTFORMER_HOST_DEVICE inline double length_penalty_divisor(int length, double l
   return pow(base, length_penalty);
 }
 
-// The next beams of one sentence from its best 2k candidates (`ranked`, best first; -inf or NaN past the finite
-// ones): records finished hypotheses, marks the sentence done, and fills next_* for the n_alive kept beams.
+// The next beams of one sentence at `step` from its best 2k candidates (`ranked`, best first; -inf or NaN past the
+// finite ones): records finished hypotheses, marks the sentence done, and fills next_* for the n_alive kept beams.
 // Returns n_alive.
-FASTFORMER_HOST_DEVICE inline int select_next_beams(const BeamStepArgs& args, int sentence, const Candidate* ranked,
-                                                    int* next_parents, int* next_tokens, float* next_sums) {
+FASTFORMER_HOST_DEVICE inline int select_next_beams(const BeamStepArgs& args, int step, int sentence,
+                                                    const Candidate* ranked, int* next_parents, int* next_tokens,
+                                                    float* next_sums) {
   const int k = args.beam_size;
   int n_finished = args.finished_count[sentence];
   int n_alive = 0;
@@ -119,9 +127,9 @@ FASTFORMER_HOST_DEVICE inline int select_next_beams(const BeamStepArgs& args, in
     if (token == args.eos_id) {
       if (rank < k) {
         const int at = sentence * 2 * k + n_finished++;
-        args.finished_scores[at] = c.score / length_penalty_divisor(args.step + 1, args.length_penalty,
+        args.finished_scores[at] = c.score / length_penalty_divisor(step + 1, args.length_penalty,
                                                                      args.length_penalty_form);
-        args.finished_steps[at] = args.step;
+        args.finished_steps[at] = step;
         args.finished_beams[at] = beam;
       }
     } else if (n_alive < k) {
@@ -136,18 +144,18 @@ FASTFORMER_HOST_DEVICE inline int select_next_beams(const BeamStepArgs& args, in
   return n_alive;
 }
 
-// Writes beam j of `sentence` for the next step: its sum, token, history and cache indirection (positions
+// Writes beam j of `sentence` after `step`: its sum, token, history and cache indirection (positions
 // first_position, first_position + position_stride, ... so that CUDA threads can share the copy). Beams past
 // n_alive become empty slots (sum -inf) that keep a valid indirection.
-FASTFORMER_HOST_DEVICE inline void write_next_beam(const BeamStepArgs& args, int sentence, int j, int n_alive,
-                                                   const int* next_parents, const int* next_tokens,
+FASTFORMER_HOST_DEVICE inline void write_next_beam(const BeamStepArgs& args, int step, int sentence, int j,
+                                                   int n_alive, const int* next_parents, const int* next_tokens,
                                                    const float* next_sums, int first_position, int position_stride) {
   const int k = args.beam_size;
   const int64_t slot = static_cast<int64_t>(sentence) * k + j;
   const bool alive = j < n_alive;
   const int parent = alive ? next_parents[j] : j;
   if (first_position == 0) {
-    const int64_t history_at = static_cast<int64_t>(args.step) * args.n_sentences * k + slot;
+    const int64_t history_at = static_cast<int64_t>(step) * args.n_sentences * k + slot;
     args.sums[slot] = alive ? next_sums[j] : -INFINITY;
     args.tokens[slot] = alive ? next_tokens[j] : args.eos_id;
     args.history_tokens[history_at] = alive ? next_tokens[j] : -1;
@@ -155,8 +163,8 @@ FASTFORMER_HOST_DEVICE inline void write_next_beam(const BeamStepArgs& args, int
   }
   const int32_t* from = args.indirection_in + (static_cast<int64_t>(sentence) * k + parent) * args.cache_len;
   int32_t* to = args.indirection_out + slot * args.cache_len;
-  for (int p = first_position; p <= args.step && p < args.cache_len; p += position_stride) to[p] = from[p];
-  if (first_position == 0 && args.step + 1 < args.cache_len) to[args.step + 1] = j;
+  for (int p = first_position; p <= step && p < args.cache_len; p += position_stride) to[p] = from[p];
+  if (first_position == 0 && step + 1 < args.cache_len) to[step + 1] = j;
 }
 
 // fp32 CPU implementations.

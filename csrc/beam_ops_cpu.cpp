@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "beam_ops.h"
@@ -105,17 +106,24 @@ FASTFORMER_INLINE void add_scaled(float* out, float w, const float* x, int n) {
   for (; d < n; ++d) out[d] += w * x[d];
 }
 
-// Replaces x[0:n] (all <= top) by e^(x - top) -> their sum.
-FASTFORMER_INLINE float exp_in_place(float* x, int n, float top) {
+// The sum of e^(x_t - top) over n floats x_t <= top; kInPlace also replaces each x_t by its e^(x_t - top).
+template <bool kInPlace>
+FASTFORMER_INLINE float sum_exp(std::conditional_t<kInPlace, float*, const float*> x, int n, float top) {
   Floats total{};
   int t = 0;
   for (; t + kLanes <= n; t += kLanes) {
     const Floats e = exp_nonpositive(load(x + t) - top);
-    std::memcpy(x + t, &e, sizeof e);
+    if constexpr (kInPlace) std::memcpy(x + t, &e, sizeof e);
     total += e;
   }
   float sum = sum_lanes(total);
-  for (; t < n; ++t) sum += (x[t] = exp_nonpositive(splat(x[t] - top))[0]);
+  if (t < n) {
+    const Floats tail = exp_nonpositive(load_first(x + t, n - t, top) - top);
+    for (int lane = 0; lane < n - t; ++lane) {
+      sum += tail[lane];
+      if constexpr (kInPlace) x[t + lane] = tail[lane];
+    }
+  }
   return sum;
 }
 
@@ -137,7 +145,7 @@ FASTFORMER_INLINE void attend_one(const float* q, int head_dim, int length, KeyA
     weights[p] = dot(q, key_at(p), head_dim) * scale;
     max_score = std::max(max_score, weights[p]);
   }
-  const float total = exp_in_place(weights, length, max_score);
+  const float total = sum_exp<true>(weights, length, max_score);
   std::fill(out, out + head_dim, 0.0f);
   for (int p = 0; p < length; ++p) add_scaled(out, weights[p] / total, value_at(p), head_dim);
 }
@@ -179,23 +187,10 @@ FASTFORMER_INLINE float max_of(const float* x, int n) {
   return max_lanes(top);
 }
 
-// sum of e^(x_t - top) over n floats, top >= every x_t.
-FASTFORMER_INLINE float sum_exp_below(const float* x, int n, float top) {
-  Floats total{};
-  int t = 0;
-  for (; t + kLanes <= n; t += kLanes) total += exp_nonpositive(load(x + t) - top);
-  float sum = sum_lanes(total);
-  if (t < n) {
-    const Floats tail = exp_nonpositive(load_first(x + t, n - t, top) - top);
-    for (int lane = 0; lane < n - t; ++lane) sum += tail[lane];
-  }
-  return sum;
-}
-
 // Offers beam j's tokens of `row` to `candidates`: score = running + ((logit - top) - log_total). The scores of
 // kLanes tokens are computed at once and looked at one by one only when one of them beats the worst kept.
-FASTFORMER_INLINE void offer_row(const BeamStepArgs& a, const float* row, int j, float running, float top,
-                                 float log_total, int max_len, TopCandidates& candidates) {
+FASTFORMER_INLINE void offer_row(const BeamStepArgs& a, int step, const float* row, int j, float running,
+                                 float top, float log_total, int max_len, TopCandidates& candidates) {
   for (int first = 0; first < a.vocab; first += kLanes) {
     const int n = std::min(kLanes, a.vocab - first);
     const float bar = candidates.bar();
@@ -204,7 +199,7 @@ FASTFORMER_INLINE void offer_row(const BeamStepArgs& a, const float* row, int j,
     if (!any_lane(scores > bar)) continue;
     for (int lane = 0; lane < n; ++lane) {
       const int t = first + lane;
-      if (scores[lane] > -std::numeric_limits<float>::infinity() && token_allowed(a, t, max_len)) {
+      if (scores[lane] > -std::numeric_limits<float>::infinity() && token_allowed(a, step, t, max_len)) {
         candidates.offer({scores[lane], j * a.vocab + t});
       }
     }
@@ -219,6 +214,7 @@ FASTFORMER_CPU_CLONES void self_attention_step_cpu(const SelfAttentionArgs& a) {
   auto* k_cache = static_cast<float*>(a.k_cache);
   auto* v_cache = static_cast<float*>(a.v_cache);
   auto* out = static_cast<float*>(a.out);
+  const int step = *a.step;
   for (int row = 0; row < a.n_rows; ++row) {
     const int64_t slot = a.row_slots[row];
     const int64_t first_slot_of_sentence = slot - slot % a.beam_size;
@@ -229,13 +225,13 @@ FASTFORMER_CPU_CLONES void self_attention_step_cpu(const SelfAttentionArgs& a) {
       auto at = [&](int64_t cache_slot, int p) {
         return ((cache_slot * a.heads + h) * a.cache_len + p) * a.head_dim;
       };
-      std::memcpy(k_cache + at(slot, a.step), q + d_model + h * a.head_dim, a.head_dim * sizeof(float));
-      std::memcpy(v_cache + at(slot, a.step), q + 2 * d_model + h * a.head_dim, a.head_dim * sizeof(float));
+      std::memcpy(k_cache + at(slot, step), q + d_model + h * a.head_dim, a.head_dim * sizeof(float));
+      std::memcpy(v_cache + at(slot, step), q + 2 * d_model + h * a.head_dim, a.head_dim * sizeof(float));
       // Position `step` is the row's own, just appended; earlier ones are wherever the indirection says.
-      auto source = [&](int p) { return p == a.step ? slot : first_slot_of_sentence + indirection[p]; };
+      auto source = [&](int p) { return p == step ? slot : first_slot_of_sentence + indirection[p]; };
       auto key_at = [&](int p) { return k_cache + at(source(p), p); };
       auto value_at = [&](int p) { return v_cache + at(source(p), p); };
-      attend_one(q + h * a.head_dim, a.head_dim, a.step + 1, key_at, value_at, scratch(a.step + 1),
+      attend_one(q + h * a.head_dim, a.head_dim, step + 1, key_at, value_at, scratch(step + 1),
                  out + static_cast<int64_t>(row) * d_model + h * a.head_dim);
     }
   }
@@ -265,8 +261,10 @@ FASTFORMER_CPU_CLONES void beam_step_cpu(const BeamStepArgs& a) {
   TopCandidates candidates(2 * k);
   std::vector<int> next_parents(k), next_tokens(k);
   std::vector<float> next_sums(k);
+  const int step = *a.step;
   for (int block = 0; block < a.n_active; ++block) {
     const int sentence = a.active[block];
+    if (a.done[sentence]) continue;
     const int max_len = a.max_lens[sentence];
     candidates.clear();
     for (int j = 0; j < k; ++j) {
@@ -274,13 +272,14 @@ FASTFORMER_CPU_CLONES void beam_step_cpu(const BeamStepArgs& a) {
       if (!(running > -std::numeric_limits<float>::infinity())) continue;  // an empty slot: every score is -inf
       const float* row = logits + (static_cast<int64_t>(block) * k + j) * a.vocab;
       const float top = max_of(row, a.vocab);
-      offer_row(a, row, j, running, top, std::log(sum_exp_below(row, a.vocab, top)), max_len, candidates);
+      offer_row(a, step, row, j, running, top, std::log(sum_exp<false>(row, a.vocab, top)), max_len, candidates);
     }
-    const int n_alive = select_next_beams(a, sentence, candidates.ranked(), next_parents.data(), next_tokens.data(),
-                                          next_sums.data());
+    const int n_alive = select_next_beams(a, step, sentence, candidates.ranked(), next_parents.data(),
+                                          next_tokens.data(), next_sums.data());
     // Every beam's new state is computed from the old one before any is overwritten (sums are read above).
     for (int j = 0; j < k; ++j) {
-      write_next_beam(a, sentence, j, n_alive, next_parents.data(), next_tokens.data(), next_sums.data(), 0, 1);
+      write_next_beam(a, step, sentence, j, n_alive, next_parents.data(), next_tokens.data(), next_sums.data(),
+                      /*first_position=*/0, /*position_stride=*/1);
     }
   }
 }

@@ -19,6 +19,10 @@ at::Tensor cross_attention_meta(const at::Tensor& q, const at::Tensor&, const at
   return at::empty_like(q);
 }
 
+// The op's form of self_attention_step: the step as an int (the compiled search passes a tensor, see decoder.h).
+at::Tensor (*const self_attention_step_op)(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                           const at::Tensor&, int64_t, int64_t) = &self_attention_step;
+
 // The argument structs of decoder.h as Python classes with named, writable fields (unknown names are rejected).
 void bind_structs(pybind11::module_& m) {
   namespace py = pybind11;
@@ -57,7 +61,8 @@ void bind_structs(pybind11::module_& m) {
       .def_readwrite("min_len", &SearchOptions::min_len)
       .def_readwrite("pad_id", &SearchOptions::pad_id)
       .def_readwrite("bos_id", &SearchOptions::bos_id)
-      .def_readwrite("eos_id", &SearchOptions::eos_id);
+      .def_readwrite("eos_id", &SearchOptions::eos_id)
+      .def_readwrite("shrink", &SearchOptions::shrink);
 }
 
 }  // namespace
@@ -71,13 +76,13 @@ TORCH_LIBRARY(fastformer, m) {
 }
 
 TORCH_LIBRARY_IMPL(fastformer, CPU, m) {
-  m.impl("self_attention_step", &fastformer::self_attention_step);
+  m.impl("self_attention_step", fastformer::self_attention_step_op);
   m.impl("cross_attention", &fastformer::cross_attention);
 }
 
 #ifdef FASTFORMER_WITH_CUDA
 TORCH_LIBRARY_IMPL(fastformer, CUDA, m) {
-  m.impl("self_attention_step", &fastformer::self_attention_step);
+  m.impl("self_attention_step", fastformer::self_attention_step_op);
   m.impl("cross_attention", &fastformer::cross_attention);
 }
 #endif
@@ -121,7 +126,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                     int64_t, int64_t>(),
            py::arg("memory"), py::arg("src_lengths"), py::arg("weights"), py::arg("options"), py::arg("beam_size"),
            py::arg("cache_len"))
-      .def("step", &CachedDecoder::step, py::arg("tokens"), py::arg("row_slots"), py::arg("indirection"),
+      .def("step",
+           static_cast<at::Tensor (CachedDecoder::*)(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                     int64_t)>(&CachedDecoder::step),
+           py::arg("tokens"), py::arg("row_slots"), py::arg("indirection"),
            py::arg("step"),
            "tokens [n_rows], row_slots [n_rows] int32, indirection [n_slots, cache_len] int32 -> logits [n_rows, "
            "vocab]")

@@ -1,8 +1,8 @@
-// The incremental decoder, the beam-search loop, and the ATen wrappers of the fused ops (see decoder.h).
+// The incremental decoder, the search's state and step, and the ATen wrappers of the fused ops (see decoder.h); the
+// loop over the steps is in search.cpp.
 #include "decoder.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/InferenceMode.h>
@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <numeric>
 #include <string>
 #include <tuple>
 
@@ -84,9 +83,20 @@ void run_fused_op(const char* op, const at::Tensor& data, const Args& args) {
   }
 }
 
+// Checks the step tensor ([1] int32 on `device`). Its value is checked where reading it costs no device sync (the
+// CPU); the CUDA kernels skip a step out of range instead.
+void check_step(const at::Tensor& step, int64_t cache_len, const at::Device& device) {
+  check_int32(step, "step", device);
+  TORCH_CHECK(step.numel() == 1, "step must hold one position, got ", step.sizes());
+  if (step.is_cpu()) {
+    const int32_t value = *step.data_ptr<int32_t>();
+    TORCH_CHECK(value >= 0 && value < cache_len, "step must be in [0, cache_len=", cache_len, "), got ", value);
+  }
+}
+
 // Checks of a beam step's inputs against the state's shapes (the state may have room for more rows than active).
 void check_beam_step_inputs(const at::Tensor& logits, const at::Tensor& active, const at::Tensor& max_lens,
-                            const BeamState& state, int64_t step, const SearchOptions& options) {
+                            const BeamState& state, const SearchOptions& options) {
   const int64_t k = options.beam_size, n_sentences = state.finished_count.numel(), n_slots = n_sentences * k;
   const int64_t n_active = active.numel(), cache_len = state.indirection_in().size(1);
   const at::Device device = logits.device();
@@ -95,7 +105,7 @@ void check_beam_step_inputs(const at::Tensor& logits, const at::Tensor& active, 
               " on CUDA, got ", k);
   TORCH_CHECK(logits.dim() == 2 && logits.size(0) == n_active * k && logits.is_contiguous(),
               "logits must be a contiguous [n_active * beam_size=", n_active * k, ", vocab], got ", logits.sizes());
-  TORCH_CHECK(step >= 0 && step < cache_len, "step must be in [0, cache_len=", cache_len, "), got ", step);
+  check_step(state.step, cache_len, device);
   TORCH_CHECK(options.pad_id >= 0 && options.bos_id >= 0 && options.eos_id >= 0 &&
                   std::max({options.pad_id, options.bos_id, options.eos_id}) < logits.size(1),
               "pad_id, bos_id and eos_id must be in [0, vocab)");
@@ -131,7 +141,7 @@ LengthPenaltyForm parse_length_penalty_form(const std::string& name) {
 }
 
 BeamStepArgs beam_step_args(const at::Tensor& logits, const at::Tensor& active, const at::Tensor& max_lens,
-                            BeamState& state, int64_t step, const SearchOptions& options) {
+                            BeamState& state, const SearchOptions& options) {
   BeamStepArgs args{};
   args.logits = logits.data_ptr();
   args.active = active.data_ptr<int32_t>();
@@ -154,7 +164,7 @@ BeamStepArgs beam_step_args(const at::Tensor& logits, const at::Tensor& active, 
   args.vocab = static_cast<int>(logits.size(1));
   args.beam_size = static_cast<int>(options.beam_size);
   args.cache_len = static_cast<int>(state.indirection_in().size(1));
-  args.step = static_cast<int>(step);
+  args.step = state.step.data_ptr<int32_t>();
   args.min_len = static_cast<int>(options.min_len);
   args.pad_id = static_cast<int>(options.pad_id);
   args.bos_id = static_cast<int>(options.bos_id);
@@ -171,101 +181,11 @@ Activation parse_activation(const std::string& name) {
   TORCH_CHECK(false, "the compiled decoder takes activation \"relu\", \"gelu\" or \"swish\", got \"", name, "\"");
 }
 
-// The sentences still searching, on the host and the device, and their rows' slots (row a * k + j is slot
-// active[a] * k + j).
-class ActiveSentences {
- public:
-  ActiveSentences(int64_t n_sentences, int64_t beam_size, const at::Device& device)
-      : sentences_(n_sentences), beam_size_(beam_size), device_(device) {
-    std::iota(sentences_.begin(), sentences_.end(), 0);
-    upload();
-  }
-
-  bool empty() const { return sentences_.empty(); }
-  const at::Tensor& on_device() const { return on_device_; }     // [n_active] int32
-  const at::Tensor& row_slots() const { return row_slots_; }     // [n_active * beam_size] int32
-  const at::Tensor& row_slots_long() const { return row_slots_long_; }
-
-  // Drops the sentences whose `done` flag is set. The one host sync of a step.
-  void drop_done(const at::Tensor& done) {
-    const at::Tensor flags = done.index_select(0, on_device_.to(at::kLong)).cpu();
-    const int32_t* is_done = flags.data_ptr<int32_t>();
-    if (std::none_of(is_done, is_done + sentences_.size(), [](int32_t d) { return d != 0; })) return;
-    std::vector<int32_t> still_active;
-    for (size_t a = 0; a < sentences_.size(); ++a) {
-      if (!is_done[a]) still_active.push_back(sentences_[a]);
-    }
-    sentences_ = std::move(still_active);
-    if (!sentences_.empty()) upload();
-  }
-
- private:
-  void upload() {
-    on_device_ = at::tensor(sentences_, at::kInt).to(device_);
-    row_slots_ = (on_device_.unsqueeze(1) * beam_size_ + at::arange(beam_size_, on_device_.options())).view({-1});
-    row_slots_long_ = row_slots_.to(at::kLong);
-  }
-
-  std::vector<int32_t> sentences_;
-  int64_t beam_size_;
-  at::Device device_;
-  at::Tensor on_device_, row_slots_, row_slots_long_;
-};
-
-// Steps the decoder and the search until every sentence is done.
-void run_search(CachedDecoder& decoder, BeamState& state, const at::Tensor& max_lens, const SearchOptions& options) {
-  const int64_t n_sentences = state.finished_count.numel();
-  ActiveSentences active(n_sentences, options.beam_size, state.sums.device());
-  for (int64_t step = 0; step < decoder.cache_len() && !active.empty(); ++step) {
-    const at::Tensor logits = decoder.step(state.tokens.index_select(0, active.row_slots_long()),
-                                           active.row_slots(), state.indirection_in(), step);
-    beam_step(logits, active.on_device(), max_lens, state, step, options);
-    state.swap_indirection();
-    active.drop_done(state.done);
-  }
-  TORCH_CHECK(active.empty(), "internal error: the search ended with sentences still searching");
-}
-
-// Each sentence's finished hypotheses, back-tracked through the history: best score first, ties in finishing
-// order, at most n_best. The state's sentence 0 is the batch's sentence first_sentence.
-std::vector<Hypotheses> backtrack(const BeamState& state, int64_t beam_size, int64_t n_best, int64_t first_sentence) {
-  const at::Tensor count = state.finished_count.cpu(), scores = state.finished_scores.cpu();
-  const at::Tensor steps = state.finished_steps.cpu(), beams = state.finished_beams.cpu();
-  const at::Tensor history_tokens = state.history_tokens.cpu(), history_beams = state.history_beams.cpu();
-  const int32_t* tokens_at = history_tokens.data_ptr<int32_t>();
-  const int32_t* beams_at = history_beams.data_ptr<int32_t>();
-  const int64_t k = beam_size, n_sentences = count.numel(), n_slots = n_sentences * k;
-  std::vector<Hypotheses> results(n_sentences);
-  for (int64_t s = 0; s < n_sentences; ++s) {
-    const int n_finished = count.data_ptr<int32_t>()[s];
-    // Finite scores always finish a hypothesis (EOS is forced at max_len); none means NaN or inf scores.
-    TORCH_CHECK(n_finished > 0, "beam search found no hypothesis for sentence ", first_sentence + s,
-                ": the model's scores are not finite (NaN or inf in its weights or activations)");
-    std::vector<int> order(n_finished);
-    std::iota(order.begin(), order.end(), 0);
-    const double* sentence_scores = scores.data_ptr<double>() + s * 2 * k;
-    std::stable_sort(order.begin(), order.end(),
-                     [&](int a, int b) { return sentence_scores[a] > sentence_scores[b]; });
-    for (int i = 0; i < n_finished && i < n_best; ++i) {
-      const int length = steps.data_ptr<int32_t>()[s * 2 * k + order[i]];
-      int beam = beams.data_ptr<int32_t>()[s * 2 * k + order[i]];
-      std::vector<int64_t> tokens(length);
-      for (int position = length - 1; position >= 0; --position) {
-        const int64_t at = position * n_slots + s * k + beam;
-        tokens[position] = tokens_at[at];
-        beam = beams_at[at];
-      }
-      results[s].emplace_back(std::move(tokens), sentence_scores[order[i]]);
-    }
-  }
-  return results;
-}
-
 }  // namespace
 
 at::Tensor self_attention_step(const at::Tensor& qkv, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                const at::Tensor& indirection, const at::Tensor& row_slots, int64_t beam_size,
-                               int64_t step) {
+                               const at::Tensor& step) {
   TORCH_CHECK(k_cache.dim() == 4, "k_cache must be [n_slots, heads, cache_len, head_dim], got ", k_cache.sizes());
   TORCH_CHECK(v_cache.sizes() == k_cache.sizes(), "v_cache must have k_cache's shape ", k_cache.sizes());
   const int64_t n_slots = k_cache.size(0), heads = k_cache.size(1), cache_len = k_cache.size(2);
@@ -275,18 +195,26 @@ at::Tensor self_attention_step(const at::Tensor& qkv, const at::Tensor& k_cache,
   TORCH_CHECK(indirection.dim() == 2 && indirection.size(0) == n_slots && indirection.size(1) == cache_len,
               "indirection must be [", n_slots, ", ", cache_len, "], got ", indirection.sizes());
   TORCH_CHECK(beam_size >= 1 && n_slots % beam_size == 0, "beam_size must divide n_slots=", n_slots);
-  TORCH_CHECK(step >= 0 && step < cache_len, "step must be in [0, cache_len=", cache_len, "), got ", step);
   check_like(qkv, k_cache, "qkv");
   check_like(v_cache, k_cache, "v_cache");
   check_int32(indirection, "indirection", qkv.device());
   check_int32(row_slots, "row_slots", qkv.device());
+  check_step(step, cache_len, qkv.device());
   at::Tensor out = at::empty({n_rows, heads * head_dim}, qkv.options());
   const SelfAttentionArgs args{qkv.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
                                indirection.data_ptr<int32_t>(), row_slots.data_ptr<int32_t>(), out.data_ptr(),
-                               static_cast<int>(n_rows), static_cast<int>(heads), static_cast<int>(head_dim),
-                               static_cast<int>(cache_len), static_cast<int>(beam_size), static_cast<int>(step)};
+                               step.data_ptr<int32_t>(), static_cast<int>(n_rows), static_cast<int>(heads),
+                               static_cast<int>(head_dim), static_cast<int>(cache_len), static_cast<int>(beam_size)};
   run_fused_op("self_attention_step", qkv, args);
   return out;
+}
+
+at::Tensor self_attention_step(const at::Tensor& qkv, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                               const at::Tensor& indirection, const at::Tensor& row_slots, int64_t beam_size,
+                               int64_t step) {
+  const int64_t cache_len = k_cache.dim() == 4 ? k_cache.size(2) : 0;
+  TORCH_CHECK(step >= 0 && step < cache_len, "step must be in [0, cache_len=", cache_len, "), got ", step);
+  return self_attention_step(qkv, k_cache, v_cache, indirection, row_slots, beam_size, step_tensor(step, qkv.device()));
 }
 
 at::Tensor cross_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -327,7 +255,8 @@ BeamState::BeamState(int64_t n_sentences, int64_t beam_size, int64_t cache_len, 
   // Every slot starts holding its own history.
   indirection_[0] = at::arange(beam_size, ints).repeat({n_sentences}).unsqueeze(1).expand({n_slots, cache_len})
                         .contiguous();
-  indirection_[1] = at::empty_like(indirection_[0]);
+  // Both valid from the start: the bucketed search reads finished sentences' rows that beam_step no longer writes.
+  indirection_[1] = indirection_[0].clone();
   history_tokens = at::empty({cache_len, n_slots}, ints);
   history_beams = at::empty({cache_len, n_slots}, ints);
   finished_count = at::zeros({n_sentences}, ints);
@@ -337,12 +266,17 @@ BeamState::BeamState(int64_t n_sentences, int64_t beam_size, int64_t cache_len, 
   done = at::zeros({n_sentences}, ints);
   candidate_scores = at::empty({n_slots, 2 * beam_size}, at::TensorOptions().dtype(at::kFloat).device(device));
   candidate_ids = at::empty({n_slots, 2 * beam_size}, ints);
+  step = at::zeros({1}, ints);
 }
 
 void beam_step(const at::Tensor& logits, const at::Tensor& active, const at::Tensor& max_lens, BeamState& state,
-               int64_t step, const SearchOptions& options) {
-  check_beam_step_inputs(logits, active, max_lens, state, step, options);
-  run_fused_op("beam_step", logits, beam_step_args(logits, active, max_lens, state, step, options));
+               const SearchOptions& options) {
+  check_beam_step_inputs(logits, active, max_lens, state, options);
+  run_fused_op("beam_step", logits, beam_step_args(logits, active, max_lens, state, options));
+}
+
+at::Tensor step_tensor(int64_t step, const at::Device& device) {
+  return at::full({1}, step, at::TensorOptions().dtype(at::kInt).device(device));
 }
 
 namespace {
@@ -357,6 +291,18 @@ const OneDnnLinearOps& onednn_linear_ops() {
                                    c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""})};
   return ops;
 }
+
+at::Tensor apply_activation(at::Tensor x, std::optional<Activation> activation) {
+  if (!activation) return x;
+  switch (*activation) {
+    case Activation::kRelu: return at::relu_(x);
+    case Activation::kGelu: return at::gelu(x);
+    case Activation::kSwish: return at::silu_(x);
+  }
+  return x;
+}
+
+}  // namespace
 
 // Checks that every tensor of the decoder is there and on `device`, and that the layout is one the decoder runs.
 void check_decoder_weights(const DecoderWeights& weights, const DecoderOptions& options, const at::Device& device) {
@@ -381,18 +327,6 @@ void check_decoder_weights(const DecoderWeights& weights, const DecoderOptions& 
     check("final_norm.bias", weights.final_norm->bias);
   }
 }
-
-at::Tensor apply_activation(at::Tensor x, std::optional<Activation> activation) {
-  if (!activation) return x;
-  switch (*activation) {
-    case Activation::kRelu: return at::relu_(x);
-    case Activation::kGelu: return at::gelu(x);
-    case Activation::kSwish: return at::silu_(x);
-  }
-  return x;
-}
-
-}  // namespace
 
 DecoderLinear::DecoderLinear(const at::Tensor& weight, const std::optional<at::Tensor>& bias, int64_t rows)
     : weight_(weight), bias_(bias) {
@@ -470,7 +404,7 @@ at::Tensor CachedDecoder::layer_norm(const at::Tensor& x, const LayerNormWeights
 }
 
 at::Tensor CachedDecoder::self_block(const at::Tensor& h, int64_t layer, const at::Tensor& row_slots,
-                                     const at::Tensor& indirection, int64_t step) {
+                                     const at::Tensor& indirection, const at::Tensor& step) {
   const DecoderLayerLinears& linear = linears_->layers[layer];
   const at::Tensor attended = self_attention_step(linear.self_qkv(h), k_cache_[layer], v_cache_[layer], indirection,
                                                   row_slots, beam_size_, step);
@@ -492,13 +426,21 @@ at::Tensor CachedDecoder::feed_forward(const at::Tensor& h, int64_t layer) const
 
 at::Tensor CachedDecoder::step(const at::Tensor& tokens, const at::Tensor& row_slots, const at::Tensor& indirection,
                                int64_t step) {
+  TORCH_CHECK(step >= 0 && step < cache_len_, "step must be in [0, cache_len=", cache_len_, "), got ", step);
+  return this->step(tokens, row_slots, indirection, step_tensor(step, tokens.device()));
+}
+
+at::Tensor CachedDecoder::step(const at::Tensor& tokens, const at::Tensor& row_slots, const at::Tensor& indirection,
+                               const at::Tensor& step) {
   c10::InferenceMode inference;
   c10::DeviceGuard guard(tokens.device());
-  TORCH_CHECK(step >= 0 && step < cache_len_, "step must be in [0, cache_len=", cache_len_, "), got ", step);
+  check_step(step, cache_len_, tokens.device());
   TORCH_CHECK(tokens.dim() == 1 && tokens.numel() == row_slots.numel(), "tokens must be [n_rows=",
               row_slots.numel(), "], got ", tokens.sizes());
-  // The model's embed(): embedding * embedding_scale + the position's sinusoid, in the same operation order.
-  at::Tensor x = at::embedding(weights_.embedding, tokens).mul(options_.embedding_scale).add(weights_.positions[step]);
+  // The model's embed(): embedding * embedding_scale + the position's sinusoid, in the same operation order. The
+  // position is gathered on the device (a graph replays this step at every position).
+  at::Tensor x = at::embedding(weights_.embedding, tokens).mul(options_.embedding_scale)
+                     .add(at::index_select(weights_.positions, 0, step));
   for (int64_t layer = 0; layer < n_layers_; ++layer) {
     const DecoderLayerWeights& w = weights_.layers[layer];
     if (options_.norm_first) {
@@ -513,69 +455,6 @@ at::Tensor CachedDecoder::step(const at::Tensor& tokens, const at::Tensor& row_s
   }
   if (weights_.final_norm) x = layer_norm(x, *weights_.final_norm);
   return linears_->output(x);
-}
-
-namespace {
-
-// The search over the batch's sentences [begin, end) of memory [n_sentences, src_len, d_model].
-std::vector<Hypotheses> search_sentences(const at::Tensor& memory, const at::Tensor& src_lengths,
-                                         const DecoderWeights& weights, const DecoderOptions& decoder_options,
-                                         const std::shared_ptr<const DecoderLinears>& linears,
-                                         const SearchOptions& search_options, const std::vector<int64_t>& max_lens,
-                                         int64_t n_best, int64_t begin, int64_t end) {
-  const at::Tensor group_memory = memory.narrow(0, begin, end - begin);
-  const std::vector<int64_t> group_max_lens(max_lens.begin() + begin, max_lens.begin() + end);
-  const int64_t k = search_options.beam_size;
-  const int64_t cache_len = *std::max_element(group_max_lens.begin(), group_max_lens.end()) + 1;
-  CachedDecoder decoder(group_memory, src_lengths.narrow(0, begin, end - begin), weights, decoder_options, k,
-                        cache_len, linears);
-  BeamState state(end - begin, k, cache_len, search_options.bos_id, memory.device());
-  run_search(decoder, state, at::tensor(group_max_lens, at::kLong).to(memory.device(), at::kInt), search_options);
-  return backtrack(state, k, n_best, begin);
-}
-
-// How many groups of sentences the CPU search runs side by side: one per intra-op thread, each group at least
-// kMinSentencesPerGroup sentences so that its GEMMs keep enough rows.
-int64_t cpu_sentence_groups(int64_t n_sentences) {
-  constexpr int64_t kMinSentencesPerGroup = 4;
-  return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n_sentences / kMinSentencesPerGroup));
-}
-
-}  // namespace
-
-std::vector<Hypotheses> beam_search(const at::Tensor& memory, const at::Tensor& src_lengths, DecoderWeights weights,
-                                    const DecoderOptions& decoder_options, const SearchOptions& search_options,
-                                    const std::vector<int64_t>& max_lens, int64_t n_best) {
-  c10::InferenceMode inference;
-  c10::DeviceGuard guard(memory.device());
-  TORCH_CHECK(memory.dim() == 3, "memory must be [n_sentences, src_len, d_model], got ", memory.sizes());
-  const int64_t n_sentences = memory.size(0), k = search_options.beam_size;
-  TORCH_CHECK(static_cast<int64_t>(max_lens.size()) == n_sentences, "max_lens must have one entry per sentence");
-  TORCH_CHECK(n_best >= 1 && n_best <= k, "n_best must be in [1, beam_size]");
-  if (n_sentences == 0) return {};
-  const int64_t n_groups = memory.is_cuda() ? 1 : cpu_sentence_groups(n_sentences);
-  const int64_t rows_per_group = (n_sentences + n_groups - 1) / n_groups * k;
-  check_decoder_weights(weights, decoder_options, memory.device());
-  const auto linears = std::make_shared<const DecoderLinears>(weights, rows_per_group);
-  if (n_groups == 1) {
-    return search_sentences(memory, src_lengths, weights, decoder_options, linears, search_options, max_lens, n_best,
-                            0, n_sentences);
-  }
-  // On the CPU each thread searches its own group of sentences from start to end: every op of a decoding step is
-  // small, and splitting each one across threads costs more in fork/join than it gains. The groups' ops run
-  // single-threaded (ATen does not nest parallel regions).
-  std::vector<Hypotheses> results(n_sentences);
-  at::parallel_for(0, n_groups, 1, [&](int64_t first_group, int64_t end_group) {
-    c10::InferenceMode group_inference;  // thread-local: each worker thread sets its own
-    for (int64_t group = first_group; group < end_group; ++group) {
-      const int64_t begin = group * n_sentences / n_groups, end = (group + 1) * n_sentences / n_groups;
-      std::vector<Hypotheses> group_results =
-          search_sentences(memory, src_lengths, weights, decoder_options, linears, search_options, max_lens, n_best,
-                           begin, end);
-      std::move(group_results.begin(), group_results.end(), results.begin() + begin);
-    }
-  });
-  return results;
 }
 
 }  // namespace fastformer

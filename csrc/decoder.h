@@ -19,9 +19,15 @@
 
 namespace fastformer {
 
+// [1] int32 on `device`: a step as the ops read it (beam_ops.h says why it lives where the data does).
+at::Tensor step_tensor(int64_t step, const at::Device& device);
+
 // q | k | v of position `step` -> attention over each row's cache ([n_rows, d_model]); appends k/v to the cache.
 // qkv: [n_rows, 3 * d_model]; k_cache/v_cache: [n_slots, heads, cache_len, head_dim] (written at `step`);
-// indirection: [n_slots, cache_len] int32; row_slots: [n_rows] int32.
+// indirection: [n_slots, cache_len] int32; row_slots: [n_rows] int32; step: [1] int32 (step_tensor) or an int.
+at::Tensor self_attention_step(const at::Tensor& qkv, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                               const at::Tensor& indirection, const at::Tensor& row_slots, int64_t beam_size,
+                               const at::Tensor& step);
 at::Tensor self_attention_step(const at::Tensor& qkv, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                const at::Tensor& indirection, const at::Tensor& row_slots, int64_t beam_size,
                                int64_t step);
@@ -120,11 +126,21 @@ struct DecoderOptions {
   double embedding_scale = 1.0;     // the embeddings' factor before the positions are added (sqrt(d_model) or 1)
 };
 
+// Checks that every tensor of the decoder is there and on `device`, and that the layout is one the decoder runs.
+void check_decoder_weights(const DecoderWeights& weights, const DecoderOptions& options, const at::Device& device);
+
 struct SearchOptions {
   int64_t beam_size = 1;
   double length_penalty = 0.0;
   std::string length_penalty_form = "gnmt";  // "gnmt" or "length" (beam_ops.h's LengthPenaltyForm)
   int64_t min_len = 0, pad_id = 0, bos_id = 0, eos_id = 0;
+  // How the batch of rows shrinks as sentences finish (same results either way):
+  // - "every_step": finished sentences leave after each step, which the host learns by waiting for the step;
+  // - "buckets": the rows come in power-of-two buckets of sentences; finished ones stay (skipped by beam_step) until
+  //   the next smaller bucket holds the rest; the host reads the done flags a step late, so it never waits for the
+  //   step it queued, and on CUDA each bucket's step is captured once as a CUDA graph and replayed;
+  // - "auto": every_step on the CPU (where waiting costs nothing), buckets on CUDA.
+  std::string shrink = "auto";
 };
 
 // The search's per-sentence state, n_slots = n_sentences * beam_size slots (see beam_ops.h for each field's
@@ -141,22 +157,27 @@ struct BeamState {
   at::Tensor done;              // [n_sentences] int32
   at::Tensor candidate_scores;  // [n_slots, 2 * beam_size] float32 workspace
   at::Tensor candidate_ids;     // [n_slots, 2 * beam_size] int32 workspace
+  at::Tensor step;              // [1] int32: the step decoded next
 
   BeamState(int64_t n_sentences, int64_t beam_size, int64_t cache_len, int64_t bos_id, const at::Device& device);
   // [n_slots, cache_len] int32: the cache indirection this step reads, and the one it writes for the next.
   const at::Tensor& indirection_in() const { return indirection_[read_]; }
   const at::Tensor& indirection_out() const { return indirection_[1 - read_]; }
   void swap_indirection() { read_ = 1 - read_; }
+  // The same as swap_indirection for the next step's reads, with both buffers kept where they are (a CUDA graph
+  // holds their addresses): copies the written indirection over the one read.
+  void copy_indirection_back() { indirection_[read_].copy_(indirection_[1 - read_]); }
 
  private:
   at::Tensor indirection_[2];
   int read_ = 0;
 };
 
-// One step of the search (beam_ops.h's BeamStepArgs): logits [n_active * beam_size, vocab], active [n_active] and
-// max_lens [n_sentences] int32; `state` is updated in place (its indirection written, not swapped).
+// Step state.step of the search (beam_ops.h's BeamStepArgs): logits [n_active * beam_size, vocab], active
+// [n_active] and max_lens [n_sentences] int32; `state` is updated in place (its indirection written, not swapped,
+// and its step not advanced).
 void beam_step(const at::Tensor& logits, const at::Tensor& active, const at::Tensor& max_lens, BeamState& state,
-               int64_t step, const SearchOptions& options);
+               const SearchOptions& options);
 
 // The decoder of fastformer.Transformer, one position at a time, with a preallocated self-attention cache
 // ([layers, n_sentences * beam_size, heads, cache_len, head_dim] in the weights' dtype) and the encoder's
@@ -169,7 +190,9 @@ class CachedDecoder {
                 std::shared_ptr<const DecoderLinears> linears = nullptr);
 
   // tokens: [n_rows] ids at position `step` of the rows' hypotheses, row_slots: [n_rows] int32, indirection:
-  // [n_slots, cache_len] int32 -> logits [n_rows, vocab].
+  // [n_slots, cache_len] int32, step: [1] int32 (step_tensor) or an int -> logits [n_rows, vocab].
+  at::Tensor step(const at::Tensor& tokens, const at::Tensor& row_slots, const at::Tensor& indirection,
+                  const at::Tensor& step);
   at::Tensor step(const at::Tensor& tokens, const at::Tensor& row_slots, const at::Tensor& indirection,
                   int64_t step);
 
@@ -178,7 +201,7 @@ class CachedDecoder {
 
  private:
   at::Tensor self_block(const at::Tensor& h, int64_t layer, const at::Tensor& row_slots,
-                        const at::Tensor& indirection, int64_t step);
+                        const at::Tensor& indirection, const at::Tensor& step);
   at::Tensor cross_block(const at::Tensor& h, int64_t layer, const at::Tensor& row_slots);
   at::Tensor feed_forward(const at::Tensor& h, int64_t layer) const;
   at::Tensor layer_norm(const at::Tensor& x, const LayerNormWeights& norm) const;

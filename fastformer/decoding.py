@@ -5,6 +5,12 @@ computed once per layer, fused single-query attention and beam-step ops, and sen
 they finish. The rules are those of fastformer/search_rules.py, shared with the reference search (the oracle this
 is tested against). Translation is inference whatever the model's mode: the encoder runs in eval mode (no dropout),
 and the model's modes are restored afterwards.
+
+How the batch shrinks as sentences finish (`shrink`, the same translations either way): "every_step" drops finished
+sentences after each step, which the host learns by waiting for that step; "buckets" decodes power-of-two buckets of
+sentences, skipping finished ones until the next smaller bucket holds the rest, with the host reading the done flags
+a step late, and on CUDA replays each bucket's step as a CUDA graph, so that the host neither waits for the GPU nor
+launches a step's hundred kernels one by one. "auto" picks every_step on the CPU and buckets on CUDA.
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ import torch
 
 from fastformer.search_rules import Hypothesis, check_search_arguments, max_target_lengths
 
-__all__ = ["Hypothesis", "translate", "cached_decoder", "decoder_options", "decoder_weights"]
+__all__ = ["Hypothesis", "SHRINK_MODES", "translate", "cached_decoder", "decoder_options", "decoder_weights"]
+
+SHRINK_MODES = ("auto", "every_step", "buckets")
 
 
 def _extension():
@@ -37,9 +45,11 @@ def _extension():
 
 def translate(model, src_tokens: torch.Tensor, beam_size: int = 4, length_penalty: float = 0.6,
               max_len_a: float = 1.0, max_len_b: int = 50, min_len: int = 1, n_best: int = 1,
-              length_penalty_form: str = "gnmt") -> list[list[Hypothesis]]:
+              length_penalty_form: str = "gnmt", shrink: str = "auto") -> list[list[Hypothesis]]:
     """src_tokens: [batch, src_len] right-padded -> per sentence, up to n_best hypotheses, best first."""
     check_search_arguments(beam_size, length_penalty, max_len_a, max_len_b, min_len, n_best, length_penalty_form)
+    if shrink not in SHRINK_MODES:
+        raise ValueError(f"shrink must be one of {SHRINK_MODES}, got {shrink!r}")
     config = model.config
     extension = _extension()
     with torch.no_grad(), _eval_mode(model):
@@ -51,7 +61,7 @@ def translate(model, src_tokens: torch.Tensor, beam_size: int = 4, length_penalt
         _check_cuda_limits(memory, beam_size, config.head_dim, max(max_lens) + 1)
         search_options = _named(extension.SearchOptions(), beam_size=beam_size, length_penalty=float(length_penalty),
                                 length_penalty_form=length_penalty_form, min_len=min_len, pad_id=config.pad_id,
-                                bos_id=config.bos_id, eos_id=config.eos_id)
+                                bos_id=config.bos_id, eos_id=config.eos_id, shrink=shrink)
         results = extension.beam_search(memory.to(weights.embedding.dtype).contiguous(), src_lengths, weights,
                                         decoder_options(model), search_options, max_lens=max_lens, n_best=n_best)
     return [[Hypothesis(list(tokens), score) for tokens, score in sentence] for sentence in results]

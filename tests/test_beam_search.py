@@ -142,14 +142,22 @@ def assert_translate_matches_reference(model: Transformer, src: torch.Tensor, **
     assert_same_hypotheses(got, expected)
 
 
+# How the batch shrinks as sentences finish (fastformer/decoding.py): "buckets" is CUDA's default, run here on the
+# CPU without graphs. Six sentences of different lengths go through buckets of 6, 4, 2 and 1, some padded with
+# finished sentences.
+SHRINKS = ["every_step", "buckets"]
+
+
+@pytest.mark.parametrize("shrink", SHRINKS)
 @pytest.mark.parametrize("beam_size,n_best,min_len,max_len_a,max_len_b,length_penalty", SEARCHES)
 @pytest.mark.parametrize("norm_first,activation", [(False, "relu"), (True, "gelu")])
 def test_translate_matches_reference(norm_first, activation, beam_size, n_best, min_len, max_len_a, max_len_b,
-                                     length_penalty):
+                                     length_penalty, shrink):
     model = make_model(norm_first, activation=activation, eos_scale=8.0)
     src = padded_sources(model, [7, 2, 5, 1, 4, 9], seed=beam_size)
-    assert_translate_matches_reference(model, src, beam_size=beam_size, n_best=n_best, min_len=min_len,
-                                       max_len_a=max_len_a, max_len_b=max_len_b, length_penalty=length_penalty)
+    search = dict(beam_size=beam_size, n_best=n_best, min_len=min_len, max_len_a=max_len_a, max_len_b=max_len_b,
+                  length_penalty=length_penalty)
+    assert_same_hypotheses(model.translate(src, shrink=shrink, **search), beam_search(model, src, **search))
 
 
 # Marian/OPUS-MT model options, one at a time and all together (Marian starts from pad, and its EOS is id 0).
@@ -167,11 +175,13 @@ MODEL_OPTIONS = [
 ]
 
 
+@pytest.mark.parametrize("shrink", SHRINKS)
 @pytest.mark.parametrize("norm_first,options", MODEL_OPTIONS)
-def test_translate_matches_reference_for_each_model_option(norm_first, options):
+def test_translate_matches_reference_for_each_model_option(norm_first, options, shrink):
     model = make_model(norm_first, eos_scale=8.0, **options)
     src = padded_sources(model, [7, 2, 5, 1, 4, 9], seed=5)
-    assert_translate_matches_reference(model, src, beam_size=4, n_best=4, min_len=1, max_len_a=1.0, max_len_b=6)
+    search = dict(beam_size=4, n_best=4, min_len=1, max_len_a=1.0, max_len_b=6)
+    assert_same_hypotheses(model.translate(src, shrink=shrink, **search), beam_search(model, src, **search))
 
 
 def test_translate_splits_sentences_across_threads_without_changing_results():
@@ -184,10 +194,22 @@ def test_translate_splits_sentences_across_threads_without_changing_results():
     torch.set_num_threads(3)
     try:
         grouped = model.translate(src, **search)
+        grouped_in_buckets = model.translate(src, shrink="buckets", **search)
     finally:
         torch.set_num_threads(1)
     assert_same_hypotheses(grouped, one_thread)
+    assert_same_hypotheses(grouped_in_buckets, one_thread)
     assert_same_hypotheses(grouped, beam_search(model, src, **search))
+
+
+def test_translate_in_buckets_when_every_sentence_ends_at_the_first_step():
+    # max_len 0: EOS is forced at step 0, so the bucketed search stops before its first look at the done flags.
+    model = make_model(eos_scale=8.0)
+    src = padded_sources(model, [3, 5, 2], seed=6)
+    search = dict(beam_size=2, n_best=2, max_len_a=0.0, max_len_b=0)
+    got = model.translate(src, shrink="buckets", **search)
+    assert all(h.tokens == [] for hyps in got for h in hyps)
+    assert_same_hypotheses(got, beam_search(model, src, **search))
 
 
 def test_translate_never_emits_pad_when_it_is_bos():
@@ -289,6 +311,7 @@ def test_translate_of_an_empty_batch_is_empty():
     (dict(length_penalty=float("nan")), ValueError),
     (dict(beam_size=2.0), TypeError),
     (dict(length_penalty_form="fairseq"), ValueError),
+    (dict(shrink="never"), ValueError),
 ])
 def test_translate_rejects_bad_arguments(kwargs, error):
     model = make_model()
@@ -349,16 +372,32 @@ def cuda_model(norm_first: bool = False, **kwargs) -> Transformer:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shrink", SHRINKS)  # buckets: the CUDA graphs of each bucket's step
 @pytest.mark.parametrize("beam_size,n_best,min_len,max_len_a,max_len_b,length_penalty", SEARCHES)
 @pytest.mark.parametrize("norm_first,activation", [(False, "relu"), (True, "gelu")])
 def test_cuda_translate_matches_reference(norm_first, activation, beam_size, n_best, min_len, max_len_a, max_len_b,
-                                          length_penalty):
+                                          length_penalty, shrink):
     model = cuda_model(norm_first, activation=activation, eos_scale=8.0)
     src = padded_sources(model, [7, 2, 5, 1, 4, 9], seed=beam_size).cuda()
     search = dict(beam_size=beam_size, n_best=n_best, min_len=min_len, max_len_a=max_len_a, max_len_b=max_len_b,
                   length_penalty=length_penalty)
     with fastformer.backend("reference"):
-        assert_same_hypotheses(model.translate(src, **search), beam_search(model, src, **search), atol=1e-4)
+        assert_same_hypotheses(model.translate(src, shrink=shrink, **search), beam_search(model, src, **search),
+                               atol=1e-4)
+
+
+@pytest.mark.gpu
+def test_cuda_translate_in_buckets_of_many_sentences_matches_every_step():
+    # 40 sentences of lengths 1..20: buckets of 40, 32, 16, 8, 4, 2 and 1, each captured as a graph once it runs a
+    # second step; the search runs twice, so the second one starts from a warm cuBLAS and caching allocator.
+    model = cuda_model(eos_scale=8.0)
+    lengths = torch.randint(1, 21, (40,), generator=torch.Generator().manual_seed(8)).tolist()
+    src = padded_sources(model, lengths, seed=9).cuda()
+    search = dict(beam_size=4, n_best=2, max_len_b=12)
+    with fastformer.backend("reference"):
+        every_step = model.translate(src, shrink="every_step", **search)
+        for _ in range(2):
+            assert_same_hypotheses(model.translate(src, shrink="buckets", **search), every_step, atol=1e-5)
 
 
 @pytest.mark.gpu
@@ -373,13 +412,15 @@ def test_cuda_translate_matches_reference_with_a_large_vocabulary(beam_size):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shrink", SHRINKS)
 @pytest.mark.parametrize("norm_first,options", MODEL_OPTIONS)
-def test_cuda_translate_matches_reference_for_each_model_option(norm_first, options):
+def test_cuda_translate_matches_reference_for_each_model_option(norm_first, options, shrink):
     model = cuda_model(norm_first, eos_scale=8.0, **options)
     src = padded_sources(model, [7, 2, 5, 1, 4, 9], seed=5).cuda()
     search = dict(beam_size=4, n_best=4, max_len_a=1.0, max_len_b=6)
     with fastformer.backend("reference"):
-        assert_same_hypotheses(model.translate(src, **search), beam_search(model, src, **search), atol=1e-4)
+        assert_same_hypotheses(model.translate(src, shrink=shrink, **search), beam_search(model, src, **search),
+                               atol=1e-4)
 
 
 @pytest.mark.gpu

@@ -64,7 +64,8 @@ void test_self_attention_step() {
   const std::vector<float> k_before = k_cache, v_before = v_cache;
   std::vector<float> out(size_t(n_rows) * d_model);
   fastformer::self_attention_step_cpu({qkv.data(), k_cache.data(), v_cache.data(), indirection.data(),
-                                       row_slots.data(), out.data(), n_rows, heads, head_dim, cache_len, beam, step});
+                                       row_slots.data(), out.data(), &step, n_rows, heads, head_dim, cache_len,
+                                       beam});
   auto at = [&](int slot, int h, int p) { return (size_t(slot * heads + h) * cache_len + p) * head_dim; };
   for (int row = 0; row < n_rows; ++row) {
     const int slot = row_slots[row], first = slot - slot % beam;
@@ -166,10 +167,11 @@ Expected brute_force_step(const float* logits, const float* sums, int beam, int 
 
 void test_beam_step(int beam, int vocab, int step, int min_len, int max_len,
                     fastformer::LengthPenaltyForm form = fastformer::LengthPenaltyForm::kGnmt) {
-  const int n_sentences = 3, pad = 0, bos = 1, eos = 2, cache_len = step + 2;
+  const int n_sentences = 4, pad = 0, bos = 1, eos = 2, cache_len = step + 2;
   const int n_slots = n_sentences * beam;
   const double length_penalty = 0.6;
-  const std::vector<int32_t> active = {2, 0};  // sentence 1 already done
+  // Sentence 3 is not in the rows; sentence 1 is, but done (a bucketed search's padding): both stay untouched.
+  const std::vector<int32_t> active = {2, 1, 0};
   const int n_active = int(active.size());
   // A few large logits make EOS and repeated beams likely, so that finishing and reordering both happen.
   std::vector<float> logits = random_floats(size_t(n_active) * beam * vocab, 2.0f);
@@ -181,10 +183,10 @@ void test_beam_step(int beam, int vocab, int step, int min_len, int max_len,
     for (int p = 0; p < cache_len; ++p) indirection_in[slot * cache_len + p] = (slot + p) % beam;
   }
   std::vector<int32_t> history_tokens(cache_len * n_slots, -7), history_beams(cache_len * n_slots, -7);
-  std::vector<int32_t> finished_count = {1, 0, 0}, finished_steps(n_sentences * 2 * beam, -7);
-  std::vector<int32_t> finished_beams(n_sentences * 2 * beam, -7), done(n_sentences, 0);
+  std::vector<int32_t> finished_count = {1, 2, 0, 0}, finished_steps(n_sentences * 2 * beam, -7);
+  std::vector<int32_t> finished_beams(n_sentences * 2 * beam, -7), done = {0, 1, 0, 0};
   std::vector<double> finished_scores(n_sentences * 2 * beam, 0.0);
-  const std::vector<int32_t> max_lens = {max_len, max_len, max_len};
+  const std::vector<int32_t> max_lens = {max_len, max_len, max_len, max_len};
   fastformer::BeamStepArgs args{};
   args.logits = logits.data();
   args.active = active.data();
@@ -205,7 +207,7 @@ void test_beam_step(int beam, int vocab, int step, int min_len, int max_len,
   args.vocab = vocab;
   args.beam_size = beam;
   args.cache_len = cache_len;
-  args.step = step;
+  args.step = &step;
   args.min_len = min_len;
   args.pad_id = pad;
   args.bos_id = bos;
@@ -214,9 +216,16 @@ void test_beam_step(int beam, int vocab, int step, int min_len, int max_len,
   args.length_penalty_form = form;
   fastformer::beam_step_cpu(args);
 
-  EXPECT(finished_count[1] == 0 && done[1] == 0 && tokens[beam] == -7);  // the inactive sentence is untouched
+  for (int untouched : {1, 3}) {
+    EXPECT(finished_count[untouched] == (untouched == 1 ? 2 : 0) && done[untouched] == (untouched == 1));
+    for (int j = 0; j < beam; ++j) {
+      const int slot = untouched * beam + j;
+      EXPECT(tokens[slot] == -7 && sums[slot] == sums_before[slot] && history_tokens[step * n_slots + slot] == -7);
+    }
+  }
   for (int a = 0; a < n_active; ++a) {
     const int s = active[a];
+    if (s == 1) continue;
     const int already = s == 0 ? 1 : 0;
     const Expected e = brute_force_step(logits.data() + size_t(a) * beam * vocab, sums_before.data() + s * beam,
                                         beam, vocab, step, min_len, max_len, pad, bos, eos, length_penalty,
