@@ -61,8 +61,8 @@ import bench_utils as bu
 import fastformer
 from baselines import TorchTransformer, cached_beam_search, marian_model, placeholder_vocabulary
 from fastformer import Transformer, TransformerConfig
-from fastformer.export import to_ctranslate2
 from fastformer.captured_step import WARMUP_RUNS as CAPTURE_WARMUP_RUNS
+from fastformer.export import to_ctranslate2
 from fastformer.reference.beam_search import beam_search as reference_beam_search
 from fastformer.train import captured_training
 
