@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import math
 import os
@@ -17,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from fastformer.data import token_budget_batches
+from fastformer import data
+from fastformer.data import BucketBatch, BucketBatchSampler, TokenizedCorpus, token_budget_batches
 
 REPO = Path(__file__).resolve().parents[1]
 # Runs write here unless told otherwise: git ignores /runs/, so a run never dirties the checkout. Results worth
@@ -40,6 +42,7 @@ WMT_LOG_SIGMA = 0.55
 WMT_SOURCE_RATIO_SIGMA = 0.2
 WMT_VOCAB = 37000
 PAD_MULTIPLE = 8  # batches are padded to a multiple of 8 tokens, as fairseq does for tensor cores
+BUCKET_SAMPLE_BATCHES = 400  # batches' worth of pairs drawn to bucket (bucket_sample_size)
 
 
 def bf16_peak_tflops(device_name: str) -> float | None:
@@ -190,14 +193,31 @@ class Batch:
     tgt_out: torch.Tensor  # [batch, tgt_len] = [y, EOS]
     src_lengths: torch.Tensor  # [batch], with EOS
     tgt_lengths: torch.Tensor  # [batch], of tgt_in (= target tokens of tgt_out)
+    # Rows [0, pairs) hold sentence pairs; the rest are a bucket's filler rows (src [EOS], tgt_in [BOS], tgt_out all
+    # padding, lengths 1 and 1, as fastformer.data pads a bucket), which the model computes but hold no real token.
+    pairs: int
+
+    @property
+    def real_src_lengths(self) -> torch.Tensor:
+        """[pairs]: source lengths of the sentence pairs, with EOS."""
+        return self.src_lengths[:self.pairs]
+
+    @property
+    def real_tgt_lengths(self) -> torch.Tensor:
+        """[pairs]: target lengths of the sentence pairs (tokens of tgt_out)."""
+        return self.tgt_lengths[:self.pairs]
 
     @property
     def target_tokens(self) -> int:
-        return int(self.tgt_lengths.sum())
+        return int(self.real_tgt_lengths.sum())
 
     def to(self, device: torch.device) -> Batch:
         return Batch(*(t.to(device) for t in (self.src, self.tgt_in, self.tgt_out, self.src_lengths,
-                                                 self.tgt_lengths)))
+                                                 self.tgt_lengths)), self.pairs)
+
+    def training_batch(self) -> data.Batch:
+        """-> the batch as fastformer's training collates it (what CapturedStep.micro_step takes)."""
+        return data.Batch(self.src, self.tgt_in, self.tgt_out, self.src_lengths, self.tgt_lengths, self.target_tokens)
 
 
 def make_batch(src_lengths: torch.Tensor, tgt_lengths: torch.Tensor, vocab_size: int, generator: torch.Generator,
@@ -215,18 +235,88 @@ def make_batch(src_lengths: torch.Tensor, tgt_lengths: torch.Tensor, vocab_size:
     tgt_out = y.clone()
     tgt_out[torch.arange(batch), tgt_lengths] = eos_id
     tgt_out[positions > tgt_lengths[:, None]] = pad_id
-    return Batch(src, tgt_in, tgt_out, src_lengths.clone(), tgt_lengths + 1)
+    return Batch(src, tgt_in, tgt_out, src_lengths.clone(), tgt_lengths + 1, batch)
+
+
+def sample_size(n_batches: int, max_tokens: int) -> int:
+    """Sentence pairs drawn to make n_batches batches of max_tokens: enough that every length is well represented."""
+    return max(64, 8 * n_batches * max_tokens // int(WMT_MEAN_TARGET_LEN))
+
+
+def picked(n_items: int, n_picks: int) -> list[int]:
+    """Evenly spaced indices into n_items items sorted by length: short, typical and long ones all represented."""
+    return sorted({round(i * (n_items - 1) / max(1, n_picks - 1)) for i in range(n_picks)})
 
 
 def wmt_batches(n_batches: int, max_tokens: int, vocab_size: int, max_len: int, seed: int = 0) -> list[Batch]:
     """n_batches token-budget batches of WMT-like pairs, taken at evenly spaced length quantiles of the batching of a
     sample large enough to fill them, so that short, typical and long batches are all represented."""
     generator = torch.Generator().manual_seed(seed)
-    n_sentences = max(64, 8 * n_batches * max_tokens // int(WMT_MEAN_TARGET_LEN))
-    src_lengths, tgt_lengths = wmt_lengths(n_sentences, generator, max_len)
+    src_lengths, tgt_lengths = wmt_lengths(sample_size(n_batches, max_tokens), generator, max_len)
     groups = token_budget_groups(src_lengths, tgt_lengths, max_tokens)
-    picks = sorted({round(i * (len(groups) - 1) / max(1, n_batches - 1)) for i in range(n_batches)})
-    return [make_batch(src_lengths[groups[i]], tgt_lengths[groups[i]], vocab_size, generator) for i in picks]
+    return [make_batch(src_lengths[groups[i]], tgt_lengths[groups[i]], vocab_size, generator)
+            for i in picked(len(groups), n_batches)]
+
+
+def wmt_bucket_epoch(n_sentences: int, max_tokens: int, max_len: int,
+                     seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, list[BucketBatch]]:
+    """n_sentences WMT-like pairs (wmt_lengths with `seed`, as wmt_batches draws them) in the static-shape batches of
+    fastformer's `--batching buckets` (BucketBatchSampler's epoch 0: every pair exactly once), sorted by padded length
+    per pair -> (source lengths with EOS [n], tgt_in lengths [n], the batches)."""
+    src_lengths, tgt_lengths = wmt_lengths(n_sentences, torch.Generator().manual_seed(seed), max_len)
+    tgt_in_lengths = tgt_lengths + 1
+    sampler = BucketBatchSampler(src_lengths, tgt_in_lengths, max_tokens, seed=seed)
+    epoch = sorted(sampler.all_batches(0), key=lambda b: (b.shape.src_len + b.shape.tgt_len, b.shape))
+    return src_lengths, tgt_in_lengths, epoch
+
+
+def collate_buckets(buckets: list[BucketBatch], src_lengths: torch.Tensor, tgt_lengths: torch.Tensor,
+                    vocab_size: int, seed: int = 0) -> list[Batch]:
+    """Random ids in [3, vocab) for the pairs of the buckets (src_lengths with EOS, tgt_lengths of tgt_in), collated
+    to each bucket's shape as fastformer's training collates them (TokenizedCorpus.batch: pad 0, BOS 1, EOS 2)."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    members = [i for bucket in buckets for i in bucket.indices]
+    bare_src = (src_lengths[members] - 1).tolist()  # TokenizedCorpus appends the EOS
+    bare_tgt = (tgt_lengths[members] - 1).tolist()  # and adds BOS / EOS to targets
+    src_ids = torch.randint(3, vocab_size, (sum(bare_src),), generator=generator).split(bare_src)
+    tgt_ids = torch.randint(3, vocab_size, (sum(bare_tgt),), generator=generator).split(bare_tgt)
+    corpus = TokenizedCorpus([ids.tolist() for ids in src_ids], [ids.tolist() for ids in tgt_ids], pad_id=0,
+                             bos_id=1, eos_id=2)
+    batches, start = [], 0
+    for bucket in buckets:
+        collated = corpus.batch(list(range(start, start + len(bucket.indices))), vocab_size, bucket.shape)
+        batches.append(Batch(*collated[:5], len(bucket.indices)))
+        start += len(bucket.indices)
+    return batches
+
+
+def bucket_sample_size(max_tokens: int) -> int:
+    """Pairs drawn to bucket: enough for ~8 batches in each of BucketBatchSampler's (at most 48) buckets, so that the
+    few pairs a bucket cannot fill a batch with pad about as little as at WMT scale (4.5M pairs)."""
+    return max(64, BUCKET_SAMPLE_BATCHES * max_tokens // int(WMT_MEAN_TARGET_LEN))
+
+
+def typical_buckets(epoch: list[BucketBatch], src_lengths: torch.Tensor, tgt_lengths: torch.Tensor,
+                    n_picks: int) -> list[BucketBatch]:
+    """One batch from each of n_picks equal slices of the epoch (sorted by length): short, typical and long batches;
+    from each slice, the batch of median real-token share, so that a few batches pad as the slice typically does
+    rather than as its best or worst batch."""
+    def real_share(bucket: BucketBatch) -> float:
+        real = int(src_lengths[bucket.indices].sum()) + int(tgt_lengths[bucket.indices].sum())
+        return real / (bucket.shape.sentences * (bucket.shape.src_len + bucket.shape.tgt_len))
+
+    bounds = [round(i * len(epoch) / n_picks) for i in range(n_picks + 1)]
+    slices = [sorted(epoch[start:end], key=real_share) for start, end in zip(bounds, bounds[1:]) if end > start]
+    return [part[len(part) // 2] for part in slices]
+
+
+@functools.lru_cache(maxsize=2)  # every system of a preset trains the same batches: built once (read-only)
+def wmt_bucket_batches(n_batches: int, max_tokens: int, vocab_size: int, max_len: int, seed: int = 0) -> list[Batch]:
+    """n_batches static-shape batches of WMT-like pairs (typical_buckets of the wmt_bucket_epoch of a sample large
+    enough to fill every bucket)."""
+    src_lengths, tgt_lengths, epoch = wmt_bucket_epoch(bucket_sample_size(max_tokens), max_tokens, max_len, seed)
+    return collate_buckets(typical_buckets(epoch, src_lengths, tgt_lengths, n_batches), src_lengths, tgt_lengths,
+                           vocab_size, seed)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -14,6 +14,9 @@
 # so that a machine lent 10 minutes a command takes the whole check in parts, e.g. (each part on a fresh install):
 #     --only install,pytest-gpu-marked,memcheck    --only install,pytest-gpu-files    --only install,kernels
 #     --only install,throughput   (with TOTAL_S=560: throughput.py --train and --infer each need minutes)
+# The throughput step's training section runs base, then big, each with fastformer, fastformer-captured (CUDA graphs),
+# reference, reference-compile and torch-nn on the same bucketed batches; when its budget cuts big, run the training
+# of each preset on its own (benchmarks/results/README.md lists the commands).
 set -uo pipefail
 
 if [[ $# -lt 1 || "$1" == -* ]]; then

@@ -4,12 +4,27 @@ against the baselines users would pick.
     python benchmarks/throughput.py                         # on the GPU: base and big, every system
     python benchmarks/throughput.py --device cpu --preset tiny   # the quick smoke run CI does
 
-Training: one update = forward + backward + Adam step over one WMT-like token-budget batch (see
-bench_utils.wmt_batches), bf16 autocast on CUDA (fp32 on CPU). Systems: "fastformer" (the model on the fused Triton
-kernels), "reference" (the same model on the plain-PyTorch references, eager), "reference-compile" (that under
+Training: one update = forward + backward + Adam step over one WMT-like batch, bf16 autocast on CUDA (fp32 on CPU).
+Systems: "fastformer" (the model on the fused Triton kernels), "fastformer-captured" (the same, trained as `fastformer
+train --precision bf16-master --step captured` trains it: train.captured_training's bf16 compute copy with fp32 master
+weights and capturable Adam, each batch shape's step replayed as one CUDA graph by CapturedStep; CUDA only, a CPU run
+reports it skipped), "reference" (the model on the plain-PyTorch references, eager), "reference-compile" (that under
 torch.compile), "torch-nn" (baselines.TorchTransformer: torch.nn's layers, SDPA, F.cross_entropy), and, on request,
-"fastformer-compile". Every system trains the same batches; all batches are run once untimed (warm-up, which also
-compiles every shape) before the timed passes.
+"fastformer-compile".
+
+Fairness: every system trains the very same batches, on the same device. --batching picks them:
+  buckets (default): static-shape batches as `fastformer train --batching buckets` makes them (BucketBatchSampler,
+    collated by TokenizedCorpus.batch) from a sample of WMT-like lengths (bench_utils.wmt_lengths) large enough to
+    fill every bucket (~92% real source and ~90% real target tokens over the sample's epoch); the timed batches are
+    the typical batch of each of `batches` equal length slices (bench_utils.wmt_bucket_batches). Static shapes are
+    what the captured step needs, and torch.compile gains from them too (one compilation per shape).
+  tokens: fairseq's token-budget batches of free shapes, padded to x8 (bench_utils.wmt_batches); the captured system
+    cannot run on them and is refused.
+Every row counts only real (unpadded) target tokens, and gives the real share of the source and target tokens its
+batches hold. All batches are run untimed first (warm-up: `warmup` passes, which compile every shape, and for the
+captured system at least CapturedStep.WARMUP_RUNS + 1, so that every shape's graph is captured) before the timed
+passes. The captured system is fed CPU batches, which it copies in itself (as training does); the others get their
+batches on the device beforehand.
 
 Inference: beam search over newstest-like sources (mean ~27 tokens) on random weights, with EOS barred until each
 hypothesis has as many tokens as its source (max_len_a=1, max_len_b=0, min_len=max_positions: forcing EOS wins over
@@ -46,14 +61,19 @@ import bench_utils as bu
 import fastformer
 from baselines import TorchTransformer, cached_beam_search, marian_model, placeholder_vocabulary
 from fastformer import Transformer, TransformerConfig
+from fastformer.captured_step import WARMUP_RUNS as CAPTURE_WARMUP_RUNS
 from fastformer.export import to_ctranslate2
 from fastformer.reference.beam_search import beam_search as reference_beam_search
+from fastformer.train import captured_training
 
-TRAIN_SYSTEMS = ("fastformer", "reference", "reference-compile", "torch-nn", "fastformer-compile")
-DEFAULT_TRAIN_SYSTEMS = TRAIN_SYSTEMS[:4]
+TRAIN_SYSTEMS = ("fastformer", "fastformer-captured", "reference", "reference-compile", "torch-nn",
+                 "fastformer-compile")
+DEFAULT_TRAIN_SYSTEMS = TRAIN_SYSTEMS[:5]
 # The CPU run is a quick smoke run: without the systems that take most of its time (torch.compile's tracing of the
-# reference, transformers' Python generate loop); --systems names them.
+# reference, transformers' Python generate loop), nor those it cannot run; --systems names them.
 CPU_SLOW_SYSTEMS = ("reference-compile", "transformers")
+CUDA_ONLY_SYSTEMS = ("fastformer-captured",)
+BATCHINGS = ("buckets", "tokens")
 INFER_SYSTEMS = ("fastformer", "cached-pytorch", "reference", "ctranslate2", "ctranslate2-int8", "transformers")
 PRESETS = ("tiny", "base", "big")
 TINY_VOCAB = 1000
@@ -74,6 +94,7 @@ class Settings:
     train_systems: list[str]
     infer_systems: list[str]
     max_tokens: int | None  # None: 25k for base/big, 256 for tiny
+    batching: str  # one of BATCHINGS
     batches: int
     warmup: int
     repeats: int
@@ -128,6 +149,8 @@ def build_update(system: str, config: TransformerConfig, device: torch.device, c
                  compile_mode: str) -> tuple[Callable[[bu.Batch], None], str]:
     """-> (one full update on a batch, the fastformer backend it runs under)."""
     torch.manual_seed(0)
+    if system == "fastformer-captured":
+        return captured_update(config, device), "triton"
     if system == "torch-nn":
         model: torch.nn.Module = TorchTransformer(config).to(device)
         backend = "reference"  # unused by torch.nn's layers
@@ -156,9 +179,22 @@ def build_update(system: str, config: TransformerConfig, device: torch.device, c
     return update, backend
 
 
+def captured_update(config: TransformerConfig, device: torch.device) -> Callable[[bu.Batch], None]:
+    """-> one update of `fastformer train --precision bf16-master --step captured` on a CPU batch of a bucket's shape:
+    the step's graph of that shape (forward, backward, gradients into the fp32 masters), then the update's graph
+    (gradients scaled to the mean over the batch's target tokens, Adam, the bf16 copy refreshed)."""
+    step = captured_training(Transformer(config).to(device), label_smoothing=0.1, lr=1e-4, device=device)
+
+    def update(batch: bu.Batch) -> None:
+        step.micro_step(batch.training_batch())
+        step.update(grad_scale=1.0 / max(batch.target_tokens, 1))
+
+    return update
+
+
 def real_token_ratios(batches: list[bu.Batch]) -> dict:
     """-> the real (unpadded) share of the source and target tokens the batches hold, padding included."""
-    real_src = sum(int(batch.src_lengths.sum()) for batch in batches)
+    real_src = sum(int(batch.real_src_lengths.sum()) for batch in batches)
     real_tgt = sum(batch.target_tokens for batch in batches)
     return {"source": real_src / sum(batch.src.numel() for batch in batches),
             "target": real_tgt / sum(batch.tgt_out.numel() for batch in batches)}
@@ -176,13 +212,15 @@ def run_training(system: str, config: TransformerConfig, batches: list[bu.Batch]
             for batch in batches:
                 update(batch)
 
-        for _ in range(settings.warmup):
+        # A captured step runs each shape eagerly CAPTURE_WARMUP_RUNS times, then captures it on the next run.
+        warmup = max(settings.warmup, CAPTURE_WARMUP_RUNS + 1) if system == "fastformer-captured" else settings.warmup
+        for _ in range(warmup):
             one_pass()
         bu.reset_peak_memory(device)
         times = bu.time_calls(one_pass, device, warmup=0, repeats=settings.repeats)
         peak = bu.peak_memory(device)
     tokens = sum(batch.target_tokens for batch in batches)
-    flops = sum(training_flops(config, batch.src_lengths, batch.tgt_lengths) for batch in batches)
+    flops = sum(training_flops(config, batch.real_src_lengths, batch.real_tgt_lengths) for batch in batches)
     tokens_per_s = bu.summary([tokens / t for t in times])
     peak_tflops = settings.peak_tflops or (bu.bf16_peak_tflops(bu.device_name(device)) if device.type == "cuda"
                                            else None)
@@ -204,17 +242,25 @@ def training_section(presets: list[str], settings: Settings, device: torch.devic
     for preset in presets:
         max_tokens = settings.max_tokens or default_max_tokens(preset)
         for system in settings.train_systems:
-            record("training", {"preset": preset, "system": system, "runs": runs_on(system, "train", device)},
+            record("training", {"preset": preset, "system": system, "batching": settings.batching,
+                                "runs": runs_on(system, "train", device)},
                    lambda: measure_training_with_fallback(system, preset, max_tokens, settings, device))
 
 
 def measure_training_with_fallback(system: str, preset: str, max_tokens: int, settings: Settings,
                                    device: torch.device) -> dict:
-    """Runs at max_tokens, halving it on out-of-memory ("or the largest that fits"); failures become the row."""
+    """Runs at max_tokens, halving it on out-of-memory ("or the largest that fits"); failures become the row, and a
+    system this device cannot run a "skipped" row saying why."""
+    if system in CUDA_ONLY_SYSTEMS and device.type != "cuda":
+        return {"status": "skipped", "error": f"not runnable on {device.type}: CUDA only (it replays CUDA graphs, "
+                                              f"fastformer.captured_step)"}
     config = model_config(preset)
+    make_batches = bu.wmt_bucket_batches if settings.batching == "buckets" else bu.wmt_batches
     while True:
-        batches = [b.to(device) for b in bu.wmt_batches(settings.batches, max_tokens, config.vocab_size,
-                                                         max_sentence_len(preset), seed=settings.seed)]
+        batches = make_batches(settings.batches, max_tokens, config.vocab_size, max_sentence_len(preset),
+                               seed=settings.seed)
+        # The captured step copies each CPU batch in itself, from pinned memory, as training does.
+        batches = batches if system == "fastformer-captured" else [batch.to(device) for batch in batches]
         try:
             row = run_training(system, config, batches, settings, device)
             return {"status": "ok", "max_tokens": max_tokens, **row}
@@ -418,6 +464,8 @@ def runs_on(system: str, section: str, device: torch.device) -> str:
     if system.startswith("fastformer"):
         if section == "infer":
             return "C++ beam search, CPU ops" if cpu else "C++ beam search, CUDA kernels"
+        if system == "fastformer-captured":
+            return "not on CPU (CUDA graphs)" if cpu else "Triton kernels, bf16 + fp32 masters, CUDA graphs"
         return "Triton interpreter (not a speed figure)" if cpu else "Triton kernels"
     if system.startswith("ctranslate2"):
         return f"CTranslate2 {'int8' if system.endswith('int8') else 'fp32'} on {device.type}"
@@ -473,21 +521,28 @@ def ratio(a: float | None, b: float | None) -> float | None:
 def targets(results: dict) -> list[dict]:
     """The training and inference targets (transformer-base) against what was measured."""
     train, infer = results["training"], results["inference"]
-    fused = median_of(find(train, preset="base", system="fastformer"))
+    # The training targets hold for the fastest fastformer system (eager, captured or compiled).
+    measured = [row for row in (find(train, preset="base", system=system) for system in TRAIN_SYSTEMS
+                                if system.startswith("fastformer")) if row is not None]
+    best = max(measured, key=median_of, default=None)
+    fused = median_of(best)
     reference = median_of(find(train, preset="base", system="reference"))
     compiled = median_of(find(train, preset="base", system="reference-compile"))
     translate = median_of(find(infer, preset="base", system="fastformer"))
     cached = median_of(find(infer, preset="base", system="cached-pytorch"))
     reference_infer = median_of(find(infer, preset="base", system="reference"))
+    trained_by = None if best is None else best["system"]
     checks = [
-        ("training tokens/s, base", fused, TARGET_TRAIN_TOKENS_PER_S),
-        ("training speedup vs reference (eager)", ratio(fused, reference), TARGET_TRAIN_VS_REFERENCE),
-        ("training speedup vs reference (torch.compile)", ratio(fused, compiled), TARGET_TRAIN_VS_COMPILED),
-        ("beam-4 tokens/s vs cached PyTorch decoder", ratio(translate, cached), TARGET_INFER_VS_CACHED),
-        ("beam-4 tokens/s vs reference beam search", ratio(translate, reference_infer), TARGET_INFER_VS_REFERENCE),
+        ("training tokens/s, base", trained_by, fused, TARGET_TRAIN_TOKENS_PER_S),
+        ("training speedup vs reference (eager)", trained_by, ratio(fused, reference), TARGET_TRAIN_VS_REFERENCE),
+        ("training speedup vs reference (torch.compile)", trained_by, ratio(fused, compiled),
+         TARGET_TRAIN_VS_COMPILED),
+        ("beam-4 tokens/s vs cached PyTorch decoder", "fastformer", ratio(translate, cached), TARGET_INFER_VS_CACHED),
+        ("beam-4 tokens/s vs reference beam search", "fastformer", ratio(translate, reference_infer),
+         TARGET_INFER_VS_REFERENCE),
     ]
-    return [{"target": name, "measured": value, "goal": goal, "verdict": bu.verdict(value, goal)}
-            for name, value, goal in checks]
+    return [{"target": name, "system": system, "measured": value, "goal": goal, "verdict": bu.verdict(value, goal)}
+            for name, system, value, goal in checks]
 
 
 def tables(results: dict) -> str:
@@ -521,8 +576,9 @@ def tables(results: dict) -> str:
             "status_note": row["status"] if ok else f"{row['status']}: {row.get('error', '')[:60]}",
         })
     parts = [
-        "Training (target tokens/s of a full update)",
-        bu.format_table(train_rows, [("preset", "preset"), ("system", "system"), ("runs", "runs"), ("tok_s", "tokens/s"),
+        "Training (real target tokens/s of a full update)",
+        bu.format_table(train_rows, [("preset", "preset"), ("system", "system"), ("runs", "runs"),
+                                     ("batching", "batches"), ("tok_s", "tokens/s"),
                                      ("spread", "spread %"), ("vs_ref", "x reference"), ("peak_memory_gib", "peak GiB"),
                                      ("mfu_pct", "MFU %"), ("mflop_tok", "MFLOP/tok"),
                                      ("real_share", "real src / tgt"), ("max_tokens", "max_tokens"),
@@ -537,8 +593,8 @@ def tables(results: dict) -> str:
                                      ("status_note", "status")]),
         "",
         "Targets (transformer-base on an H100, bf16)",
-        bu.format_table(results["targets"], [("target", "target"), ("measured", "measured"), ("goal", "goal"),
-                                             ("verdict", "verdict")]),
+        bu.format_table(results["targets"], [("target", "target"), ("system", "fastformer system"),
+                                             ("measured", "measured"), ("goal", "goal"), ("verdict", "verdict")]),
     ]
     return "\n".join(parts)
 
@@ -614,6 +670,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, Path]:
     sizes = ", ".join(f"{name.replace('_', '-')} {values}" for name, values in MODE_DEFAULTS.items())
     parser.epilog = f"Defaults (full run, --quick, CPU): {sizes}."
     add("--max-tokens", type=int, help="token budget of a training batch (GPU default 25000; 256 for tiny)")
+    add("--batching", choices=BATCHINGS, default="buckets",
+        help="training batches, the same for every system: static-shape buckets (what fastformer-captured needs) "
+             "or fairseq's token-budget batches of free shapes")
     add("--batches", type=int, help="distinct training batches per pass")
     add("--warmup", type=int, help="untimed training passes (0 times compilation too: smoke runs only)")
     add("--repeats", type=int, help="timed training passes")
@@ -647,17 +706,22 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, Path]:
     unknown = set(chosen or []) - set(TRAIN_SYSTEMS + INFER_SYSTEMS)
     if unknown:
         parser.error(f"unknown systems {sorted(unknown)}; choose from {TRAIN_SYSTEMS + INFER_SYSTEMS[1:]}")
+    if args.batching != "buckets" and set(chosen or []) & set(CUDA_ONLY_SYSTEMS):
+        parser.error(f"fastformer-captured replays one CUDA graph per batch shape: it needs --batching buckets, not "
+                     f"--batching {args.batching}")
     compile_backend = args.compile_backend or ("aot_eager" if cpu else "inductor")
     if args.compile_mode != "default" and compile_backend != "inductor":
         parser.error(f"--compile-mode {args.compile_mode} needs the inductor backend, not {compile_backend}")
     both = not args.train and not args.infer
     if chosen is None and cpu:
-        chosen = [s for s in dict.fromkeys(INFER_SYSTEMS + DEFAULT_TRAIN_SYSTEMS) if s not in CPU_SLOW_SYSTEMS]
+        chosen = [s for s in dict.fromkeys(INFER_SYSTEMS + DEFAULT_TRAIN_SYSTEMS)
+                  if s not in CPU_SLOW_SYSTEMS + CUDA_ONLY_SYSTEMS]
     settings = Settings(
         device=args.device, presets=args.preset or (["tiny"] if cpu else ["base"] if args.quick else ["base", "big"]),
         train_systems=[s for s in chosen or DEFAULT_TRAIN_SYSTEMS if s in TRAIN_SYSTEMS] if args.train or both else [],
         infer_systems=[s for s in chosen or INFER_SYSTEMS if s in INFER_SYSTEMS] if args.infer or both else [],
-        compile_backend=compile_backend, compile_mode=args.compile_mode, source_len=args.source_len,
+        batching=args.batching, compile_backend=compile_backend, compile_mode=args.compile_mode,
+        source_len=args.source_len,
         beam_size=args.beam, length_penalty=args.length_penalty,
         infer_dtype=args.infer_dtype or ("float32" if cpu else "float16"), seed=args.seed,
         time_budget_s=args.time_budget_s, peak_tflops=args.peak_tflops, **sizing,

@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 import fastformer
 from fastformer import checkpoint, evaluate
+from fastformer.captured_step import CapturedStep
 from fastformer.config import TransformerConfig
 from fastformer.data import (Batch, BucketBatch, BucketBatchSampler, LengthFilter, SplitFiles, TokenBatchSampler,
                              TokenizedCorpus, Tokenizer, find_split, read_parallel, train_tokenizer)
@@ -165,6 +166,17 @@ class _LossModule(nn.Module):
         summed label-smoothed loss: []."""
         return self.model.loss(src, tgt_in, tgt_out, label_smoothing=self.label_smoothing, reduction="sum",
                                lengths=(src_lengths, tgt_lengths))
+
+
+def captured_training(model: Transformer, label_smoothing: float, lr: float,
+                      device: torch.device) -> CapturedStep:
+    """`--step captured` of an fp32 model on a CUDA device: its bf16 compute copy (MasterWeights), the copy's summed
+    label-smoothed loss, Adam on the fp32 masters with its lr and step count on the GPU (updated in place, as a graph
+    replays them), and the CapturedStep of these (its .master, .loss_module, .optimizer)."""
+    master = MasterWeights(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=torch.tensor(lr, device=device), betas=(0.9, 0.98), eps=1e-9,
+                                 fused=True, capturable=True)
+    return CapturedStep(master, _LossModule(master.compute, label_smoothing), optimizer, device)
 
 
 def process_rank() -> int:
@@ -373,10 +385,6 @@ class Trainer:
         sampler = sampler_class(self.data.train.src_lengths, self.data.train.tgt_lengths, options.batch_tokens,
                                 seed=options.seed, rank=self.env.rank, world_size=self.env.world_size)
         self.stream = _BatchStream(sampler, position["epoch"], position["index"])
-        self.captured = None
-        if options.step == "captured":
-            from fastformer.captured_step import CapturedStep
-            self.captured = CapturedStep(self.master, self.loss_module, self.optimizer, self.env.device)
 
     def _build_model(self) -> None:
         """The model (the same initial weights on every rank), its DDP-wrapped loss, Adam and the schedule."""
@@ -386,20 +394,21 @@ class Trainer:
         self.model = Transformer(self.config).to(self.env.device)
         # Every rank draws its own dropout masks.
         torch.manual_seed(options.seed + 1 + self.env.rank)
+        lr = options.lr_scale * self.config.d_model ** -0.5
         # bf16-master: the bf16 copy trains, self.model holds the fp32 masters (checkpoints and validation use it),
         # and the ranks all-reduce the master gradients themselves, in one call per update.
-        self.master = MasterWeights(self.model) if options.precision == "bf16-master" else None
-        trained = self.model if self.master is None else self.master.compute
-        self.loss_module: nn.Module = _LossModule(trained, options.label_smoothing)
-        if self.env.world_size > 1 and self.master is None:
-            device_ids = [self.env.device.index] if self.env.device.type == "cuda" else None
-            self.loss_module = nn.parallel.DistributedDataParallel(self.loss_module, device_ids=device_ids)
-        lr = options.lr_scale * self.config.d_model ** -0.5
+        self.captured = None
         if options.step == "captured":
-            # Replayed in a graph: the lr and the step count live on the GPU, updated in place.
-            self.optimizer = torch.optim.Adam(self.model.parameters(), lr=torch.tensor(lr, device=self.env.device),
-                                              betas=(0.9, 0.98), eps=1e-9, fused=True, capturable=True)
+            self.captured = captured_training(self.model, options.label_smoothing, lr, self.env.device)
+            self.master, self.loss_module = self.captured.master, self.captured.loss_module
+            self.optimizer = self.captured.optimizer
         else:
+            self.master = MasterWeights(self.model) if options.precision == "bf16-master" else None
+            trained = self.model if self.master is None else self.master.compute
+            self.loss_module = _LossModule(trained, options.label_smoothing)
+            if self.env.world_size > 1 and self.master is None:
+                device_ids = [self.env.device.index] if self.env.device.type == "cuda" else None
+                self.loss_module = nn.parallel.DistributedDataParallel(self.loss_module, device_ids=device_ids)
             self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr, betas=(0.9, 0.98), eps=1e-9)
         self.scheduler = inverse_sqrt_schedule(self.optimizer, options.warmup)
         self.accumulation = max(1, round(options.update_tokens / (options.batch_tokens * self.env.world_size)))

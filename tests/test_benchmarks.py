@@ -2,6 +2,7 @@
 both benchmark scripts run end to end on the CPU (tiny shapes), writing their JSON and chart."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -150,6 +151,7 @@ def test_the_cpu_run_leaves_out_its_slow_systems_unless_named():
 
     settings, _ = parse_args(["--device", "cpu"])
     assert settings.train_systems == ["fastformer", "reference", "torch-nn"]
+    assert settings.batching == "buckets"
     assert settings.infer_systems == ["fastformer", "cached-pytorch", "reference", "ctranslate2", "ctranslate2-int8"]
     settings, _ = parse_args(["--device", "cpu", "--systems", "transformers,reference-compile"])
     assert (settings.train_systems, settings.infer_systems) == (["reference-compile"], ["transformers"])
@@ -212,3 +214,85 @@ def test_real_token_ratios_count_the_unpadded_tokens():
     assert ratios["source"] == pytest.approx(real_src / sum(batch.src.numel() for batch in batches))
     assert ratios["target"] == pytest.approx(real_tgt / sum(batch.tgt_out.numel() for batch in batches))
     assert 0 < ratios["source"] < 1 and 0 < ratios["target"] < 1
+
+
+def bucket_real_shares(batches: list) -> tuple[float, float]:
+    """Real share of the source and target tokens, counted as the non-pad ids of the rows that hold pairs (a filler
+    row's EOS is not a real token) over every position, fillers included."""
+    pad = 0
+    real_src = sum(int((batch.src[:batch.pairs] != pad).sum()) for batch in batches)
+    real_tgt = sum(int((batch.tgt_out[:batch.pairs] != pad).sum()) for batch in batches)
+    return (real_src / sum(batch.src.numel() for batch in batches),
+            real_tgt / sum(batch.tgt_out.numel() for batch in batches))
+
+
+def test_bucketed_benchmark_batches_hold_every_sentence_once_with_90_percent_real_tokens():
+    """The whole bucketed sample of a run (WMT lengths up to 128 tokens) in its static-shape batches."""
+    max_tokens, max_len, seed = 1024, 128, 3
+    n_sentences = bench_utils.bucket_sample_size(max_tokens)
+    src_lengths, tgt_lengths, epoch = bench_utils.wmt_bucket_epoch(n_sentences, max_tokens, max_len, seed)
+    # The sample is the WMT length model's: the same lengths as drawn directly.
+    expected_src, expected_tgt = bench_utils.wmt_lengths(n_sentences, torch.Generator().manual_seed(seed), max_len)
+    assert torch.equal(src_lengths, expected_src) and torch.equal(tgt_lengths, expected_tgt + 1)
+    assert sorted(i for bucket in epoch for i in bucket.indices) == list(range(n_sentences))
+    batches = bench_utils.collate_buckets(epoch, src_lengths, tgt_lengths, VOCAB, seed)
+    assert len({(batch.src.shape, batch.tgt_in.shape) for batch in batches}) <= 48
+    for bucket, batch in zip(epoch, batches):
+        assert (batch.src.shape[0], batch.src.shape[1], batch.tgt_in.shape[1]) == tuple(bucket.shape)
+        assert batch.pairs == len(bucket.indices)
+        # Each row holds its pair whole: as many non-pad ids as the sampled lengths, EOS last, tgt_in = [BOS, y].
+        assert torch.equal((batch.src[:batch.pairs] != 0).sum(dim=1), expected_src[bucket.indices])
+        assert torch.equal((batch.tgt_out[:batch.pairs] != 0).sum(dim=1), expected_tgt[bucket.indices] + 1)
+        rows = torch.arange(batch.pairs)
+        assert torch.all(batch.src[rows, expected_src[bucket.indices] - 1] == 2)
+        assert torch.all(batch.tgt_in[:batch.pairs, 0] == 1)
+        real = batch.tgt_in[:batch.pairs, 1:] != 0
+        assert torch.equal(batch.tgt_in[:batch.pairs, 1:][real], batch.tgt_out[:batch.pairs, :-1][real])
+        # Filler rows carry no target token.
+        assert not torch.any(batch.tgt_out[batch.pairs:] != 0)
+    src_share, tgt_share = bucket_real_shares(batches)
+    assert src_share >= 0.90 and tgt_share >= 0.90, (src_share, tgt_share)
+
+
+@pytest.mark.parametrize("n_batches, max_tokens, max_len", [(6, 25000, 128), (1, 256, 64)],
+                         ids=["gpu-default", "cpu-smoke"])
+def test_timed_bucket_batches_are_90_percent_real_tokens(n_batches, max_tokens, max_len):
+    """The batches the runs time (the GPU run's default and the CPU smoke run's), and the row's ratios of them."""
+    from throughput import real_token_ratios
+
+    batches = bench_utils.wmt_bucket_batches(n_batches, max_tokens, VOCAB, max_len, seed=0)
+    assert len(batches) == n_batches
+    assert all(batch.src.shape[0] * max(batch.src.shape[1], batch.tgt_in.shape[1]) <= max_tokens for batch in batches)
+    src_share, tgt_share = bucket_real_shares(batches)
+    assert src_share >= 0.90 and tgt_share >= 0.90, (src_share, tgt_share)
+    ratios = real_token_ratios(batches)
+    assert ratios["source"] == pytest.approx(src_share) and ratios["target"] == pytest.approx(tgt_share)
+    assert sum(batch.target_tokens for batch in batches) == sum(int((b.tgt_out != 0).sum()) for b in batches)
+
+
+def test_captured_system_off_cuda_is_a_skipped_row_with_its_reason(tmp_path):
+    results = run_script("throughput.py", tmp_path, "--train", "--preset", "tiny", "--systems", "fastformer-captured")
+    (row,) = results["training"]
+    assert row["system"] == "fastformer-captured" and row["status"] == "skipped"
+    assert "not runnable on cpu" in row["error"] and "CUDA" in row["error"]
+
+
+def test_captured_system_needs_bucketed_batches(capsys):
+    from throughput import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--device", "cpu", "--batching", "tokens", "--systems", "fastformer-captured"])
+    assert "fastformer-captured replays one CUDA graph per batch shape: it needs --batching buckets" in \
+        capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_captured_system_trains_the_tiny_model_on_the_gpu():
+    from throughput import measure_training_with_fallback, parse_args
+
+    settings, _ = parse_args(["--device", "cuda", "--preset", "tiny", "--train", "--systems", "fastformer-captured",
+                              "--batches", "3", "--repeats", "2", "--warmup", "0"])
+    row = measure_training_with_fallback("fastformer-captured", "tiny", 256, settings, torch.device("cuda"))
+    assert row["status"] == "ok", row
+    assert all(math.isfinite(rate) and rate > 0 for rate in row["tokens_per_s"]["samples"])
+    assert row["real_token_ratio"]["target"] >= 0.90 and row["peak_memory_gib"] > 0
