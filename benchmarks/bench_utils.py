@@ -291,7 +291,7 @@ def collate_buckets(buckets: list[BucketBatch], src_lengths: torch.Tensor, tgt_l
 
 
 def bucket_sample_size(max_tokens: int) -> int:
-    """Pairs drawn to bucket: enough for ~8 batches in each of BucketBatchSampler's (at most 48) buckets, so that the
+    """Pairs drawn to bucket: enough for ~8 batches in each of BucketBatchSampler's (at most 64) buckets, so that the
     few pairs a bucket cannot fill a batch with pad about as little as at WMT scale (4.5M pairs)."""
     return max(64, BUCKET_SAMPLE_BATCHES * max_tokens // int(WMT_MEAN_TARGET_LEN))
 

@@ -14,6 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import fastformer
 from fastformer import Transformer, TransformerConfig
+from fastformer.data.batching import DEFAULT_MAX_BUCKETS
 from fastformer.reference.beam_search import beam_search
 from tolerances import FP32
 
@@ -236,7 +237,7 @@ def test_bucketed_benchmark_batches_hold_every_sentence_once_with_90_percent_rea
     assert torch.equal(src_lengths, expected_src) and torch.equal(tgt_lengths, expected_tgt + 1)
     assert sorted(i for bucket in epoch for i in bucket.indices) == list(range(n_sentences))
     batches = bench_utils.collate_buckets(epoch, src_lengths, tgt_lengths, VOCAB, seed)
-    assert len({(batch.src.shape, batch.tgt_in.shape) for batch in batches}) <= 48
+    assert len({(batch.src.shape, batch.tgt_in.shape) for batch in batches}) <= DEFAULT_MAX_BUCKETS
     for bucket, batch in zip(epoch, batches):
         assert (batch.src.shape[0], batch.src.shape[1], batch.tgt_in.shape[1]) == tuple(bucket.shape)
         assert batch.pairs == len(bucket.indices)

@@ -13,6 +13,7 @@ from fastformer.data import (BOS_ID, BUNDLED_CORPUS, EOS_ID, PAD_ID, BucketBatch
                              TokenBatchSampler, TokenizedCorpus, Tokenizer, bucket_length_grid, decode_sentences,
                              find_split, read_lines, read_parallel, token_budget_batches, train_tokenizer)
 from fastformer.data import make_corpus
+from fastformer.data.batching import DEFAULT_MAX_BUCKETS
 
 
 @pytest.fixture(scope="module")
@@ -287,15 +288,17 @@ def _check_bucket_batches(batches, sampler: BucketBatchSampler, src_lengths, tgt
 
 @pytest.mark.parametrize("max_tokens", [4096, 8192])
 def test_buckets_hold_over_90_percent_real_tokens_at_wmt14_lengths(wmt_lengths, max_tokens: int):
-    """200k pairs of the WMT14-like length model: every pair exactly once, at most 48 distinct shapes, and over 90%
-    of the tokens real on each side (the token-budget sampler's batches, of free shapes, are the comparison)."""
+    """200k pairs of the WMT14-like length model: every pair exactly once, at most DEFAULT_MAX_BUCKETS distinct
+    shapes, and over 90% of the tokens real on each side (the token-budget sampler's batches, of free shapes, are
+    the comparison)."""
     src_lengths, tgt_lengths = wmt_lengths
     assert 27 < float(src_lengths.float().mean()) < 31 and int(torch.maximum(src_lengths, tgt_lengths).max()) > 200
     sampler = BucketBatchSampler(src_lengths, tgt_lengths, max_tokens, seed=5)
     batches = sampler.batches(0)
     assert sorted(i for batch in batches for i in batch.indices) == list(range(len(src_lengths)))
     _check_bucket_batches(batches, sampler, src_lengths, tgt_lengths, max_tokens)
-    assert len(sampler.buckets) <= 48 and len({batch.shape for batch in batches}) <= 48
+    assert len(sampler.buckets) <= DEFAULT_MAX_BUCKETS
+    assert len({batch.shape for batch in batches}) <= DEFAULT_MAX_BUCKETS
     src_ratio, tgt_ratio = _real_token_ratios(batches, src_lengths, tgt_lengths)
     assert src_ratio >= 0.90 and tgt_ratio >= 0.90, (src_ratio, tgt_ratio)
     # Random batches of the same shapes would be mostly padding: the grouping by length is what pays.
