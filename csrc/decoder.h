@@ -1,5 +1,6 @@
 // The incremental decoder and the whole beam-search loop in C++ (ATen for the GEMMs, the fused ops for the rest),
-// plus the ATen-level wrappers of the fused ops (device dispatch and checks) that the torch ops register.
+// plus the ATen-level wrappers of the fused ops (device dispatch and checks) that the torch ops register. The decoder,
+// the search's state and the wrappers are defined in decoder.cpp, the loop over the steps (beam_search) in search.cpp.
 //
 // The Python side hands the decoder over as named structs (DecoderWeights, DecoderOptions, SearchOptions), bound
 // field by field in bindings.cpp and filled by name in fastformer/decoding.py: a new model feature is one field here
