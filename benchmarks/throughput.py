@@ -15,7 +15,7 @@ torch.compile), "torch-nn" (baselines.TorchTransformer: torch.nn's layers, SDPA,
 Fairness: every system trains the very same batches, on the same device. --batching picks them:
   buckets (default): static-shape batches as `fastformer train --batching buckets` makes them (BucketBatchSampler,
     collated by TokenizedCorpus.batch) from a sample of WMT-like lengths (bench_utils.wmt_lengths) large enough to
-    fill every bucket (~92% real source and ~90% real target tokens over the sample's epoch); the timed batches are
+    fill every bucket (~93% real source and ~91% real target tokens over the sample's epoch); the timed batches are
     the typical batch of each of `batches` equal length slices (bench_utils.wmt_bucket_batches). Static shapes are
     what the captured step needs, and torch.compile gains from them too (one compilation per shape).
   tokens: fairseq's token-budget batches of free shapes, padded to x8 (bench_utils.wmt_batches); the captured system
