@@ -135,13 +135,15 @@ run_step pytest-gpu-marked 180 tail bash -c "cd '$OUT_DIR' && python3 -m pytest 
 run_step pytest-gpu-files 150 tail bash -c "cd '$OUT_DIR' && python3 -m pytest ${GPU_FILES[*]} -m 'not gpu' -q -ra \
     -p no:cacheprovider --junitxml='$OUT_DIR/pytest-gpu-files.xml'"
 
-# compute-sanitizer memcheck over a translate run of the compiled CUDA beam search (fp32, fp16, a wide beam).
+# compute-sanitizer memcheck over translate runs of the compiled CUDA beam search (fp32, fp16, a wide beam; the
+# bucketed search with its CUDA graphs, CUDA's default, and the every-step one).
 run_step memcheck 90 tail bash -c "cd '$OUT_DIR' && compute-sanitizer --tool memcheck --error-exitcode 1 python3 -c '
 import torch, fastformer
 torch.manual_seed(0)
 model = fastformer.Transformer(fastformer.TransformerConfig.tiny(1000, dropout=0.0)).cuda().eval()
 src = torch.randint(3, 1000, (6, 12), device=\"cuda\"); src[:, -1] = 2; src[3, 4] = 2; src[3, 5:] = 0
 print(model.translate(src, beam_size=4, n_best=2, max_len_b=10)[0])
+print(model.translate(src, beam_size=4, n_best=2, max_len_b=10, shrink=\"every_step\")[0])
 print(model.translate(src, beam_size=32, max_len_b=6)[0])
 print(model.half().translate(src, beam_size=8, max_len_b=10)[0])
 '"
