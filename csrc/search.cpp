@@ -13,6 +13,7 @@
 #include <numeric>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "decoder.h"
@@ -62,6 +63,14 @@ std::vector<int32_t> every_sentence(int64_t n_sentences) {
   return sentences;
 }
 
+// `sentences` split by their done flags (is_done: [n_sentences]) -> (still searching, finished), each in order.
+std::pair<std::vector<int32_t>, std::vector<int32_t>> split_by_done(const std::vector<int32_t>& sentences,
+                                                                    const int32_t* is_done) {
+  std::pair<std::vector<int32_t>, std::vector<int32_t>> split;
+  for (int32_t s : sentences) (is_done[s] ? split.second : split.first).push_back(s);
+  return split;
+}
+
 // shrink = "every_step": finished sentences leave the rows after each step, which the host learns by reading the
 // done flags the step wrote (a wait for the step on CUDA, nothing on the CPU).
 void search_every_step(CachedDecoder& decoder, BeamState& state, const at::Tensor& max_lens,
@@ -73,13 +82,9 @@ void search_every_step(CachedDecoder& decoder, BeamState& state, const at::Tenso
     decode_step(decoder, state, rows, max_lens, options);
     state.swap_indirection();
     state.step.add_(1);
-    const at::Tensor flags = state.done.index_select(0, rows.active).cpu();
-    const int32_t* is_done = flags.data_ptr<int32_t>();
-    if (std::none_of(is_done, is_done + searching.size(), [](int32_t d) { return d != 0; })) continue;
-    std::vector<int32_t> still_searching;
-    for (size_t a = 0; a < searching.size(); ++a) {
-      if (!is_done[a]) still_searching.push_back(searching[a]);
-    }
+    const at::Tensor flags = state.done.cpu();
+    std::vector<int32_t> still_searching = split_by_done(searching, flags.data_ptr<int32_t>()).first;
+    if (still_searching.size() == searching.size()) continue;
     searching = std::move(still_searching);
     if (!searching.empty()) rows = Rows(searching, options.beam_size, device);
   }
@@ -216,9 +221,7 @@ void search_in_buckets(CachedDecoder& decoder, BeamState& state, const at::Tenso
     });
     done.record(state.done);
     if (step == 0) continue;
-    const int32_t* is_done = done.previous();
-    std::vector<int32_t> searching, finished;
-    for (int32_t s : sentences) (is_done[s] ? finished : searching).push_back(s);
+    auto [searching, finished] = split_by_done(sentences, done.previous());
     if (searching.empty()) break;  // the sentences outside the bucket finished before it was made
     const int64_t size = bucket_size(static_cast<int64_t>(searching.size()), n_sentences);
     if (size == static_cast<int64_t>(sentences.size())) continue;
@@ -273,12 +276,14 @@ bool shrinks_in_buckets(const SearchOptions& options, const at::Device& device) 
   return options.shrink == "buckets" || (options.shrink == "auto" && device.is_cuda());
 }
 
-// The search over the batch's sentences [begin, end) of memory [n_sentences, src_len, d_model].
+// The search over the batch's sentences [begin, end) of memory [n_sentences, src_len, d_model]; in_buckets:
+// shrinks_in_buckets of its options.
 std::vector<Hypotheses> search_sentences(const at::Tensor& memory, const at::Tensor& src_lengths,
                                          const DecoderWeights& weights, const DecoderOptions& decoder_options,
                                          const std::shared_ptr<const DecoderLinears>& linears,
-                                         const SearchOptions& search_options, const std::vector<int64_t>& max_lens,
-                                         int64_t n_best, int64_t begin, int64_t end) {
+                                         const SearchOptions& search_options, bool in_buckets,
+                                         const std::vector<int64_t>& max_lens, int64_t n_best, int64_t begin,
+                                         int64_t end) {
   const at::Tensor group_memory = memory.narrow(0, begin, end - begin);
   const std::vector<int64_t> group_max_lens(max_lens.begin() + begin, max_lens.begin() + end);
   const int64_t k = search_options.beam_size;
@@ -287,7 +292,7 @@ std::vector<Hypotheses> search_sentences(const at::Tensor& memory, const at::Ten
                         cache_len, linears);
   BeamState state(end - begin, k, cache_len, search_options.bos_id, memory.device());
   const at::Tensor max_lens_tensor = at::tensor(group_max_lens, at::kLong).to(memory.device(), at::kInt);
-  if (shrinks_in_buckets(search_options, memory.device())) {
+  if (in_buckets) {
     search_in_buckets(decoder, state, max_lens_tensor, search_options);
   } else {
     search_every_step(decoder, state, max_lens_tensor, search_options);
@@ -335,7 +340,7 @@ std::vector<Hypotheses> beam_search(const at::Tensor& memory, const at::Tensor& 
   const int64_t n_sentences = memory.size(0), k = search_options.beam_size;
   TORCH_CHECK(static_cast<int64_t>(max_lens.size()) == n_sentences, "max_lens must have one entry per sentence");
   TORCH_CHECK(n_best >= 1 && n_best <= k, "n_best must be in [1, beam_size]");
-  shrinks_in_buckets(search_options, memory.device());  // rejects an unknown shrink before any work
+  const bool in_buckets = shrinks_in_buckets(search_options, memory.device());  // checked before any work
   if (n_sentences == 0) return {};
 #ifdef FASTFORMER_WITH_CUDA
   std::optional<SearchStream> search_stream;
@@ -346,8 +351,8 @@ std::vector<Hypotheses> beam_search(const at::Tensor& memory, const at::Tensor& 
   check_decoder_weights(weights, decoder_options, memory.device());
   const auto linears = std::make_shared<const DecoderLinears>(weights, rows_per_group);
   if (n_groups == 1) {
-    return search_sentences(memory, src_lengths, weights, decoder_options, linears, search_options, max_lens, n_best,
-                            0, n_sentences);
+    return search_sentences(memory, src_lengths, weights, decoder_options, linears, search_options, in_buckets,
+                            max_lens, n_best, 0, n_sentences);
   }
   // On the CPU each thread searches its own group of sentences from start to end: every op of a decoding step is
   // small, and splitting each one across threads costs more in fork/join than it gains. The groups' ops run
@@ -358,8 +363,8 @@ std::vector<Hypotheses> beam_search(const at::Tensor& memory, const at::Tensor& 
     for (int64_t group = first_group; group < end_group; ++group) {
       const int64_t begin = group * n_sentences / n_groups, end = (group + 1) * n_sentences / n_groups;
       std::vector<Hypotheses> group_results =
-          search_sentences(memory, src_lengths, weights, decoder_options, linears, search_options, max_lens, n_best,
-                           begin, end);
+          search_sentences(memory, src_lengths, weights, decoder_options, linears, search_options, in_buckets,
+                           max_lens, n_best, begin, end);
       std::move(group_results.begin(), group_results.end(), results.begin() + begin);
     }
   });
