@@ -224,15 +224,21 @@ def attention_rows(bench: Bench, dtype: torch.dtype) -> list[dict]:
                     rows.append(result)
                 fast, slow = measured.get("fastformer"), measured.get(baseline_name)
                 if fast and slow:
-                    fast["speedup"] = slow["ms"]["median"] / fast["ms"]["median"]
-                    fast["vs"] = baseline_name
+                    goal = TARGET_ATTENTION_SPEEDUP if padded else TARGET_ATTENTION_FLASH_SPEEDUP
+                    compare_to_baseline(fast, slow, baseline_name, goal if direction == "fwd+bwd" else None)
                     fast["padded"] = padded
                     fast["path"] = path
-                    if direction == "fwd+bwd":
-                        fast["goal"] = TARGET_ATTENTION_SPEEDUP if padded else TARGET_ATTENTION_FLASH_SPEEDUP
-                        fast["verdict"] = bu.verdict(fast["speedup"], fast["goal"])
             del q, k, v, grad_out
     return rows
+
+
+def compare_to_baseline(fast: dict, slow: dict, baseline: str, goal: float | None) -> None:
+    """Adds to the fused system's row its speedup over the baseline's row and, with a goal, the goal and verdict."""
+    fast["speedup"] = slow["ms"]["median"] / fast["ms"]["median"]
+    fast["vs"] = baseline
+    if goal is not None:
+        fast["goal"] = goal
+        fast["verdict"] = bu.verdict(fast["speedup"], goal)
 
 
 def sdpa_backend_name(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
@@ -298,10 +304,7 @@ def cross_entropy_rows(bench: Bench, dtype: torch.dtype) -> list[dict]:
                 rows.append(result)
             fast, slow = measured.get("fastformer"), measured.get("F.cross_entropy")
             if fast and slow:
-                fast["speedup"] = slow["ms"]["median"] / fast["ms"]["median"]
-                fast["vs"] = "F.cross_entropy"
-                fast["goal"] = TARGET_CE_SPEEDUP
-                fast["verdict"] = bu.verdict(fast["speedup"], TARGET_CE_SPEEDUP)
+                compare_to_baseline(fast, slow, "F.cross_entropy", TARGET_CE_SPEEDUP)
                 if fast["peak_extra_mib"] is not None and direction == "fwd+bwd":
                     fast["memory_ratio"] = fast["peak_extra_mib"] / slow["peak_extra_mib"]
                     fast["memory_goal"] = TARGET_CE_MEMORY_RATIO
@@ -359,10 +362,7 @@ def linear_cross_entropy_rows(bench: Bench, dtype: torch.dtype) -> list[dict]:
             rows.append(result)
         fast, slow = measured.get("fastformer"), measured.get("F.linear + F.cross_entropy")
         if fast and slow:
-            fast["speedup"] = slow["ms"]["median"] / fast["ms"]["median"]
-            fast["vs"] = "F.linear + F.cross_entropy"
-            fast["goal"] = TARGET_LINEAR_CE_SPEEDUP
-            fast["verdict"] = bu.verdict(fast["speedup"], TARGET_LINEAR_CE_SPEEDUP)
+            compare_to_baseline(fast, slow, "F.linear + F.cross_entropy", TARGET_LINEAR_CE_SPEEDUP)
         del hidden, weight
     return rows
 

@@ -79,15 +79,21 @@ def test_torchrun_ranks_hold_identical_parameters(data_dir: Path, tmp_path: Path
                            saved.model["encoder.layers.0.ffn.linear1.weight"])
 
 
+def _resumed_and_straight(flags: list[str], split: Path, straight: Path, steps: int) -> tuple:
+    """Trains on 2 ranks for steps // 2 steps then --resume to `steps` in `split`, and `steps` straight in `straight`
+    -> both last checkpoints (resumed, straight)."""
+    _run(flags + ["--out-dir", str(split), "--max-steps", str(steps // 2)], ranks=2)
+    _run(flags + ["--out-dir", str(split), "--max-steps", str(steps), "--resume"], ranks=2)
+    _run(flags + ["--out-dir", str(straight), "--max-steps", str(steps)], ranks=2)
+    return (checkpoint.load_checkpoint(checkpoint.checkpoint_path(split, steps)),
+            checkpoint.load_checkpoint(checkpoint.checkpoint_path(straight, steps)))
+
+
 def test_resume_is_exact_under_torchrun(data_dir: Path, tmp_path: Path):
     """3 steps, then --resume to 6 (across an epoch boundary, with validation in between) == 6 steps straight."""
     common = TRAIN_FLAGS + ["--data-dir", str(data_dir)]
     split, straight = tmp_path / "split", tmp_path / "straight"
-    _run(common + ["--out-dir", str(split), "--max-steps", "3"], ranks=2)
-    _run(common + ["--out-dir", str(split), "--max-steps", "6", "--resume"], ranks=2)
-    _run(common + ["--out-dir", str(straight), "--max-steps", "6"], ranks=2)
-    resumed = checkpoint.load_checkpoint(checkpoint.checkpoint_path(split, 6))
-    reference = checkpoint.load_checkpoint(checkpoint.checkpoint_path(straight, 6))
+    resumed, reference = _resumed_and_straight(common, split, straight, steps=6)
     assert reference.data["epoch"] >= 1, "the runs should cross an epoch boundary"
     assert resumed.data == reference.data
     _assert_same_tensors(resumed.model, reference.model, "resumed vs straight")
@@ -222,11 +228,7 @@ def test_bf16_master_weights_on_buckets_resume_exactly_under_torchrun(data_dir: 
     common = TRAIN_FLAGS + ["--data-dir", str(data_dir), "--precision", "bf16-master", "--batching", "buckets",
                             "--valid-every", "0"]
     split, straight = tmp_path / "split", tmp_path / "straight"
-    _run(common + ["--out-dir", str(split), "--max-steps", "2"], ranks=2)
-    _run(common + ["--out-dir", str(split), "--max-steps", "4", "--resume"], ranks=2)
-    _run(common + ["--out-dir", str(straight), "--max-steps", "4"], ranks=2)
-    resumed = checkpoint.load_checkpoint(checkpoint.checkpoint_path(split, 4))
-    reference = checkpoint.load_checkpoint(checkpoint.checkpoint_path(straight, 4))
+    resumed, reference = _resumed_and_straight(common, split, straight, steps=4)
     assert resumed.data == reference.data
     _assert_same_tensors(resumed.model, reference.model, "resumed vs straight")
     assert all(tensor.dtype == torch.float32 for tensor in reference.model.values() if tensor.is_floating_point())
