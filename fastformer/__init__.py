@@ -1,5 +1,11 @@
 """fastformer: the Transformer of "Attention Is All You Need" with fused Triton kernels and a compiled beam search."""
 
+import torch
+
+from fastformer.torch_version import check_torch_version
+
+check_torch_version(torch.__version__)
+
 from fastformer import nn
 from fastformer.dispatch import backend, get_backend, set_backend
 from fastformer.config import TransformerConfig
