@@ -81,8 +81,10 @@ def assert_all_close(actual: dict[str, torch.Tensor], expected: dict[str, torch.
 
 def assert_all_close_lowp(fused: dict[str, torch.Tensor], lowp_torch: dict[str, torch.Tensor],
                           exact: dict[str, torch.Tensor]) -> None:
+    """The 2x rule for each result; a "mean" or "sum" loss must be fp32 (F.cross_entropy's is fp16/bf16)."""
     for name in fused:
-        assert fused[name].dtype == lowp_torch[name].dtype, name
+        reduced_loss = name == "loss" and fused[name].dim() == 0
+        assert fused[name].dtype == (torch.float32 if reduced_loss else lowp_torch[name].dtype), name
         assert_close_lowp(fused[name], lowp_torch[name], exact[name], name)
 
 
@@ -224,7 +226,7 @@ def test_cross_entropy_overwrite_logits_scales_the_rounded_gradient(small_blocks
         assert (reached_logits[0].data_ptr() == logits.data_ptr()) == overwrite
         reached[overwrite] = reached_logits[0]
     row_scale = grad_loss[:, None] if reduction == "none" else grad_loss
-    expected = (reached[False].float() * row_scale.to(dtype).float()).to(dtype)
+    expected = (reached[False].float() * row_scale.to(loss.dtype).float()).to(dtype)
     torch.testing.assert_close(reached[True], expected, atol=0.0, rtol=0.0)
 
 
@@ -370,7 +372,7 @@ def check_linear_cross_entropy_autocast(n_rows: int, d: int, vocab: int, dtype: 
         lowp_reference = loss_and_grads(reference.linear_cross_entropy, problem, grad_loss, **options)
     exact = loss_and_grads(reference.linear_cross_entropy,
                            cast_floats(cast_floats(problem, dtype), torch.float64), grad_loss, **options)
-    assert fused["loss"].dtype == dtype
+    assert fused["loss"].dtype == torch.float32
     assert fused["dhidden"].dtype == fused["dweight"].dtype == torch.float32
     assert_all_close_lowp(fused, lowp_reference, exact)
 
@@ -620,6 +622,79 @@ def test_unsupported_reason():
     assert "float64" in unsupported_reason(torch.randn(2, 3).double())
 
 
+# ---- fp32 sums: the reduced loss, the matmuls into fp32 gradients ------------------------------------------------
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+@pytest.mark.parametrize("op", ["cross_entropy", "linear_cross_entropy"])
+def test_reduced_fp16_loss_is_the_fp32_sum(op, reduction):
+    """A "sum" or "mean" over 300 rows of fp16 logits is fp32 and equals F.cross_entropy's in fp32 on the same
+    rounded logits: rounded to fp16, a sum of ~1.5e3 (fp16's spacing there: 1) or a mean of ~5 would be off by up to
+    3e-4 of itself."""
+    if op == "cross_entropy":
+        problem, _ = ce_problem(300, 40, "some")
+        logits = problem["logits"].half()
+        loss = cross_entropy(logits, problem["target"], ignore_index=IGNORE, label_smoothing=0.1,
+                             reduction=reduction)
+    else:
+        problem, _ = linear_problem(300, 16, 40, False, "some")
+        hidden, weight = problem["hidden"].half(), problem["weight"].half()
+        loss = linear_cross_entropy(hidden, weight, problem["target"], ignore_index=IGNORE, label_smoothing=0.1,
+                                    reduction=reduction)
+        logits = F.linear(hidden, weight)
+    expected = torch_cross_entropy(logits.float(), problem["target"], label_smoothing=0.1, reduction=reduction)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, expected, **FP32)
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_reference_reduced_bf16_loss_is_the_fp32_sum(reduction):
+    """The reference, the other backend of the same ops, reduces bf16 logits in fp32 too."""
+    problem, _ = ce_problem(300, 40, "some")
+    logits = problem["logits"].bfloat16()
+    loss = reference.cross_entropy(logits, problem["target"], ignore_index=IGNORE, reduction=reduction)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, torch_cross_entropy(logits.float(), problem["target"], reduction=reduction),
+                               **FP32)
+
+
+def mm_into_problem(accumulate: bool, device: str) -> tuple[torch.Tensor, ...]:
+    """-> (out, a, b, expected): fp32 out (random for accumulate, NaN else), bf16 a: [64, 48], b: [48, 40], and the
+    fp64 out (+)= a @ b."""
+    generator = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(64, 48, generator=generator, device=device).bfloat16()
+    b = torch.randn(48, 40, generator=generator, device=device).bfloat16()
+    start = torch.randn(64, 40, generator=generator, device=device)
+    out = start.clone() if accumulate else torch.full_like(start, float("nan"))
+    expected = a.double() @ b.double() + (start.double() if accumulate else 0.0)
+    return out, a, b, expected
+
+
+def assert_mm_into_error_within(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, expected: torch.Tensor,
+                                relative: float) -> None:
+    """|out - expected| <= relative * (|a| @ |b|) + 1e-6 elementwise."""
+    bound = relative * (a.double().abs() @ b.double().abs()) + 1e-6
+    error = (out.double() - expected).abs()
+    assert bool((error <= bound).all()), f"error {error.max():.3e}, bound {bound.min():.3e}"
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_mm_into_fallback_adds_the_bf16_product_in_fp32(monkeypatch, accumulate):
+    """The path of the CPU and of a torch whose matmul cannot write bf16 factors' product into fp32: the product is
+    rounded once to bf16 (half a bf16 ulp: 2**-9 of it), then summed in fp32; against the fp64 product."""
+    monkeypatch.setattr(kernel_module, "_fp32_out_matmul", lambda device: False)
+    out, a, b, expected = mm_into_problem(accumulate, DEVICE)
+    kernel_module._mm_into(out, a, b, accumulate)
+    assert_mm_into_error_within(out, a, b, expected, 2.0 ** -8)
+
+
+def test_fp32_out_matmul_decision():
+    """On meta tensors (shape and dtype checks only) this torch takes the probe's calls as written; the CPU, which
+    has no kernels for them, is decided for the fallback."""
+    probe = kernel_module._fp32_out_matmul.__wrapped__
+    assert probe(torch.device("meta"))
+    assert not probe(torch.device("cpu"))
+
+
 # ---- GPU: bf16/fp16 at realistic shapes, memory --------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
@@ -661,3 +736,18 @@ def test_gpu_linear_cross_entropy_peak_memory_below_a_quarter_of_the_logits():
     extra = torch.cuda.max_memory_allocated() - baseline - gradients
     logits_bytes = n_rows * vocab * torch.finfo(torch.bfloat16).bits // 8
     assert extra < logits_bytes / 4, f"extra {extra / 2**20:.0f} MiB vs logits {logits_bytes / 2**20:.0f} MiB"
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.gpu
+def test_gpu_mm_into_both_paths(monkeypatch, accumulate):
+    """The fp32-out cuBLAS path (where this torch has it) rounds the product once, to fp32; the fallback (forced)
+    rounds it to bf16 first. Each within its bound of the fp64 product."""
+    supported = kernel_module._fp32_out_matmul(torch.device("cuda", torch.cuda.current_device()))
+    for forced, relative in ((True, 48 * 2.0 ** -23), (False, 2.0 ** -8)):
+        if forced and not supported:
+            continue
+        monkeypatch.setattr(kernel_module, "_fp32_out_matmul", lambda device, forced=forced: forced)
+        out, a, b, expected = mm_into_problem(accumulate, "cuda")
+        kernel_module._mm_into(out, a, b, accumulate)
+        assert_mm_into_error_within(out, a, b, expected, relative)

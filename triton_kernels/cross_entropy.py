@@ -20,6 +20,7 @@ linear cross-entropy). Those gradients are scaled in place by the incoming gradi
 A gradient computed in forward is consumed by the first backward: a second one (retain_graph=True) raises.
 """
 
+import functools
 from typing import Optional
 
 import torch
@@ -185,11 +186,19 @@ def _kept_count(target: torch.Tensor, ignore_index: int) -> torch.Tensor:
 
 def _reduce(row_loss: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str,
             dtype: torch.dtype) -> torch.Tensor:
-    """row_loss: [N] fp32 -> [] ([N] for "none") in dtype."""
+    """row_loss: [N] fp32 -> [N] in dtype for "none", [] fp32 for "mean" and "sum": a sum over a batch's tokens
+    rounded to bf16 would be off by up to 1/256 of itself (steps of 512 at a 25k-token batch's ~1e5)."""
     if reduction == "none":
         return row_loss.to(dtype)
     total = row_loss.sum()
-    return (total / _kept_count(target, ignore_index) if reduction == "mean" else total).to(dtype)
+    return total / _kept_count(target, ignore_index) if reduction == "mean" else total
+
+
+def _loss_like(rows: torch.Tensor, reduction: str, dtype: torch.dtype) -> torch.Tensor:
+    """An empty tensor shaped and typed as _reduce's result for [N, ...] rows (for the ops' fake kernels)."""
+    if reduction == "none":
+        return rows.new_empty(rows.shape[:1], dtype=dtype)
+    return rows.new_empty((), dtype=torch.float32)
 
 
 def _row_grad_scale(grad_loss: torch.Tensor, target: torch.Tensor, ignore_index: int,
@@ -264,7 +273,7 @@ def _cross_entropy_forward(logits: torch.Tensor, target: torch.Tensor, ignore_in
 def _cross_entropy_op(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float,
                       reduction: str, compute_grad: bool,
                       check_targets: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """logits: [N, V], target: [N] -> (loss: [] or [N] in logits' dtype, lse: [N] fp32, with compute_grad the
+    """logits: [N, V], target: [N] -> (loss: [] fp32 or [N] in logits' dtype, lse: [N] fp32, with compute_grad the
     gradient of the loss w.r.t. the logits for an upstream gradient of 1: [N, V] in logits' dtype, else [0])."""
     grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device) if compute_grad else None
     loss, lse = _cross_entropy_forward(logits, target, ignore_index, label_smoothing, reduction, check_targets, grad)
@@ -274,7 +283,7 @@ def _cross_entropy_op(logits: torch.Tensor, target: torch.Tensor, ignore_index: 
 @_cross_entropy_op.register_fake
 def _(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float, reduction: str,
       compute_grad: bool, check_targets: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    loss = logits.new_empty(logits.shape[:1] if reduction == "none" else ())
+    loss = _loss_like(logits, reduction, logits.dtype)
     grad = logits.new_empty(logits.shape) if compute_grad else logits.new_empty(0)
     return loss, logits.new_empty(logits.shape[:1], dtype=torch.float32), grad
 
@@ -329,8 +338,7 @@ def _cross_entropy_over_logits_op(logits: torch.Tensor, target: torch.Tensor, ig
 @_cross_entropy_over_logits_op.register_fake
 def _(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float, reduction: str,
       check_targets: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    loss = logits.new_empty(logits.shape[:1] if reduction == "none" else ())
-    return loss, logits.new_empty(logits.shape[:1], dtype=torch.float32)
+    return _loss_like(logits, reduction, logits.dtype), logits.new_empty(logits.shape[:1], dtype=torch.float32)
 
 
 class _CrossEntropyOverLogits(torch.autograd.Function):
@@ -365,15 +373,34 @@ def _chunk_rows(n_rows: int, vocab: int, element_size: int) -> int:
     return max(1, rows)
 
 
+@functools.cache
+def _fp32_out_matmul(device: torch.device) -> bool:
+    """Whether this torch's matmuls on `device` write an fp16/bf16 product straight into an fp32 out, in place too:
+    torch.mm(a, b, out_dtype=float32, out=out) and torch.addmm(out, a, b, out_dtype=float32, out=out) with out fp32.
+    Only CUDA has the kernels. mm/addmm gained out_dtype in torch 2.8 (pytorch#150812), but addmm refused an fp32
+    `self` with fp16/bf16 matrices (pytorch#154086) until pytorch#167931 (November 2025) relaxed it. Decided once
+    per device and process by making both calls on 16 x 16 matrices (the shapes do not enter those dtype checks), so
+    that a torch on either side of those changes takes the path it supports."""
+    a = torch.zeros(16, 16, dtype=torch.bfloat16, device=device)
+    out = torch.zeros(16, 16, dtype=torch.float32, device=device)
+    try:
+        torch.mm(a, a, out_dtype=torch.float32, out=out)
+        torch.addmm(out, a, a, out_dtype=torch.float32, out=out)
+    except (TypeError, RuntimeError):  # no out_dtype argument, a refused dtype combination, no kernel (the CPU)
+        return False
+    return True
+
+
 def _mm_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> None:
-    """out (+)= a @ b, in place, rounded once to out's dtype: cuBLAS writes (or adds) an fp16/bf16 product straight
-    into an fp32 out (torch >= 2.8); the CPU matmul has no such variant, so there the product is a temporary."""
+    """out (+)= a @ b, in place: an fp16/bf16 product goes straight into an fp32 out, rounded once, where torch's
+    matmul can (_fp32_out_matmul); elsewhere (the CPU, an older torch) the product is a temporary in a's dtype,
+    accumulated in fp32."""
     if out.dtype == a.dtype:
         if accumulate:
             torch.addmm(out, a, b, out=out)
         else:
             torch.mm(a, b, out=out)
-    elif out.is_cuda and out.dtype == torch.float32:
+    elif out.dtype == torch.float32 and _fp32_out_matmul(out.device):
         if accumulate:
             torch.addmm(out, a, b, out_dtype=torch.float32, out=out)
         else:
@@ -440,7 +467,7 @@ def _linear_cross_entropy_op(
         hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
         ignore_index: int, label_smoothing: float, reduction: str, matmul_dtype: torch.dtype, compute_grads: bool,
         check_targets: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """hidden: [N, d], weight: [V, d], target: [N], bias: [V] -> (loss: [] or [N] in matmul_dtype, lse: [N] fp32,
+    """hidden: [N, d], weight: [V, d], target: [N], bias: [V] -> (loss: [] fp32 or [N] in matmul_dtype, lse: [N] fp32,
     and with compute_grads (reduction "mean" or "sum" only) the gradients of the loss w.r.t. hidden [N, d], weight
     [V, d], bias [V] in fp32, for an upstream gradient of 1; without, and for a missing bias, empty [0] tensors)."""
     if check_targets:
@@ -462,7 +489,7 @@ def _linear_cross_entropy_op(
 def _(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
       ignore_index: int, label_smoothing: float, reduction: str, matmul_dtype: torch.dtype, compute_grads: bool,
       check_targets: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    loss = hidden.new_empty(hidden.shape[:1] if reduction == "none" else (), dtype=matmul_dtype)
+    loss = _loss_like(hidden, reduction, matmul_dtype)
     lse = hidden.new_empty(hidden.shape[:1], dtype=torch.float32)
     if not compute_grads:
         return loss, lse, hidden.new_empty(0), hidden.new_empty(0), hidden.new_empty(0)
@@ -579,8 +606,8 @@ def _validate_target(target: torch.Tensor, n_rows: int, rows_name: str, device: 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
                   label_smoothing: float = 0.0, reduction: str = "mean", overwrite_logits: bool = False,
                   check_targets: bool = True) -> torch.Tensor:
-    """logits: [N, V], target: [N] -> loss: [] ([N] for reduction "none") in logits' dtype; differentiable w.r.t.
-    logits.
+    """logits: [N, V], target: [N] -> loss: [] in fp32 ([N] in logits' dtype for reduction "none"); differentiable
+    w.r.t. logits.
 
     PyTorch's label-smoothed cross-entropy, with one deliberate difference: "mean" over targets that are all
     ignore_index is 0 with a zero gradient (PyTorch gives NaN). When a gradient will be needed, forward computes it
@@ -626,7 +653,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
                          bias: Optional[torch.Tensor] = None, ignore_index: int = -100, label_smoothing: float = 0.0,
                          reduction: str = "mean", check_targets: bool = True) -> torch.Tensor:
     """hidden: [N, d], weight: [V, d], target: [N], bias: [V] -> cross_entropy(hidden @ weight.T + bias, target):
-    [] ([N] for "none") in the logits' dtype; differentiable w.r.t. hidden, weight and bias.
+    [] in fp32 ([N] in the logits' dtype for "none"); differentiable w.r.t. hidden, weight and bias.
 
     The N x V logits are never held whole (chunks of tokens, each at most 1/LOGITS_FRACTION of them). Under
     torch.autocast the matmuls run in autocast's dtype, as F.linear's would; the weight gradient is summed in fp32.

@@ -14,7 +14,7 @@ REDUCTIONS = ("mean", "sum", "none")
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
                   label_smoothing: float = 0.0, reduction: str = "mean") -> torch.Tensor:
-    """logits: [N, V], target: [N] -> loss: [] ([N] for reduction "none"), in logits' dtype.
+    """logits: [N, V], target: [N] -> loss: [] in at least fp32, or [N] in logits' dtype for reduction "none".
 
     loss_i = (1 - e) * (-log p_i[target_i]) + e * mean_c(-log p_i[c]) with p the softmax (PyTorch's definition);
     targets equal to ignore_index contribute 0. "mean" divides by the number of targets not ignored (0 if none).
@@ -36,11 +36,10 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     nll = -log_probabilities.gather(1, safe_target[:, None])[:, 0]
     smooth = -log_probabilities.mean(dim=-1)
     loss = torch.where(kept, (1.0 - label_smoothing) * nll + label_smoothing * smooth, 0.0)
-    if reduction == "sum":
-        loss = loss.sum()
-    elif reduction == "mean":
-        loss = loss.sum() / kept.sum().clamp(min=1)
-    return loss.to(logits.dtype)
+    if reduction == "none":
+        return loss.to(logits.dtype)
+    # Not rounded back to fp16/bf16: a sum over thousands of tokens would lose a few digits.
+    return loss.sum() if reduction == "sum" else loss.sum() / kept.sum().clamp(min=1)
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
