@@ -308,14 +308,28 @@ int64_t cpu_sentence_groups(int64_t n_sentences) {
 }
 
 #ifdef FASTFORMER_WITH_CUDA
-// Puts the search on a stream of its own for its lifetime (CUDA graphs cannot be captured on the legacy default
-// stream), behind the work queued so far on the caller's stream (the encoder's memory). The search ends by
+// The stream this thread's searches run on, on `device`: taken from PyTorch's pool at the thread's first search
+// there and kept for every later one. The caching allocator hands a freed block only to allocations on the stream
+// that allocated it (and frees no other stream's blocks during a graph capture), so a new stream per search would
+// leave each search's blocks reserved: memory growing with every search, and allocations inside a bucket's capture
+// failing when it is short. One stream per thread rather than per process keeps the threads of a server apart: a
+// capture on a stream would take in another thread's launches on that stream.
+c10::cuda::CUDAStream thread_search_stream(c10::DeviceIndex device) {
+  thread_local std::map<c10::DeviceIndex, c10::cuda::CUDAStream> streams;
+  auto found = streams.find(device);
+  if (found == streams.end()) {
+    found = streams.emplace(device, c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device)).first;
+  }
+  return found->second;
+}
+
+// Puts the search on its thread's search stream for its lifetime (CUDA graphs cannot be captured on the legacy
+// default stream), behind the work queued so far on the caller's stream (the encoder's memory). The search ends by
 // copying its results to the host, which waits for its stream.
 class SearchStream {
  public:
   explicit SearchStream(const at::Device& device)
-      : caller_(c10::cuda::getCurrentCUDAStream(device.index())),
-        guard_(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index())) {
+      : caller_(c10::cuda::getCurrentCUDAStream(device.index())), guard_(thread_search_stream(device.index())) {
     cudaEvent_t queued = nullptr;
     C10_CUDA_CHECK(cudaEventCreateWithFlags(&queued, cudaEventDisableTiming));
     C10_CUDA_CHECK(cudaEventRecord(queued, caller_.stream()));
