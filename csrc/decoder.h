@@ -140,7 +140,7 @@ struct SearchOptions {
   // - "buckets": the rows come in power-of-two buckets of sentences; finished ones stay (skipped by beam_step) until
   //   the next smaller bucket holds the rest; the host reads the done flags a step late, so it never waits for the
   //   step it queued, and on CUDA each bucket's step is captured once as a CUDA graph and replayed;
-  // - "auto": every_step on the CPU (where waiting costs nothing), buckets on CUDA.
+  // - "auto": every_step, on CUDA too until buckets pass the GPU tests on a GPU (README, "GPU status").
   std::string shrink = "auto";
 };
 

@@ -269,11 +269,12 @@ std::vector<Hypotheses> backtrack(const BeamState& state, int64_t beam_size, int
   return results;
 }
 
-// Whether the search over `device` shrinks its rows in buckets (SearchOptions::shrink).
-bool shrinks_in_buckets(const SearchOptions& options, const at::Device& device) {
+// Whether the search shrinks its rows in buckets (SearchOptions::shrink).
+bool shrinks_in_buckets(const SearchOptions& options) {
   TORCH_CHECK(options.shrink == "auto" || options.shrink == "every_step" || options.shrink == "buckets",
               "shrink must be \"auto\", \"every_step\" or \"buckets\", got \"", options.shrink, "\"");
-  return options.shrink == "buckets" || (options.shrink == "auto" && device.is_cuda());
+  // "auto" is every_step on CUDA too until the bucketed search passes the GPU tests on a GPU (README, "GPU status").
+  return options.shrink == "buckets";
 }
 
 // The search over the batch's sentences [begin, end) of memory [n_sentences, src_len, d_model]; in_buckets:
@@ -354,7 +355,7 @@ std::vector<Hypotheses> beam_search(const at::Tensor& memory, const at::Tensor& 
   const int64_t n_sentences = memory.size(0), k = search_options.beam_size;
   TORCH_CHECK(static_cast<int64_t>(max_lens.size()) == n_sentences, "max_lens must have one entry per sentence");
   TORCH_CHECK(n_best >= 1 && n_best <= k, "n_best must be in [1, beam_size]");
-  const bool in_buckets = shrinks_in_buckets(search_options, memory.device());  // checked before any work
+  const bool in_buckets = shrinks_in_buckets(search_options);  // checked before any work
   if (n_sentences == 0) return {};
 #ifdef FASTFORMER_WITH_CUDA
   std::optional<SearchStream> search_stream;

@@ -10,7 +10,8 @@ How the batch shrinks as sentences finish (`shrink`, the same translations eithe
 sentences after each step, which the host learns by waiting for that step; "buckets" decodes power-of-two buckets of
 sentences, skipping finished ones until the next smaller bucket holds the rest, with the host reading the done flags
 a step late, and on CUDA replays each bucket's step as a CUDA graph, so that the host neither waits for the GPU nor
-launches a step's hundred kernels one by one. "auto" picks every_step on the CPU and buckets on CUDA.
+launches a step's hundred kernels one by one. "auto" picks every_step, on CUDA too until the bucketed search has
+passed the GPU tests on a GPU (README, "GPU status"); "buckets" runs it by name.
 """
 
 from __future__ import annotations

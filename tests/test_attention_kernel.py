@@ -78,9 +78,12 @@ def kernel_launches(monkeypatch) -> collections.Counter:
 
 @pytest.fixture(params=["short", "long"])
 def path(request, monkeypatch) -> str:
-    """Which attention path the test runs: "long" lowers the short path's bound to 0, so every length takes it."""
+    """Which attention path the test runs: "long" lowers the short path's bound to 0, so every length takes it;
+    "short" turns the short path on for compiled (GPU) launches too."""
     if request.param == "long":
         monkeypatch.setattr(attention_kernels, "SHORT_PATH_MAX_LEN", 0)
+    else:
+        monkeypatch.setattr(attention_kernels, "SHORT_PATH_ON_GPU", True)
     return request.param
 
 

@@ -97,6 +97,7 @@ def run_every_launcher(quick: bool) -> None:
     from triton_kernels.layernorm_residual import residual_layer_norm
 
     attention._interpreted = lambda device: False
+    attention.SHORT_PATH_ON_GPU = True  # compile the short path too, though GPUs take it only when asked
     dtypes = (torch.float16, torch.float32) if quick else (torch.float16, torch.bfloat16, torch.float32)
     for dtype in dtypes:
         for head_dim in ((64,) if quick else (64, 128)):

@@ -17,7 +17,9 @@ path, chosen in short_path_tiles from the padded lengths: one forward and one ba
 holds all of its keys and values. The forward's softmax sees every key at once (exact, no online rescaling); the
 backward recomputes each query block's probabilities once, computes delta on the spot, and writes that block's dq
 and, at the end, dk and dv (no preprocess, no second recompute, no atomics). At WMT lengths the flash tiles were
-mostly padding and the backward recomputed the probabilities twice.
+mostly padding and the backward recomputed the probabilities twice. The short path has not yet run on a GPU
+(README, "GPU status"), so compiled launches take it only with FASTFORMER_ATTENTION_SHORT_PATH=1 in the
+environment (SHORT_PATH_ON_GPU); the interpreter always does, so that the CPU tests cover both paths.
 Gradients are written through their strides, so the packed forms (flash_attention(qkv), flash_attention(q, kv))
 get the gradient of the packed projection as one buffer.
 Dropout of the probabilities uses Philox keyed by (seed, flat index in [batch, heads, q_len, k_len]), so the mask
@@ -742,6 +744,8 @@ def _launch(name: str, q: torch.Tensor, batch_heads: int, length: int, *args, **
 # so that k, v, their fp32 gradients and a [BLOCK_M, BLOCK_N] score tile stay within a program's registers.
 SHORT_PATH_MAX_LEN = 128
 SHORT_PATH_TILE_BYTES = 128 * 64 * 2
+# Off on GPUs until the short path passes the GPU tests on one; the long path is the one that passed (at 184540c).
+SHORT_PATH_ON_GPU = os.environ.get("FASTFORMER_ATTENTION_SHORT_PATH") == "1"
 
 
 class ShortPathTiles(NamedTuple):
@@ -760,6 +764,8 @@ def short_path_tiles(q_len: int, k_len: int, head_dim: int, dtype: torch.dtype,
     The one place that picks the path: a function of the padded lengths and the dtype only, never of the length
     values, so choosing needs no host sync."""
     block_n = max(16, next_power_of_2(k_len))
+    if not (interpreted or SHORT_PATH_ON_GPU):
+        return None
     if max(q_len, k_len) > SHORT_PATH_MAX_LEN or block_n * head_dim * dtype.itemsize > SHORT_PATH_TILE_BYTES:
         return None
     if interpreted:
@@ -775,7 +781,8 @@ def short_path_tiles(q_len: int, k_len: int, head_dim: int, dtype: torch.dtype,
 
 
 def attention_path(q_len: int, k_len: int, head_dim: int, dtype: torch.dtype) -> str:
-    """-> "short" (one forward and one backward kernel per (batch, head)) or "long" (flash tiles) for these sizes."""
+    """-> "short" (one forward and one backward kernel per (batch, head)) or "long" (flash tiles) for these sizes,
+    on a GPU."""
     return "long" if short_path_tiles(q_len, k_len, head_dim, dtype) is None else "short"
 
 
