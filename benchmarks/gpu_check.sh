@@ -6,7 +6,8 @@
 # 1. prints the device, versions and commit (FASTFORMER_COMMIT names it where the copy has no .git);
 # 2. installs fastformer (compiling the CUDA extension for this GPU's architecture only) with the python3 in PATH;
 # 3. runs every `gpu`-marked test, then the GPU-relevant test files in full, each with a junit XML and a log;
-# 4. runs benchmarks/kernels.py and benchmarks/throughput.py, their JSON, PNG and log into OUT_DIR.
+# 4. runs benchmarks/kernels.py and benchmarks/throughput.py, their JSON, PNG and log into OUT_DIR;
+# 5. prints the README's "GPU status" rows that the steps run can fill (benchmarks/gpu_status.py), into gpu_status.md.
 # Each step is time-limited so that the whole run ends within TOTAL_S seconds (default 540, under a 10-minute
 # limit; --quick: 420 and the benchmarks' quick modes). A failing step does not stop the later ones; the exit status
 # is non-zero if any failed. OUT_DIR/summary.txt lists each step's status and duration.
@@ -136,13 +137,13 @@ run_step pytest-gpu-files 150 tail bash -c "cd '$OUT_DIR' && python3 -m pytest $
     -p no:cacheprovider --junitxml='$OUT_DIR/pytest-gpu-files.xml'"
 
 # compute-sanitizer memcheck over translate runs of the compiled CUDA beam search (fp32, fp16, a wide beam; the
-# bucketed search with its CUDA graphs, CUDA's default, and the every-step one).
+# bucketed search with its CUDA graphs, and the every-step one, translate's default).
 run_step memcheck 90 tail bash -c "cd '$OUT_DIR' && compute-sanitizer --tool memcheck --error-exitcode 1 python3 -c '
 import torch, fastformer
 torch.manual_seed(0)
 model = fastformer.Transformer(fastformer.TransformerConfig.tiny(1000, dropout=0.0)).cuda().eval()
 src = torch.randint(3, 1000, (6, 12), device=\"cuda\"); src[:, -1] = 2; src[3, 4] = 2; src[3, 5:] = 0
-print(model.translate(src, beam_size=4, n_best=2, max_len_b=10)[0])
+print(model.translate(src, beam_size=4, n_best=2, max_len_b=10, shrink=\"buckets\")[0])
 print(model.translate(src, beam_size=4, n_best=2, max_len_b=10, shrink=\"every_step\")[0])
 print(model.translate(src, beam_size=32, max_len_b=6)[0])
 print(model.half().translate(src, beam_size=8, max_len_b=10)[0])
@@ -160,6 +161,9 @@ run_step throughput 600 all python3 benchmarks/throughput.py --out-dir "$OUT_DIR
 echo
 echo "=== summary ($(( $(date +%s) - START )) s, commit $COMMIT)"
 cat "$OUT_DIR/summary.txt"
+echo
+echo "=== README \"GPU status\" rows this run can fill (also in gpu_status.md)"
+python3 "$REPO/benchmarks/gpu_status.py" "$OUT_DIR" "$COMMIT" | tee "$OUT_DIR/gpu_status.md"
 if (( ${#FAILED[@]} )); then
     echo "FAILED: ${FAILED[*]}"
     exit 1
