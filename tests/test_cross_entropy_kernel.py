@@ -681,7 +681,7 @@ def assert_mm_into_error_within(out: torch.Tensor, a: torch.Tensor, b: torch.Ten
 def test_mm_into_fallback_adds_the_bf16_product_in_fp32(monkeypatch, accumulate):
     """The path of the CPU and of a torch whose matmul cannot write bf16 factors' product into fp32: the product is
     rounded once to bf16 (half a bf16 ulp: 2**-9 of it), then summed in fp32; against the fp64 product."""
-    monkeypatch.setattr(kernel_module, "_fp32_out_matmul", lambda device: False)
+    monkeypatch.setattr(kernel_module, "_fp32_out_matmul", lambda device, dtype: False)
     out, a, b, expected = mm_into_problem(accumulate, DEVICE)
     kernel_module._mm_into(out, a, b, accumulate)
     assert_mm_into_error_within(out, a, b, expected, 2.0 ** -8)
@@ -691,8 +691,9 @@ def test_fp32_out_matmul_decision():
     """On meta tensors (shape and dtype checks only) this torch takes the probe's calls as written; the CPU, which
     has no kernels for them, is decided for the fallback."""
     probe = kernel_module._fp32_out_matmul.__wrapped__
-    assert probe(torch.device("meta"))
-    assert not probe(torch.device("cpu"))
+    for dtype in (torch.bfloat16, torch.float16):
+        assert probe(torch.device("meta"), dtype)
+        assert not probe(torch.device("cpu"), dtype)
 
 
 # ---- GPU: bf16/fp16 at realistic shapes, memory --------------------------------------------------------------------
@@ -743,11 +744,11 @@ def test_gpu_linear_cross_entropy_peak_memory_below_a_quarter_of_the_logits():
 def test_gpu_mm_into_both_paths(monkeypatch, accumulate):
     """The fp32-out cuBLAS path (where this torch has it) rounds the product once, to fp32; the fallback (forced)
     rounds it to bf16 first. Each within its bound of the fp64 product."""
-    supported = kernel_module._fp32_out_matmul(torch.device("cuda", torch.cuda.current_device()))
+    supported = kernel_module._fp32_out_matmul(torch.device("cuda", torch.cuda.current_device()), torch.bfloat16)
     for forced, relative in ((True, 48 * 2.0 ** -23), (False, 2.0 ** -8)):
         if forced and not supported:
             continue
-        monkeypatch.setattr(kernel_module, "_fp32_out_matmul", lambda device, forced=forced: forced)
+        monkeypatch.setattr(kernel_module, "_fp32_out_matmul", lambda device, dtype, forced=forced: forced)
         out, a, b, expected = mm_into_problem(accumulate, "cuda")
         kernel_module._mm_into(out, a, b, accumulate)
         assert_mm_into_error_within(out, a, b, expected, relative)

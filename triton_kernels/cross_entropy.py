@@ -374,14 +374,14 @@ def _chunk_rows(n_rows: int, vocab: int, element_size: int) -> int:
 
 
 @functools.cache
-def _fp32_out_matmul(device: torch.device) -> bool:
-    """Whether this torch's matmuls on `device` write an fp16/bf16 product straight into an fp32 out, in place too:
+def _fp32_out_matmul(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether this torch's matmuls on `device` write a `dtype` (fp16/bf16) product straight into an fp32 out, in place:
     torch.mm(a, b, out_dtype=float32, out=out) and torch.addmm(out, a, b, out_dtype=float32, out=out) with out fp32.
     Only CUDA has the kernels. mm/addmm gained out_dtype in torch 2.8 (pytorch#150812), but addmm refused an fp32
     `self` with fp16/bf16 matrices (pytorch#154086) until pytorch#167931 (November 2025) relaxed it. Decided once
-    per device and process by making both calls on 16 x 16 matrices (the shapes do not enter those dtype checks), so
-    that a torch on either side of those changes takes the path it supports."""
-    a = torch.zeros(16, 16, dtype=torch.bfloat16, device=device)
+    per device, dtype and process by making both calls on 16 x 16 matrices (the shapes do not enter those dtype
+    checks), so that a torch on either side of those changes takes the path it supports."""
+    a = torch.zeros(16, 16, dtype=dtype, device=device)
     out = torch.zeros(16, 16, dtype=torch.float32, device=device)
     try:
         torch.mm(a, a, out_dtype=torch.float32, out=out)
@@ -400,7 +400,7 @@ def _mm_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bo
             torch.addmm(out, a, b, out=out)
         else:
             torch.mm(a, b, out=out)
-    elif out.dtype == torch.float32 and _fp32_out_matmul(out.device):
+    elif out.dtype == torch.float32 and _fp32_out_matmul(out.device, a.dtype):
         if accumulate:
             torch.addmm(out, a, b, out_dtype=torch.float32, out=out)
         else:
