@@ -132,8 +132,10 @@ class DivergenceGuard:
             return
         newest = (f"the newest finite checkpoint is {newest_checkpoint}" if newest_checkpoint is not None
                   else "no checkpoint was written")
+        steps = (f"at step {step}" if step == self.checked_step + 1
+                 else f"between step {self.checked_step + 1} and step {step}")
         raise DivergedError(
-            f"training diverged: the loss or a gradient became non-finite (nan/inf) between step "
-            f"{self.checked_step + 1} and step {step}, so nothing of it was saved; {newest}. Start again with a lower "
+            f"training diverged: the loss or a gradient became non-finite (nan/inf) {steps}, so nothing of it was "
+            f"saved; {newest}. Start again with a lower "
             f"--lr-scale (this run: {lr_scale:g}) or a longer --warmup (this run: {warmup}), with --overwrite or in "
             f"another --out-dir (--resume keeps both options)")
