@@ -219,7 +219,7 @@ def load_newest_readable(directory: Path) -> tuple[Path, Checkpoint, list[str]]:
 
 def remove_stale_temp_files(directory: Path) -> list[Path]:
     """Deletes the temp files of step-checkpoint saves that were killed before their rename -> the deleted paths.
-    Only one training run writes to a directory, so call this where that run is not saving."""
+    Call this only in the run that holds the directory's lock (run_control.out_dir_lock), where it is not saving."""
     directory = Path(directory)
     if not directory.is_dir():
         return []

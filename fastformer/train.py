@@ -597,7 +597,9 @@ class Trainer:
             progress.update(1)
             last = self.step >= options.max_steps or self.stop_requested or self._out_of_time(start)
             log = self.step % options.log_every == 0 or last
-            validate = options.valid_every and (self.step % options.valid_every == 0 or last)
+            # A signal's stop saves at once: torchrun SIGKILLs its workers 30 s after forwarding a SIGTERM.
+            validate = (options.valid_every and (self.step % options.valid_every == 0 or last)
+                        and not self.stop_requested)
             if log or validate:
                 self._check_finite()
             if log:

@@ -118,6 +118,8 @@ def test_list_sorts_by_step_and_prune_keeps_the_newest(tmp_path: Path):
         checkpoint.save_checkpoint(_state(step), checkpoint.checkpoint_path(tmp_path, step))
     (tmp_path / "checkpoint_average.pt").write_bytes(b"")
     (tmp_path / "notes.txt").write_text("x")
+    # A save in flight (another process's): what translate, evaluate and average list must never include it.
+    (tmp_path / ".checkpoint_00000200.pt.a1b2.tmp").write_bytes(b"half a checkpoint")
     assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == [
         "checkpoint_00000003.pt", "checkpoint_00000009.pt", "checkpoint_00000020.pt", "checkpoint_00000100.pt"]
     checkpoint.prune_checkpoints(tmp_path, keep_last=2)

@@ -170,9 +170,9 @@ def test_a_diverging_run_stops_naming_the_newest_finite_checkpoint(data_dir: Pat
     stderr = _fail(TRAIN_FLAGS + ["--data-dir", str(data_dir), "--out-dir", str(out_dir), "--lr-scale", "1e6",
                                   "--save-every", "1", "--keep-last", "1", "--valid-every", "0", "--max-steps", "40"])
     assert stderr.count("\n") == 1, stderr
-    match = re.search(r"became non-finite \(nan/inf\) (?:at|between) step (\d+)(?: and step (\d+))?, so nothing of it was saved; "
-                      r"the newest finite checkpoint is (\S+)\. Start again with a lower --lr-scale \(this run: 1e\+06\) "
-                      r"or a longer --warmup \(this run: 4\)", stderr)
+    match = re.search(r"became non-finite \(nan/inf\) (?:at|between) step (\d+)(?: and step (\d+))?, so nothing of "
+                      r"it was saved; the newest finite checkpoint is (\S+)\. Start again with a lower --lr-scale "
+                      r"\(this run: 1e\+06\) or a longer --warmup \(this run: 4\)", stderr)
     assert match, stderr
     first, last, newest = int(match.group(1)), int(match.group(2) or match.group(1)), Path(match.group(3))
     assert first <= last < 40
