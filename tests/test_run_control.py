@@ -14,7 +14,7 @@ import shlex
 import signal
 import socket
 import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -64,54 +64,55 @@ def _assert_resumed_equals_straight(resumed: checkpoint.Checkpoint, straight: ch
         _assert_same_tensors(resumed.optimizer["state"][index], state, f"Adam state of parameter {index}")
 
 
+def _stopped_and_resumed(flags: list[str], tmp_path: Path, steps: int, ranks: int,
+                         send_signal: Callable[[subprocess.Popen], None]) -> tuple:
+    """Starts training to `steps` in tmp_path/split, send_signal(process) once it logged step 2, waits for its end,
+    then resumes to `steps` and trains `steps` straight in tmp_path/straight (_resumed_and_straight) -> (the
+    process's exit status, its stop line's (cause, step, checkpoint, command), the checkpoint it stopped with, the
+    resumed and the straight last checkpoints)."""
+    split, straight = tmp_path / "split", tmp_path / "straight"
+    stopped: dict = {}
+
+    def signalled_leg() -> None:
+        process = start(flags + ["--out-dir", str(split), "--max-steps", str(steps)], tmp_path, tmp_path / "err",
+                        ranks=ranks)
+        _wait_for_log_line(process, "step 2 |", tmp_path / "err")
+        send_signal(process)
+        process.communicate(timeout=240)
+        stopped["returncode"] = process.returncode
+        stopped["line"] = _stopped_line((tmp_path / "err").read_text()).groups()
+        # Read now: the resumed run's --keep-last rotation removes it.
+        stopped["saved"] = checkpoint.load_checkpoint(checkpoint.newest_checkpoint(split))
+
+    resumed, reference = _resumed_and_straight(flags, split, straight, steps, ranks=ranks, first_leg=signalled_leg)
+    cause, step, path, command = stopped["line"]
+    assert 2 <= int(step) < steps
+    assert Path(path) == checkpoint.checkpoint_path(split, int(step)) and stopped["saved"].step == int(step)
+    return stopped["returncode"], stopped["line"], resumed, reference
+
+
 def test_sigterm_stops_after_an_update_with_a_checkpoint_that_resumes_exactly(data_dir: Path, tmp_path: Path):
     """SIGTERM to a real `fastformer train` once it trains: it finishes the update, saves, prints where it stopped and
     the command that resumes it, exits EXIT_STOPPED; that command trains on to the same weights as a run never
     stopped."""
     flags, steps = LOGGED_FLAGS + ["--data-dir", str(data_dir)], 12
-    split, straight = tmp_path / "split", tmp_path / "straight"
-    stopped: dict = {}
-
-    def signalled_leg() -> None:
-        process = start(flags + ["--out-dir", str(split), "--max-steps", str(steps)], tmp_path, tmp_path / "err")
-        _wait_for_log_line(process, "step 2 |", tmp_path / "err")
-        process.send_signal(signal.SIGTERM)
-        process.communicate(timeout=120)
-        assert process.returncode == run_control.EXIT_STOPPED, (tmp_path / "err").read_text()
-        stopped["line"] = _stopped_line((tmp_path / "err").read_text())
-        stopped["saved"] = checkpoint.load_checkpoint(checkpoint.newest_checkpoint(split))
-
-    resumed, reference = _resumed_and_straight(flags, split, straight, steps, ranks=1, first_leg=signalled_leg)
-    cause, step, path, command = stopped["line"].groups()
-    assert cause == "SIGTERM" and 2 <= int(step) < steps
-    assert Path(path) == checkpoint.checkpoint_path(split, int(step)) and stopped["saved"].step == int(step)
+    returncode, (cause, _, _, command), resumed, reference = _stopped_and_resumed(
+        flags, tmp_path, steps, ranks=1, send_signal=lambda process: process.send_signal(signal.SIGTERM))
+    assert returncode == run_control.EXIT_STOPPED and cause == "SIGTERM"
     # The printed command is the one _resumed_and_straight ran to resume.
-    assert command == shlex.join(["fastformer"] + flags + ["--out-dir", str(split), "--max-steps", str(steps),
-                                                           "--resume"])
+    assert command == shlex.join(["fastformer"] + flags + ["--out-dir", str(tmp_path / "split"), "--max-steps",
+                                                           str(steps), "--resume"])
     _assert_resumed_equals_straight(resumed, reference)
 
 
 def test_a_signal_to_one_torchrun_rank_stops_every_rank_after_the_same_update(data_dir: Path, tmp_path: Path):
     """SIGTERM to rank 1 alone: rank 0, never signalled, stops after the same update (the stop vote rides on the
     update's token all-reduce) and writes the checkpoint; resuming on 2 ranks reaches the straight run's weights."""
-    flags, steps = LOGGED_FLAGS + ["--data-dir", str(data_dir), "--valid-every", "0"], 8
-    split, straight = tmp_path / "split", tmp_path / "straight"
-    stopped: dict = {}
-
-    def signalled_leg() -> None:
-        launcher = start(flags + ["--out-dir", str(split), "--max-steps", str(steps)], tmp_path, tmp_path / "err",
-                         ranks=2)
-        _wait_for_log_line(launcher, "step 2 |", tmp_path / "err")
-        os.kill(_rank_pid(launcher.pid, 1), signal.SIGTERM)
-        launcher.communicate(timeout=240)
-        assert launcher.returncode != 0, "torchrun reports its workers' EXIT_STOPPED as a failure"
-        stopped["line"] = _stopped_line((tmp_path / "err").read_text())
-        stopped["saved"] = checkpoint.load_checkpoint(checkpoint.newest_checkpoint(split))
-
-    resumed, reference = _resumed_and_straight(flags, split, straight, steps, ranks=2, first_leg=signalled_leg)
-    cause, step, path, command = stopped["line"].groups()
-    assert cause == "a signal to another rank" and 2 <= int(step) < steps
-    assert Path(path) == checkpoint.checkpoint_path(split, int(step)) and stopped["saved"].step == int(step)
+    flags = LOGGED_FLAGS + ["--data-dir", str(data_dir), "--valid-every", "0"]
+    returncode, (cause, _, _, command), resumed, reference = _stopped_and_resumed(
+        flags, tmp_path, 8, ranks=2, send_signal=lambda launcher: os.kill(_rank_pid(launcher.pid, 1), signal.SIGTERM))
+    assert returncode != 0, "torchrun reports its workers' EXIT_STOPPED as a failure"
+    assert cause == "a signal to another rank"
     assert command.startswith("torchrun --nproc_per_node=2 --no-python fastformer train ")
     _assert_resumed_equals_straight(resumed, reference)
 
