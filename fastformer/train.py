@@ -384,7 +384,8 @@ class Trainer:
             position = self._restore(*resumed)
         self.newest_checkpoint = None if resumed is None else resumed[0]
         self.signals = run_control.StopSignals()
-        self.stop_requested = False
+        self.stop_requested = self.out_of_time = False
+        self.start = time.perf_counter()
         self.guard = run_control.DivergenceGuard(self.env.device, self.step)
         sampler_class = BucketBatchSampler if options.batching == "buckets" else TokenBatchSampler
         sampler = sampler_class(self.data.train.src_lengths, self.data.train.tgt_lengths, options.batch_tokens,
@@ -500,10 +501,12 @@ class Trainer:
         return loss_sum, local_tokens
 
     def _sum_tokens_and_stop_votes(self, local_tokens: int) -> float:
-        """-> the update's target tokens over all ranks; the same all-reduce (after the backward passes) carries each
-        rank's stop vote, so that all ranks stop after the same update with no collective of its own."""
-        total_tokens, stop_votes = self.env.sum([local_tokens, self.signals.vote()])
-        self.stop_requested = stop_votes > 0
+        """-> the update's target tokens over all ranks. The same all-reduce (after the backward passes) carries the votes
+        to stop, a signal received and rank 0's clock past max_minutes, so that every rank stops after the same update
+        with no collective of its own."""
+        late = self.env.is_main and 0 < self.options.max_minutes < (time.perf_counter() - self.start) / 60
+        total_tokens, stop_votes, late_votes = self.env.sum([local_tokens, self.signals.vote(), float(late)])
+        self.stop_requested, self.out_of_time = stop_votes > 0, late_votes > 0
         return total_tokens
 
     def _check_finite(self) -> None:
@@ -559,13 +562,6 @@ class Trainer:
         self.env.barrier()
         return results
 
-    def _out_of_time(self, start: float) -> bool:
-        """Whether the time budget is spent; rank 0's clock decides, so every rank stops after the same step."""
-        if self.options.max_minutes <= 0:
-            return False
-        late = self.env.is_main and time.perf_counter() - start > 60 * self.options.max_minutes
-        return self.env.sum([float(late)])[0] > 0
-
     def _log(self, meter: _Throughput, progress: tqdm) -> float:
         """Logs the interval's loss, lr and throughput over all ranks -> the interval's train loss per token."""
         loss_sum, tokens, rate = meter.read(self.env)
@@ -584,7 +580,7 @@ class Trainer:
     def _run(self) -> TrainResult:
         options = self.options
         self.model.train()
-        start = time.perf_counter()
+        self.start = time.perf_counter()
         # The bar counts towards max_steps (its ETA assumes no time limit stops the run first).
         progress = tqdm(total=options.max_steps, initial=self.step, disable=options.quiet or not self.env.is_main,
                         mininterval=2.0, dynamic_ncols=True, unit="step", desc="train")
@@ -595,7 +591,7 @@ class Trainer:
         while self.step < options.max_steps:
             meter.add(*self._update())
             progress.update(1)
-            last = self.step >= options.max_steps or self.stop_requested or self._out_of_time(start)
+            last = self.step >= options.max_steps or self.stop_requested or self.out_of_time
             log = self.step % options.log_every == 0 or last
             # A signal's stop saves at once: torchrun SIGKILLs its workers 30 s after forwarding a SIGTERM.
             validate = (options.valid_every and (self.step % options.valid_every == 0 or last)

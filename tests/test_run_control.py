@@ -204,3 +204,13 @@ def test_a_checkpoint_that_does_not_fit_names_its_size_and_leaves_the_previous_o
     # Without the limit the same resume writes the file the error sized.
     _run(flags + ["--max-steps", "4", "--resume"])
     assert checkpoint.checkpoint_path(out_dir, 4).stat().st_size == int(match.group(1).replace(",", ""))
+
+
+def test_max_minutes_stops_after_an_update_with_exit_status_0(data_dir: Path, tmp_path: Path):
+    """The time budget's vote rides on the same all-reduce as a signal's, but it is a normal end: status 0."""
+    out_dir = tmp_path / "run"
+    done = run(TRAIN_FLAGS + ["--data-dir", str(data_dir), "--out-dir", str(out_dir), "--valid-every", "0",
+                              "--max-minutes", "0.02", "--max-steps", "100000"])
+    assert done.returncode == 0, done.stderr
+    saved = checkpoint.load_checkpoint(checkpoint.list_checkpoints(out_dir)[-1])
+    assert 1 <= saved.step < 100000 and f"trained {saved.step} steps" in done.stdout
