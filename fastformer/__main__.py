@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from fastformer import checkpoint, evaluate, export
+from fastformer import checkpoint, evaluate, export, run_control
 from fastformer.data import decode_sentences, find_split, read_parallel
 from fastformer.search_rules import LENGTH_PENALTY_FORMS
 from fastformer.train import TrainOptions, TrainResult, check_run, process_rank, train
@@ -85,10 +85,18 @@ def _check_out_dir(options: TrainOptions, overwrite: bool) -> None:
 
 
 def _run_train(args: argparse.Namespace) -> TrainResult:
+    """Trains (rank 0 holding out_dir's lock); a run stopped by a signal ends here with its resume command and exit
+    status run_control.EXIT_STOPPED."""
     options = _train_options(args)
     check_run(options)
-    _check_out_dir(options, args.overwrite)
-    result = train(options)
+    with run_control.out_dir_lock(Path(options.out_dir), process_rank()):
+        _check_out_dir(options, args.overwrite)
+        result = train(options)
+    if result.stopped_by is not None:
+        if process_rank() == 0:
+            print(run_control.stopped_message(result.step, result.checkpoint, result.stopped_by, args.argv,
+                                              dist.get_world_size() if dist.is_initialized() else 1), file=sys.stderr)
+        raise SystemExit(run_control.EXIT_STOPPED)
     if process_rank() == 0:
         print(f"trained {result.step} steps: {result.tokens_per_second:,.0f} target tokens/s, final train loss "
               f"{result.train_loss:.3f}; checkpoint {result.checkpoint}")
@@ -274,9 +282,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Runs a command; a user error (bad option or input, missing or unreadable file) ends it with one line on stderr
-    and exit status 1."""
+    """Runs a command; a user error (bad option or input, missing or unreadable file, a busy out-dir, a diverged or
+    unsavable run) ends it with one line on stderr and exit status 1, a training run stopped by SIGTERM or SIGINT
+    with exit status run_control.EXIT_STOPPED."""
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
+    args.argv = argv
     try:
         args.run(args)
     except (ValueError, OSError, ImportError) as error:

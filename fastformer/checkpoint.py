@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,29 +92,71 @@ def checkpoint_path(directory: Path, step: int) -> Path:
     return Path(directory) / f"checkpoint_{step:08d}.pt"
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (disk full, quota, no permission); nothing of it is left on disk."""
+
+
 def save_checkpoint(checkpoint: Checkpoint, path: Path) -> None:
     """Writes checkpoint to path atomically: a temp file in the same directory, fsync, then os.replace, so a crash or
-    error mid-save leaves any existing file at path untouched."""
+    error mid-save leaves any existing file at path untouched. A failed write removes the temp file and raises
+    CheckpointWriteError naming path, the bytes it needs and the bytes free there."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    entries = checkpoint.to_file_dict()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as error:
+        raise _write_error(path, entries, error) from None
     try:
         # mkstemp creates the file private (0600); a checkpoint gets the permissions of any file the user writes.
         os.chmod(temp_name, 0o666 & ~_umask())
         with os.fdopen(descriptor, "wb") as file:
-            torch.save(checkpoint.to_file_dict(), file)
+            torch.save(entries, file)
             file.flush()
             os.fsync(file.fileno())
         os.replace(temp_name, path)
-    except BaseException:
+    except BaseException as error:
         os.unlink(temp_name)
-        raise
+        # torch.save reports a failed write as a RuntimeError raised while handling the file's OSError.
+        cause = error
+        while cause is not None and not isinstance(cause, OSError):
+            cause = cause.__context__
+        if cause is None or isinstance(error, CheckpointWriteError):
+            raise
+        raise _write_error(path, entries, cause) from None
     # The rename itself is durable only once the directory entry is on disk.
     directory = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(directory)
     finally:
         os.close(directory)
+
+
+class _ByteCounter:
+    """A write-only file that keeps only the number of bytes written to it."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def write(self, data: bytes) -> int:
+        self.count += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+def _write_error(path: Path, entries: dict, error: OSError) -> CheckpointWriteError:
+    """-> the error of a failed save of entries to path, with the file's exact size (serialized again, to nowhere)."""
+    counter = _ByteCounter()
+    torch.save(entries, counter)
+    existing = next((parent for parent in path.parents if parent.is_dir()), Path("."))
+    free = shutil.disk_usage(existing).free
+    written = CheckpointWriteError(f"cannot write checkpoint {path}: {error.strerror or error}; it needs "
+                                   f"{counter.count:,} bytes and {existing} has {free:,} free; nothing was written, "
+                                   f"the checkpoints already there are untouched")
+    written.errno = error.errno
+    return written
 
 
 def _umask() -> int:
@@ -176,7 +219,7 @@ def load_newest_readable(directory: Path) -> tuple[Path, Checkpoint, list[str]]:
 
 def remove_stale_temp_files(directory: Path) -> list[Path]:
     """Deletes the temp files of step-checkpoint saves that were killed before their rename -> the deleted paths.
-    Only one training run writes to a directory, so call this where that run is not saving."""
+    Call this only in the run that holds the directory's lock (run_control.out_dir_lock), where it is not saving."""
     directory = Path(directory)
     if not directory.is_dir():
         return []

@@ -23,7 +23,7 @@ from torch import nn
 from tqdm import tqdm
 
 import fastformer
-from fastformer import checkpoint, evaluate
+from fastformer import checkpoint, evaluate, run_control
 from fastformer.captured_step import CapturedStep
 from fastformer.config import TransformerConfig
 from fastformer.data import (Batch, BucketBatch, BucketBatchSampler, LengthFilter, SplitFiles, TokenBatchSampler,
@@ -140,6 +140,7 @@ class TrainResult:
     tokens_per_second: float  # target tokens (non-padding) per second over all ranks
     train_loss: float
     valid: dict = field(default_factory=dict)
+    stopped_by: str | None = None  # what stopped the run before max_steps: a signal's name
 
 
 def inverse_sqrt_schedule(optimizer: torch.optim.Optimizer, warmup: int) -> torch.optim.lr_scheduler.LambdaLR:
@@ -381,6 +382,11 @@ class Trainer:
         position = {"epoch": 0, "index": 0}
         if resumed is not None:
             position = self._restore(*resumed)
+        self.newest_checkpoint = None if resumed is None else resumed[0]
+        self.signals = run_control.StopSignals()
+        self.stop_requested = self.out_of_time = False
+        self.start = time.perf_counter()
+        self.guard = run_control.DivergenceGuard(self.env.device, self.step)
         sampler_class = BucketBatchSampler if options.batching == "buckets" else TokenBatchSampler
         sampler = sampler_class(self.data.train.src_lengths, self.data.train.tgt_lengths, options.batch_tokens,
                                 seed=options.seed, rank=self.env.rank, world_size=self.env.world_size)
@@ -445,15 +451,17 @@ class Trainer:
         tokens), both of this rank."""
         batches = [self._next_batch() for _ in range(self.accumulation)]
         local_tokens = sum(batch.target_tokens for batch in batches)
-        total_tokens = self.env.sum([local_tokens])[0]
         if self.captured is not None:
             for batch in batches:
                 self.captured.micro_step(batch)
+            total_tokens = self._sum_tokens_and_stop_votes(local_tokens)
             self._all_reduce_master_gradients()
             self.captured.update(grad_scale=1.0 / max(total_tokens, 1.0))
             self.scheduler.step()
             self.step += 1
-            return self.captured.take_loss_sum(), local_tokens
+            loss_sum = self.captured.take_loss_sum()
+            self.guard.observe(loss_sum)
+            return loss_sum, local_tokens
         loss_sum = torch.zeros((), device=self.env.device)
         autocast = torch.autocast("cuda", dtype=torch.bfloat16,
                                   enabled=self.env.device.type == "cuda" and self.master is None)
@@ -469,16 +477,19 @@ class Trainer:
             if self.master is not None:
                 self.master.accumulate_gradients()
             loss_sum += loss.detach().float()
+        total_tokens = self._sum_tokens_and_stop_votes(local_tokens)
         if self.master is not None:
             self._all_reduce_master_gradients()
             # The ranks' summed gradients, to the mean over every target token of the update.
             self.master.flat_grad.mul_(1.0 / max(total_tokens, 1.0))
+            gradients = [self.master.flat_grad]
         else:
             # DDP averaged the ranks' summed gradients; rescale to the mean over every target token of the update.
             scale = self.env.world_size / max(total_tokens, 1.0)
-            for parameter in self.model.parameters():
-                if parameter.grad is not None:
-                    parameter.grad.mul_(scale)
+            gradients = [parameter.grad for parameter in self.model.parameters() if parameter.grad is not None]
+            for gradient in gradients:
+                gradient.mul_(scale)
+        self.guard.observe(loss_sum, gradients)
         self.optimizer.step()
         self.scheduler.step()
         if self.master is not None:
@@ -489,12 +500,27 @@ class Trainer:
         self.step += 1
         return loss_sum, local_tokens
 
+    def _sum_tokens_and_stop_votes(self, local_tokens: int) -> float:
+        """-> the update's target tokens over all ranks. The same all-reduce (after the backward passes) carries the votes
+        to stop, a signal received and rank 0's clock past max_minutes, so that every rank stops after the same update
+        with no collective of its own."""
+        late = self.env.is_main and 0 < self.options.max_minutes < (time.perf_counter() - self.start) / 60
+        total_tokens, stop_votes, late_votes = self.env.sum([local_tokens, self.signals.vote(), float(late)])
+        self.stop_requested, self.out_of_time = stop_votes > 0, late_votes > 0
+        return total_tokens
+
+    def _check_finite(self) -> None:
+        self.guard.check(self.step, self.env.sum, self.newest_checkpoint, self.options.lr_scale, self.options.warmup)
+
     def _all_reduce_master_gradients(self) -> None:
         if self.master is not None and self.env.world_size > 1:
             dist.all_reduce(self.master.flat_grad)
 
     def save(self) -> Path:
-        """Writes checkpoint_<step>.pt (rank 0) with every rank's RNG state, keeping the newest keep_last."""
+        """Writes checkpoint_<step>.pt (rank 0) with every rank's RNG state, keeping the newest keep_last; weights that
+        are not all finite are never written (DivergedError)."""
+        self.guard.observe(tensors=self.model.parameters())
+        self._check_finite()
         rng_states = self.env.gather(_rng_state(self.env.device))
         path = checkpoint.checkpoint_path(Path(self.options.out_dir), self.step)
         if self.env.is_main:
@@ -515,6 +541,7 @@ class Trainer:
             checkpoint.save_checkpoint(saved, path)
             checkpoint.prune_checkpoints(Path(self.options.out_dir), self.options.keep_last)
         self.env.barrier()
+        self.newest_checkpoint = path
         return path
 
     def validate(self) -> dict:
@@ -535,13 +562,6 @@ class Trainer:
         self.env.barrier()
         return results
 
-    def _out_of_time(self, start: float) -> bool:
-        """Whether the time budget is spent; rank 0's clock decides, so every rank stops after the same step."""
-        if self.options.max_minutes <= 0:
-            return False
-        late = self.env.is_main and time.perf_counter() - start > 60 * self.options.max_minutes
-        return self.env.sum([float(late)])[0] > 0
-
     def _log(self, meter: _Throughput, progress: tqdm) -> float:
         """Logs the interval's loss, lr and throughput over all ranks -> the interval's train loss per token."""
         loss_sum, tokens, rate = meter.read(self.env)
@@ -552,14 +572,15 @@ class Trainer:
         return train_loss
 
     def run(self) -> TrainResult:
-        """Trains to max_steps (or max_minutes) under the run's backend, restoring the process's afterwards."""
-        with fastformer.backend(self.options.backend):
+        """Trains to max_steps (or max_minutes, or a SIGTERM/SIGINT) under the run's backend, restoring the process's
+        backend and signal handlers afterwards."""
+        with fastformer.backend(self.options.backend), self.signals:
             return self._run()
 
     def _run(self) -> TrainResult:
         options = self.options
         self.model.train()
-        start = time.perf_counter()
+        self.start = time.perf_counter()
         # The bar counts towards max_steps (its ETA assumes no time limit stops the run first).
         progress = tqdm(total=options.max_steps, initial=self.step, disable=options.quiet or not self.env.is_main,
                         mininterval=2.0, dynamic_ncols=True, unit="step", desc="train")
@@ -570,11 +591,17 @@ class Trainer:
         while self.step < options.max_steps:
             meter.add(*self._update())
             progress.update(1)
-            last = self.step >= options.max_steps or self._out_of_time(start)
-            if self.step % options.log_every == 0 or last:
+            last = self.step >= options.max_steps or self.stop_requested or self.out_of_time
+            log = self.step % options.log_every == 0 or last
+            # A signal's stop saves at once: torchrun SIGKILLs its workers 30 s after forwarding a SIGTERM.
+            validate = (options.valid_every and (self.step % options.valid_every == 0 or last)
+                        and not self.stop_requested)
+            if log or validate:
+                self._check_finite()
+            if log:
                 train_loss = self._log(meter, progress)
             with meter.paused():
-                if options.valid_every and (self.step % options.valid_every == 0 or last):
+                if validate:
                     valid = self.validate()
                     if self.env.is_main and not options.quiet:
                         progress.write(f"step {self.step} | valid " +
@@ -586,7 +613,9 @@ class Trainer:
         progress.close()
         if path is None:  # resumed at or past max_steps: nothing trained, the resumed checkpoint is the result
             path = checkpoint.checkpoint_path(Path(options.out_dir), self.step)
-        return TrainResult(self.step, path, meter.overall_rate(), train_loss, valid)
+        stopped = self.stop_requested and self.step < options.max_steps
+        return TrainResult(self.step, path, meter.overall_rate(), train_loss, valid,
+                           (self.signals.received or "a signal to another rank") if stopped else None)
 
 
 class _Throughput:

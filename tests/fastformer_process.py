@@ -24,13 +24,25 @@ def _child_env(unset: tuple[str, ...] = ()) -> dict[str, str]:
     return env
 
 
+def _command(args: list[str], ranks: int, module: bool = True) -> list[str]:
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
+                if ranks > 1 else [sys.executable])
+    return launcher + (["-m", "fastformer"] if module else []) + args
+
+
+def start(args: list[str], scratch: Path, stderr: Path, ranks: int = 1) -> subprocess.Popen:
+    """Starts `python -m fastformer ARGS` in the directory scratch, under torchrun when ranks > 1, unbuffered: its
+    stdout is piped as text, line by line as it is written, and its stderr goes to the file stderr."""
+    with open(stderr, "wb") as error_file:
+        return subprocess.Popen(_command(args, ranks), cwd=scratch, stdout=subprocess.PIPE, stderr=error_file,
+                                text=True, env={**_child_env(), "PYTHONUNBUFFERED": "1"})
+
+
 def run(args: list[str], ranks: int = 1, stdin: str | bytes | None = None, timeout: float = 300,
         module: bool = True, unset_env: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """`python -m fastformer ARGS` (module=False: `python ARGS`), under torchrun when ranks > 1, without the
     environment variables unset_env; not checked. stdin as bytes is passed as is; stdout/stderr come back as text."""
-    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
-                if ranks > 1 else [sys.executable])
-    command = launcher + (["-m", "fastformer"] if module else []) + args
+    command = _command(args, ranks, module)
     with tempfile.TemporaryDirectory() as scratch:
         if isinstance(stdin, str):
             stdin = stdin.encode()

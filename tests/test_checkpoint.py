@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import io
 import os
 from pathlib import Path
 
@@ -33,23 +35,41 @@ def test_save_then_load_round_trips(tmp_path: Path):
     assert path.stat().st_mode == plain.stat().st_mode, "a checkpoint gets the permissions of any file written"
 
 
-def test_failed_save_leaves_the_old_checkpoint_intact(tmp_path: Path, monkeypatch):
+def test_a_full_disk_names_the_path_and_size_and_leaves_the_old_checkpoint_intact(tmp_path: Path, monkeypatch):
+    """Writes fail with ENOSPC once half the new checkpoint is on disk: the error names the path and the bytes the
+    file needs (a successful save's file size), the half-written temp file is removed, the old checkpoint loads."""
     path = tmp_path / "checkpoint_00000001.pt"
+    checkpoint.save_checkpoint(_state(2), tmp_path / "reference.pt")
+    needed = (tmp_path / "reference.pt").stat().st_size
+    (tmp_path / "reference.pt").unlink()
     checkpoint.save_checkpoint(_state(1), path)
     before = path.read_bytes()
-    real_save = torch.save
 
-    def save_half_then_fail(obj, file, *args, **kwargs):
-        real_save(obj, file, *args, **kwargs)
-        file.truncate(file.tell() // 2)
-        raise OSError("disk full")
+    class FullDisk(io.FileIO):
+        def write(self, data) -> int:
+            if self.tell() + len(data) > needed // 2:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return super().write(data)
 
-    monkeypatch.setattr(torch, "save", save_half_then_fail)
-    with pytest.raises(OSError, match="disk full"):
+    monkeypatch.setattr(os, "fdopen", lambda descriptor, mode: FullDisk(descriptor, mode))
+    with pytest.raises(checkpoint.CheckpointWriteError) as raised:
         checkpoint.save_checkpoint(_state(2), path)
+    monkeypatch.undo()
+    assert str(raised.value).startswith(f"cannot write checkpoint {path}: No space left on device; it needs "
+                                        f"{needed:,} bytes and {tmp_path} has ")
+    assert raised.value.errno == errno.ENOSPC
     assert path.read_bytes() == before
     assert os.listdir(tmp_path) == [path.name], "the half-written temp file must be removed"
     assert checkpoint.load_checkpoint(path).step == 1
+
+
+def test_an_unwritable_directory_names_the_path(tmp_path: Path):
+    """A checkpoint path under a regular file (no directory can be made there, even for root)."""
+    (tmp_path / "file").write_bytes(b"")
+    path = tmp_path / "file" / "checkpoint_00000001.pt"
+    with pytest.raises(checkpoint.CheckpointWriteError, match=f"cannot write checkpoint {path}: File exists; it needs"):
+        checkpoint.save_checkpoint(_state(1), path)
+    assert os.listdir(tmp_path) == ["file"]
 
 
 def test_missing_checkpoint_names_the_path(tmp_path: Path):
@@ -98,6 +118,8 @@ def test_list_sorts_by_step_and_prune_keeps_the_newest(tmp_path: Path):
         checkpoint.save_checkpoint(_state(step), checkpoint.checkpoint_path(tmp_path, step))
     (tmp_path / "checkpoint_average.pt").write_bytes(b"")
     (tmp_path / "notes.txt").write_text("x")
+    # A save in flight (another process's): what translate, evaluate and average list must never include it.
+    (tmp_path / ".checkpoint_00000200.pt.a1b2.tmp").write_bytes(b"half a checkpoint")
     assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == [
         "checkpoint_00000003.pt", "checkpoint_00000009.pt", "checkpoint_00000020.pt", "checkpoint_00000100.pt"]
     checkpoint.prune_checkpoints(tmp_path, keep_last=2)

@@ -7,6 +7,7 @@ steps, so that runs cross epoch boundaries.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -79,12 +80,16 @@ def test_torchrun_ranks_hold_identical_parameters(data_dir: Path, tmp_path: Path
                            saved.model["encoder.layers.0.ffn.linear1.weight"])
 
 
-def _resumed_and_straight(flags: list[str], split: Path, straight: Path, steps: int) -> tuple:
-    """Trains on 2 ranks for steps // 2 steps then --resume to `steps` in `split`, and `steps` straight in `straight`
-    -> both last checkpoints (resumed, straight)."""
-    _run(flags + ["--out-dir", str(split), "--max-steps", str(steps // 2)], ranks=2)
-    _run(flags + ["--out-dir", str(split), "--max-steps", str(steps), "--resume"], ranks=2)
-    _run(flags + ["--out-dir", str(straight), "--max-steps", str(steps)], ranks=2)
+def _resumed_and_straight(flags: list[str], split: Path, straight: Path, steps: int, ranks: int = 2,
+                          first_leg: Callable[[], None] | None = None) -> tuple:
+    """Trains on `ranks` ranks for steps // 2 steps (or as first_leg() does) then --resume to `steps` in `split`, and
+    `steps` straight in `straight` -> both last checkpoints (resumed, straight)."""
+    if first_leg is None:
+        _run(flags + ["--out-dir", str(split), "--max-steps", str(steps // 2)], ranks=ranks)
+    else:
+        first_leg()
+    _run(flags + ["--out-dir", str(split), "--max-steps", str(steps), "--resume"], ranks=ranks)
+    _run(flags + ["--out-dir", str(straight), "--max-steps", str(steps)], ranks=ranks)
     return (checkpoint.load_checkpoint(checkpoint.checkpoint_path(split, steps)),
             checkpoint.load_checkpoint(checkpoint.checkpoint_path(straight, steps)))
 
