@@ -9,9 +9,10 @@ and modification time, the vocabulary size, the tokenizer's sample, the length f
 preparation whose key differs from the inputs' is made anew, saying why. A preparation is built in a temporary
 directory beside its destination and renamed into place when complete.
 
-Preparation streams: the tokenizer is trained from an iterator over the training lines (sentencepiece samples at
-most TOKENIZER_SAMPLE sentences itself) and the pairs are encoded in chunks by sentencepiece's threads, each chunk's
-arrays appended to the files; no more than a chunk is ever held as Python objects.
+Preparation streams: the lines are counted (both files must agree), the tokenizer learns from at most
+TOKENIZER_SAMPLE sentences (pairs drawn at random, seeded, read from the files as sentencepiece asks for them), and
+the pairs are encoded in chunks by sentencepiece's threads, each chunk's arrays appended to the files; no more than a
+chunk is ever held as Python objects.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ MANIFEST = "manifest.json"
 TOKENIZER_FILE = "spm.model"
 SPLITS = ("train", "valid")
 SIDES = ("src", "tgt")
-# sentencepiece's default: BPE learned on a sample of at most this many sentences (both languages together).
+# BPE is learned on at most this many sentences (both languages together: 1M pairs of WMT14's 4.5M).
 TOKENIZER_SAMPLE = 2_000_000
 CHUNK_PAIRS = 20_000
 DEFAULT_BUNDLED_VOCAB = 1000
@@ -207,8 +208,7 @@ def prepare(files: dict[str, SplitFiles], settings: PrepareSettings, path: Path,
     start = time.perf_counter()
     try:
         pairs = _count_pairs(files["train"], progress)
-        tokenizer = train_tokenizer(_tokenizer_sentences(files["train"], pairs, settings.tokenizer_sample, progress),
-                                    vocab_size=settings.vocab_size, seed_sentences=settings.tokenizer_sample)
+        tokenizer = _train_tokenizer(files["train"], pairs, settings, progress)
         if progress:
             print(f"tokenizer: {tokenizer.vocab_size} pieces, {time.perf_counter() - start:.0f}s", file=sys.stderr)
         tokenizer.save(temp / TOKENIZER_FILE)
@@ -249,10 +249,26 @@ def _count_pairs(files: SplitFiles, progress: bool) -> int:
     return counts[0]
 
 
-def _tokenizer_sentences(files: SplitFiles, pairs: int, sample: int, progress: bool) -> Iterator[str]:
+def _train_tokenizer(files: SplitFiles, pairs: int, settings: PrepareSettings, progress: bool) -> Tokenizer:
+    """The shared vocabulary, learned from the sentences _tokenizer_sentences reads; a bad line is its own error
+    (sentencepiece would wrap an exception raised in the iterator it reads from in a RuntimeError)."""
+    errors: list[ValueError] = []
+    try:
+        tokenizer = train_tokenizer(_tokenizer_sentences(files, pairs, settings.tokenizer_sample, progress, errors),
+                                    vocab_size=settings.vocab_size, seed_sentences=settings.tokenizer_sample)
+    except RuntimeError:
+        if not errors:
+            raise
+    if errors:
+        raise errors[0]
+    return tokenizer
+
+
+def _tokenizer_sentences(files: SplitFiles, pairs: int, sample: int, progress: bool,
+                         errors: list[ValueError]) -> Iterator[str]:
     """The sentences the tokenizer learns from, both sides of each pair in turn: every pair when they are at most
     `sample` sentences, else sample // 2 pairs drawn at random (seeded), so that a large corpus is never handed to
-    sentencepiece whole."""
+    sentencepiece whole. A bad line's ValueError goes to `errors` and ends the iteration."""
     chosen = np.ones(pairs, dtype=np.uint8)
     if 2 * pairs > sample:
         chosen[:] = 0
@@ -263,8 +279,12 @@ def _tokenizer_sentences(files: SplitFiles, pairs: int, sample: int, progress: b
         # compress skips the pairs not drawn without decoding them; the encoding pass checks every line.
         for number, (source, target) in itertools.compress(enumerate(zip(sources, targets), start=1),
                                                            chosen.tobytes()):
-            yield decode_line(source, files.src, number)
-            yield decode_line(target, files.tgt, number)
+            try:
+                sentences = decode_line(source, files.src, number), decode_line(target, files.tgt, number)
+            except ValueError as error:
+                errors.append(error)
+                return
+            yield from sentences
             bar.update()
     bar.close()
     if progress:
