@@ -7,8 +7,9 @@ one, then runs, each under `torchrun --nproc_per_node=R` with the tiny preset an
   second  2 ranks, a new out-dir on the same prepared directory, 1 update;
   resume  2 ranks, --resume of `first` to 2 updates;
   ranks4  4 ranks, a new out-dir, 1 update: per-rank memory against the number of ranks.
-A run with --max-steps 1 ends right after its first update and a checkpoint of the tiny model, so its wall time is
-the time to the first update (plus that save). Memory is sampled every 0.2 s from /proc over the launcher's process
+Time to the first update is when rank 0's first log line (--log-every 1) appears, from the launch. Micro-batches are
+small (1024 tokens) so that the step's own memory (the 37k-vocabulary logits, on the CPU) stays small beside the
+corpus's. Memory is sampled every 0.2 s from /proc over the launcher's process
 tree: the sum of RSS (which counts a page mapped by several processes once per process) and the sum of PSS (which
 shares it among them: the machine-wide figure), and each rank's own peak RSS.
 
@@ -32,6 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from synthetic_wmt import write_corpus  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+# What rank 0 prints after an update with --log-every 1 (the first one a run makes, a fresh or a resumed run).
+FIRST_UPDATE_LINE = b"| loss "
 
 
 def _children(pid: int) -> list[int]:
@@ -61,6 +64,12 @@ def _memory_kib(pid: int) -> tuple[int, int]:
         return 0, 0
 
 
+def _cpu_name() -> str:
+    with open("/proc/cpuinfo") as file:
+        names = [line.split(":", 1)[1].strip() for line in file if line.startswith("model name")]
+    return names[0] if names else platform.machine()
+
+
 def measured_run(command: list[str], log: Path) -> dict:
     """Runs command, sampling its process tree's memory -> wall seconds, return code, peaks (GiB)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -69,7 +78,10 @@ def measured_run(command: list[str], log: Path) -> dict:
         process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env)
         peak_rss = peak_pss = 0
         per_process: dict[int, int] = {}
+        first_update = None
         while process.poll() is None:
+            if first_update is None and FIRST_UPDATE_LINE in log.read_bytes():
+                first_update = time.perf_counter() - start
             total_rss = total_pss = 0
             for pid in _tree(process.pid):
                 rss, pss = _memory_kib(pid)
@@ -80,6 +92,7 @@ def measured_run(command: list[str], log: Path) -> dict:
     seconds = time.perf_counter() - start
     ranks = sorted(per_process.values(), reverse=True)
     return {"command": " ".join(command), "returncode": process.returncode, "seconds": round(seconds, 1),
+            "first_update_s": None if first_update is None else round(first_update, 1),
             "peak_rss_sum_gib": round(peak_rss / 2 ** 20, 2), "peak_pss_sum_gib": round(peak_pss / 2 ** 20, 2),
             "largest_process_peak_rss_gib": [round(kib / 2 ** 20, 2) for kib in ranks[:4]], "log": str(log)}
 
@@ -104,8 +117,8 @@ def main() -> None:
     prepared_dir = work / "prepared"
     shutil.rmtree(prepared_dir, ignore_errors=True)
     fastformer = [sys.executable, "-m", "fastformer", "train", "--data-dir", str(data_dir), "--prepared-dir",
-                  str(prepared_dir), "--preset", "tiny", "--device", "cpu", "--batch-tokens", "4096",
-                  "--update-tokens", "8192", "--valid-every", "0", "--log-every", "1"]
+                  str(prepared_dir), "--preset", "tiny", "--device", "cpu", "--batch-tokens", "1024",
+                  "--update-tokens", "2048", "--valid-every", "0", "--log-every", "1"]
 
     def torchrun(ranks: int) -> list[str]:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
@@ -127,7 +140,7 @@ def main() -> None:
         "prepare_scale.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"command": " ".join([sys.executable] + sys.argv), "commit": commit.strip(),
-                               "device": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+                               "device": f"{_cpu_name()}, {os.cpu_count()} cores",
                                "pairs": args.pairs, "data_dir": str(data_dir), "corpus_generation_s": generation,
                                "runs": results}, indent=1))
     print(f"wrote {out}")
