@@ -206,9 +206,12 @@ def test_a_full_disk_during_preparation_leaves_nothing_that_looks_complete(tmp_p
     with pytest.raises(OSError, match=rf"preparing {path} failed, nothing was kept: .*No space left on device"):
         ensure_prepared(_files(data_dir), SETTINGS, path, progress=False)
     assert os.listdir(path.parent) == []
+    # What a killed preparation leaves (its process gone) is removed by the next one.
+    (path.parent / f".{path.name}.tmp-{2 ** 22 + 1}").mkdir()
     monkeypatch.undo()
     assert len(ensure_prepared(_files(data_dir), SETTINGS, path, progress=False).train) == len(
         ensure_prepared(_files(data_dir), SETTINGS, tmp_path / "elsewhere", progress=False).train)
+    assert os.listdir(path.parent) == ["prepared"]
 
 
 def test_prepare_cli_then_train_opens_it_without_preparing_again(tmp_path: Path):

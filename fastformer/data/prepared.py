@@ -193,6 +193,8 @@ def ensure_prepared(files: dict[str, SplitFiles], settings: PrepareSettings, pat
             if not reasons:
                 return corpus
             print(f"fastformer: preparing {path} anew: " + "; ".join(reasons), file=sys.stderr)
+    elif progress:
+        print(f"fastformer: preparing the corpus in {path} (once: later runs map it)", file=sys.stderr)
     prepare(files, settings, path, progress)
     return PreparedCorpus(path)
 
@@ -202,8 +204,8 @@ def prepare(files: dict[str, SplitFiles], settings: PrepareSettings, path: Path,
     when complete (replacing what was there) -> the manifest."""
     key = preparation_key(files, settings)
     path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned(path)
     temp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    shutil.rmtree(temp, ignore_errors=True)
     temp.mkdir()
     start = time.perf_counter()
     try:
@@ -347,6 +349,25 @@ def _count_dropped(dropped: dict, lengths: list[np.ndarray], keep: np.ndarray, l
     dropped["too_short"] += int(too_short.sum())
     dropped["too_long"] += int(too_long.sum())
     dropped["ratio"] += int((~too_short & ~too_long).sum())
+
+
+def _remove_abandoned(path: Path) -> None:
+    """Removes what a killed preparation of `path` left beside it: a temporary directory whose process is gone."""
+    for temp in path.parent.glob(f".{path.name}.tmp-*"):
+        pid = temp.name.rsplit("-", 1)[1]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(temp, ignore_errors=True)
+    shutil.rmtree(path.parent / f".{path.name}.tmp-{os.getpid()}", ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, as another user's
+        pass
+    return True
 
 
 def _replace(temp: Path, path: Path) -> None:
