@@ -1,8 +1,9 @@
 """fastformer: train, translate, evaluate and average Transformer translation models (the paper's recipe).
 
-The command line, `fastformer {demo,train,prepare,translate,evaluate,average,export}` (also `python -m fastformer`). `fastformer demo`
-is the whole job on the bundled corpus: train the tiny preset a fixed number of updates, translate the held-out test
-split with beam search, print sacreBLEU and throughput. It runs unchanged under torchrun and on a GPU.
+The command line, `fastformer {demo,train,prepare,translate,evaluate,average,export}` (also `python -m fastformer`).
+`fastformer demo` is the whole job on the bundled corpus: train the tiny preset a fixed number of updates, translate
+the held-out test split with beam search, print sacreBLEU and throughput. It runs unchanged under torchrun and on a
+GPU. `fastformer prepare` tokenizes a corpus once for every later run (train does it itself when needed).
 """
 
 from __future__ import annotations

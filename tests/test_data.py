@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from fastformer.data import (BOS_ID, BUNDLED_CORPUS, EOS_ID, PAD_ID, BucketBatch, BucketBatchSampler, BucketShape, LengthFilter,
-                             TokenBatchSampler, TokenizedCorpus, Tokenizer, bucket_length_grid, decode_sentences,
-                             find_split, read_lines, read_parallel, token_budget_batches, train_tokenizer)
+from fastformer.data import (BOS_ID, BUNDLED_CORPUS, EOS_ID, PAD_ID, BucketBatch, BucketBatchSampler, BucketShape,
+                             LengthFilter, TokenBatchSampler, TokenizedCorpus, Tokenizer, bucket_length_grid,
+                             decode_sentences, find_split, read_lines, read_parallel, token_budget_batches,
+                             train_tokenizer)
 from fastformer.data import make_corpus
 from fastformer.data.batching import DEFAULT_MAX_BUCKETS
 

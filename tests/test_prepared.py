@@ -1,4 +1,5 @@
-"""fastformer.data.prepared: the corpus prepared once on disk, memory-mapped, keyed by its inputs, never half-written."""
+"""fastformer.data.prepared: the corpus prepared once on disk, memory-mapped, keyed by its inputs, never
+half-written."""
 
 from __future__ import annotations
 

@@ -75,7 +75,7 @@ def cache_root() -> Path:
 
 
 def default_prepared_dir(files: dict[str, SplitFiles], settings: PrepareSettings) -> Path:
-    """<cache_root>/prepared/<train file stem>-<hash of the input paths and settings>: the same inputs and settings
+    """<cache_root>/prepared/<data directory name>-<hash of the input paths and settings>: the same inputs and settings
     always find the same directory, so a changed file is re-prepared there (saying why) rather than beside it."""
     identity = {split: [str(Path(path).resolve()) for path in (pair.src, pair.tgt)] for split, pair in files.items()}
     digest = _digest({"inputs": identity, "settings": settings.to_json(), "format": FORMAT_VERSION})[:16]
@@ -183,8 +183,8 @@ def ensure_prepared(files: dict[str, SplitFiles], settings: PrepareSettings, pat
         try:
             corpus = PreparedCorpus(path)
         except ValueError as error:
-            if path.is_dir() and any(path.iterdir()) and not (path / MANIFEST).exists() \
-                    and not (path / TOKENIZER_FILE).exists():
+            if not path.is_dir() or (any(path.iterdir()) and not (path / MANIFEST).exists()
+                                     and not (path / TOKENIZER_FILE).exists()):
                 raise ValueError(f"{path} exists and is not a prepared corpus: choose another --prepared-dir, or "
                                  f"remove it") from None
             print(f"fastformer: preparing {path} anew: {error}", file=sys.stderr)
