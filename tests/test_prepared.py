@@ -228,3 +228,18 @@ def test_prepare_cli_then_train_opens_it_without_preparing_again(tmp_path: Path)
     assert done.returncode == 0, done.stderr
     assert "encoding" not in done.stderr and "anew" not in done.stderr
     assert (path / prepared.MANIFEST).stat().st_ino == manifest.st_ino
+
+
+def test_under_torchrun_a_failed_preparation_is_one_line_from_every_rank(tmp_path: Path):
+    """Rank 0 prepares and fails (unequal line counts); rank 1, waiting for it, exits with the reason too."""
+    data_dir = _slice(tmp_path / "data")
+    with (data_dir / "train.de").open("a", encoding="utf-8") as file:
+        file.write("Eine Zeile zu viel.\n")
+    done = run(["train", "--device", "cpu", "--preset", "tiny", "--vocab-size", "120", "--max-steps", "1", "--quiet",
+                "--data-dir", str(data_dir), "--out-dir", str(tmp_path / "run")], ranks=2)
+    assert done.returncode != 0
+    mismatch = f"{data_dir / 'train.en'} has 400 lines but {data_dir / 'train.de'} has 401"
+    assert f"fastformer train: error: {mismatch}" in done.stderr
+    assert f"fastformer train: error: rank 0 could not prepare the corpus: {mismatch}" in done.stderr
+    # The only traceback is torchrun's own, reporting failed children: none passes through fastformer.
+    assert "fastformer/run_data.py" not in done.stderr and "fastformer/data/" not in done.stderr
