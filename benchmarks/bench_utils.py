@@ -280,8 +280,8 @@ def collate_buckets(buckets: list[BucketBatch], src_lengths: torch.Tensor, tgt_l
     bare_tgt = (tgt_lengths[members] - 1).tolist()  # and adds BOS / EOS to targets
     src_ids = torch.randint(3, vocab_size, (sum(bare_src),), generator=generator).split(bare_src)
     tgt_ids = torch.randint(3, vocab_size, (sum(bare_tgt),), generator=generator).split(bare_tgt)
-    corpus = TokenizedCorpus([ids.tolist() for ids in src_ids], [ids.tolist() for ids in tgt_ids], pad_id=0,
-                             bos_id=1, eos_id=2)
+    corpus = TokenizedCorpus.from_lists([ids.tolist() for ids in src_ids], [ids.tolist() for ids in tgt_ids],
+                                        pad_id=0, bos_id=1, eos_id=2)
     batches, start = [], 0
     for bucket in buckets:
         collated = corpus.batch(list(range(start, start + len(bucket.indices))), vocab_size, bucket.shape)

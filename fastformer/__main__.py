@@ -1,8 +1,9 @@
 """fastformer: train, translate, evaluate and average Transformer translation models (the paper's recipe).
 
-The command line, `fastformer {demo,train,translate,evaluate,average}` (also `python -m fastformer`). `fastformer demo`
-is the whole job on the bundled corpus: train the tiny preset a fixed number of updates, translate the held-out test
-split with beam search, print sacreBLEU and throughput. It runs unchanged under torchrun and on a GPU.
+The command line, `fastformer {demo,train,prepare,translate,evaluate,average,export}` (also `python -m fastformer`).
+`fastformer demo` is the whole job on the bundled corpus: train the tiny preset a fixed number of updates, translate
+the held-out test split with beam search, print sacreBLEU and throughput. It runs unchanged under torchrun and on a
+GPU. `fastformer prepare` tokenizes a corpus once for every later run (train does it itself when needed).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch.distributed as dist
 from fastformer import checkpoint, evaluate, export, run_control
 from fastformer.data import decode_sentences, find_split, read_parallel
 from fastformer.search_rules import LENGTH_PENALTY_FORMS
+from fastformer.run_data import prepare_run_corpus
 from fastformer.train import TrainOptions, TrainResult, check_run, process_rank, train
 from fastformer.translator import OnTruncated, load_checkpoint_model, load_translator
 
@@ -32,6 +34,9 @@ DEMO_STEPS = 4000
 DEMO_DEFAULTS = dict(out_dir="runs/demo", preset="tiny", batch_tokens=1500, update_tokens=1500, warmup=500,
                      lr_scale=2.0, max_steps=DEMO_STEPS, max_minutes=0.0, log_every=100, valid_every=500,
                      valid_bleu_sentences=100, save_every=500)
+# What decides a preparation (and where it goes): `fastformer prepare` takes these of train's options.
+PREPARE_OPTIONS = ("data_dir", "prepared_dir", "src_lang", "tgt_lang", "vocab_size", "min_len", "max_len", "max_ratio",
+                   "quiet")
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -46,11 +51,14 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 HELP_FORMAT = dict(formatter_class=_HelpFormatter)
 
 
-def _add_train_options(parser: argparse.ArgumentParser, defaults: dict, flags: dict[str, str] | None = None) -> None:
-    """One flag per TrainOptions field (--batch-tokens for batch_tokens, unless `flags` names another), with the
-    field's type and default."""
+def _add_train_options(parser: argparse.ArgumentParser, defaults: dict, flags: dict[str, str] | None = None,
+                       only: tuple[str, ...] | None = None) -> None:
+    """One flag per TrainOptions field (those named in `only`, if given; --batch-tokens for batch_tokens, unless
+    `flags` names another), with the field's type and default."""
     hints = typing.get_type_hints(TrainOptions)
     for option in dataclasses.fields(TrainOptions):
+        if only is not None and option.name not in only:
+            continue
         flag = (flags or {}).get(option.name, "--" + option.name.replace("_", "-"))
         default = defaults.get(option.name, option.default)
         kind = hints[option.name]
@@ -61,12 +69,15 @@ def _add_train_options(parser: argparse.ArgumentParser, defaults: dict, flags: d
         if isinstance(kind, types.UnionType):  # X | None: the flag takes an X
             kind = next(arg for arg in typing.get_args(kind) if arg is not type(None))
         parser.add_argument(flag, dest=option.name, type=kind, default=default, help=help_text)
+    if only is not None:
+        return
     parser.add_argument("--overwrite", action="store_true",
                         help="delete --out-dir's checkpoints first (else they stop a fresh run)")
 
 
 def _train_options(args: argparse.Namespace) -> TrainOptions:
-    return TrainOptions(**{option.name: getattr(args, option.name) for option in dataclasses.fields(TrainOptions)})
+    return TrainOptions(**{option.name: getattr(args, option.name) for option in dataclasses.fields(TrainOptions)
+                           if hasattr(args, option.name)})
 
 
 def _check_out_dir(options: TrainOptions, overwrite: bool) -> None:
@@ -101,6 +112,12 @@ def _run_train(args: argparse.Namespace) -> TrainResult:
         print(f"trained {result.step} steps: {result.tokens_per_second:,.0f} target tokens/s, final train loss "
               f"{result.train_loss:.3f}; checkpoint {result.checkpoint}")
     return result
+
+
+def _run_prepare(args: argparse.Namespace) -> None:
+    corpus = prepare_run_corpus(_train_options(args))
+    print(f"prepared corpus: {corpus.path} ({len(corpus.train):,} training pairs, vocabulary "
+          f"{corpus.tokenizer.vocab_size:,})")
 
 
 def _run_demo(args: argparse.Namespace) -> None:
@@ -243,6 +260,11 @@ def build_parser() -> argparse.ArgumentParser:
     train_parser = commands.add_parser("train", help="train a model (the paper's recipe by default)", **HELP_FORMAT)
     _add_train_options(train_parser, {})
     train_parser.set_defaults(run=_run_train)
+
+    prepare = commands.add_parser("prepare", help="tokenize a corpus once for every later run (train does it itself "
+                                  "when needed)", **HELP_FORMAT)
+    _add_train_options(prepare, {}, only=PREPARE_OPTIONS)
+    prepare.set_defaults(run=_run_prepare)
 
     translate = commands.add_parser("translate", help="translate lines from stdin (or --input) to stdout; an empty "
                                     "line gives an empty line", **HELP_FORMAT)

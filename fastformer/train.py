@@ -26,15 +26,14 @@ import fastformer
 from fastformer import checkpoint, evaluate, run_control
 from fastformer.captured_step import CapturedStep
 from fastformer.config import TransformerConfig
-from fastformer.data import (Batch, BucketBatch, BucketBatchSampler, LengthFilter, SplitFiles, TokenBatchSampler,
-                             TokenizedCorpus, Tokenizer, find_split, read_parallel, train_tokenizer)
+from fastformer.data import Batch, BucketBatch, BucketBatchSampler, TokenBatchSampler, Tokenizer
+from fastformer.data.prepared import DEFAULT_BUNDLED_VOCAB
 from fastformer.dispatch import BACKENDS
 from fastformer.mixed_precision import MasterWeights
 from fastformer.model import Transformer
+from fastformer.run_data import corpus_files, open_run_corpus
 
 PRESETS = {"tiny": TransformerConfig.tiny, "base": TransformerConfig.base, "big": TransformerConfig.big}
-TOKENIZER_FILE = "spm.model"
-DEFAULT_BUNDLED_VOCAB = 1000
 BATCHINGS = ("tokens", "buckets")
 PRECISIONS = ("auto", "bf16-master")
 STEPS = ("eager", "captured")
@@ -47,9 +46,11 @@ def _option(default: object, help: str) -> object:
 
 @dataclass
 class TrainOptions:
-    out_dir: str = _option("runs/demo", "the run's directory: checkpoints and the vocabulary")
-    data_dir: str | None = _option(None, "corpus directory (train.*, valid.* or newstest2013.*); default: the "
-                                         "bundled toy corpus")
+    out_dir: str = _option("runs/demo", "the run's directory: checkpoints (each holds the vocabulary)")
+    data_dir: str | None = _option(None, "corpus directory (train.*, valid.* or newstest2013.*, or .gz); default: "
+                                         "the bundled toy corpus")
+    prepared_dir: str | None = _option(None, "the prepared (tokenized) corpus, made if missing or out of date; "
+                                             "default: a directory under ~/.cache/fastformer/prepared")
     src_lang: str = _option("en", "source language: the files' suffix")
     tgt_lang: str = _option("de", "target language: the files' suffix")
     preset: str | None = _option(None, f"model size, one of {tuple(PRESETS)}; default: base (the paper) with "
@@ -239,26 +240,13 @@ def check_step(step: str, device: torch.device) -> None:
                          f"--step eager")
 
 
-@dataclass(frozen=True)
-class _CorpusFiles:
-    train: SplitFiles
-    valid: SplitFiles
-
-
-def _find_corpus(options: TrainOptions) -> _CorpusFiles:
-    """The run's train and valid files: a missing one is an error before anything is written."""
-    data_dir = None if options.data_dir is None else Path(options.data_dir)
-    return _CorpusFiles(find_split(data_dir, "train", options.src_lang, options.tgt_lang),
-                        find_split(data_dir, "valid", options.src_lang, options.tgt_lang))
-
-
 def check_run(options: TrainOptions) -> None:
     """What can be checked before any work (and before --overwrite deletes anything): the device, the backend on it,
     and the corpus files."""
     device = evaluate.resolve_device(options.device)
     check_backend(options.backend, device)
     check_step(options.step, device)
-    _find_corpus(options)
+    corpus_files(options)
 
 
 def _load_resumable(options: TrainOptions, env: _Distributed) -> tuple[Path, checkpoint.Checkpoint]:
@@ -280,39 +268,6 @@ def _load_resumable(options: TrainOptions, env: _Distributed) -> tuple[Path, che
         raise ValueError(f"--resume: {path} was trained with other options; this run changes " + ", ".join(changed)
                          + ". Pass the checkpoint's values, or start a new run in another --out-dir")
     return path, saved
-
-
-def _train_shared_tokenizer(options: TrainOptions, train_pairs: list[tuple[str, str]], env: _Distributed) -> Tokenizer:
-    """A fresh run's shared vocabulary: trained by rank 0 into out_dir, then read by every rank."""
-    path = Path(options.out_dir) / TOKENIZER_FILE
-    if env.is_main:
-        vocab_size = options.vocab_size or (DEFAULT_BUNDLED_VOCAB if options.data_dir is None else 37000)
-        tokenizer = train_tokenizer((sentence for pair in train_pairs for sentence in pair), vocab_size=vocab_size)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temp = path.with_name(path.name + ".tmp")
-        tokenizer.save(temp)
-        os.replace(temp, path)
-    env.barrier()
-    return Tokenizer.load(path)
-
-
-@dataclass
-class _Data:
-    train: TokenizedCorpus
-    valid_pairs: list[tuple[str, str]]
-    valid: TokenizedCorpus
-
-
-def _encode_corpus(options: TrainOptions, files: _CorpusFiles, train_pairs: list[tuple[str, str]],
-                   tokenizer: Tokenizer) -> _Data:
-    """The training pairs the length filter keeps, and the whole validation set, in the tokenizer's ids."""
-    length_filter = LengthFilter(options.min_len, options.max_len, options.max_ratio)
-    train_data = TokenizedCorpus.encode(tokenizer, train_pairs, length_filter)
-    if len(train_data) == 0:
-        raise ValueError(f"no training pair of {files.train.src} + {files.train.tgt} passes the length filter "
-                         f"{length_filter}")
-    valid_pairs = read_parallel(files.valid.src, files.valid.tgt)
-    return _Data(train_data, valid_pairs, TokenizedCorpus.encode(tokenizer, valid_pairs))
 
 
 def _model_config(options: TrainOptions, tokenizer: Tokenizer) -> TransformerConfig:
@@ -367,15 +322,15 @@ class Trainer:
         self.env = _setup_distributed(options.device)
         check_backend(options.backend, self.env.device)
         check_step(options.step, self.env.device)
-        files = _find_corpus(options)
+        corpus_files(options)
         resumed = _load_resumable(options, self.env) if options.resume else None
         if self.env.is_main:
             checkpoint.remove_stale_temp_files(Path(options.out_dir))
-        train_pairs = read_parallel(files.train.src, files.train.tgt)
-        # A resumed run keeps the vocabulary its checkpoint was trained with.
-        self.tokenizer = (Tokenizer(resumed[1].tokenizer) if resumed is not None
-                          else _train_shared_tokenizer(options, train_pairs, self.env))
-        self.data = _encode_corpus(options, files, train_pairs, self.tokenizer)
+        self.data = open_run_corpus(options, self.env.rank, self.env.world_size)
+        self.tokenizer = self.data.tokenizer
+        if resumed is not None and resumed[1].tokenizer != self.tokenizer.model_proto:
+            raise ValueError(f"--resume: {resumed[0]} was trained with another vocabulary than the prepared corpus "
+                             f"{self.data.path} holds (its text changed since?): start a new run")
         self.config = _model_config(options, self.tokenizer)
         self._build_model()
         self.step = 0

@@ -21,6 +21,13 @@ KERNEL_ENTRY_POINTS = {"triton_kernels.attention": ("flash_attention",),
 pytest_plugins = ["pytester"]
 
 
+@pytest.fixture(autouse=True, scope="session")
+def prepared_corpus_cache(tmp_path_factory) -> None:
+    """Corpora the tests prepare (fastformer.data.prepared) go to a temporary cache, not the user's ~/.cache; child
+    processes inherit it."""
+    os.environ["FASTFORMER_CACHE"] = str(tmp_path_factory.mktemp("fastformer-cache"))
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped without one")
     config.addinivalue_line("markers", "slow: takes minutes on a 2-core CPU")

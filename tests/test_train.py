@@ -154,8 +154,10 @@ def test_bad_training_input_is_a_clear_error(data_dir: Path, tmp_path: Path):
     flags = TRAIN_FLAGS + ["--max-steps", "1", "--out-dir", str(tmp_path / "run")]
     assert f"{broken / 'train.en'} has 20 lines but {broken / 'train.de'} has 21" in _fail(
         flags + ["--data-dir", str(broken)])
-    (broken / "train.de").write_bytes((data_dir / "train.de").read_bytes()[:1000].rsplit(b"\n", 3)[0] + b"\n\xff\n")
-    assert f"{broken / 'train.de'}:" in _fail(flags + ["--data-dir", str(broken)])
+    lines = (data_dir / "train.de").read_bytes().splitlines(keepends=True)[:20]
+    lines[4] = b"\xff\n"
+    (broken / "train.de").write_bytes(b"".join(lines))
+    assert f"{broken / 'train.de'}:5: not valid UTF-8" in _fail(flags + ["--data-dir", str(broken)])
     broken = _corpus_slice(tmp_path / "no_valid", {"train": 20, "valid": 4})
     (broken / "valid.de").unlink()
     assert "valid.de" in _fail(flags + ["--data-dir", str(broken)])

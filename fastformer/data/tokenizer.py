@@ -10,6 +10,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+TRAINING_SEED = 1
 
 
 class Tokenizer:
@@ -67,6 +68,8 @@ def train_tokenizer(sentences: Iterable[str], vocab_size: int = 37000, seed_sent
     if vocab_size < 8:
         raise ValueError(f"vocab_size must be at least 8, got {vocab_size}")
     model = io.BytesIO()
+    # A corpus larger than seed_sentences is sampled: seeded, so that the same corpus always gives the same model.
+    spm.set_random_generator_seed(TRAINING_SEED)
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(sentences), model_writer=model, model_type="bpe", vocab_size=vocab_size,
         hard_vocab_limit=False, character_coverage=1.0, input_sentence_size=seed_sentences,

@@ -1,0 +1,392 @@
+"""A prepared corpus: the shared vocabulary and every split's token ids as flat arrays on disk, made once and then
+memory-mapped by every run and every rank (as fairseq's data-bin or Megatron's .bin/.idx).
+
+The directory holds `spm.model`, for each split (train, valid) and side (src, tgt) `<split>.<side>.ids` (the bare ids:
+uint16 when the vocabulary fits, else int32), `.offsets` (int64, one more than the sentences) and `.lengths` (int32:
+the length plus the EOS or BOS the model adds), and `manifest.json`. The manifest is written last, so a directory
+without one is never taken as complete; it keys the preparation by what it depends on (each input file's path, size
+and modification time, the vocabulary size, the tokenizer's sample, the length filter, the format version), and a
+preparation whose key differs from the inputs' is made anew, saying why. A preparation is built in a temporary
+directory beside its destination and renamed into place when complete.
+
+Preparation streams: the lines are counted (both files must agree), the tokenizer learns from at most
+TOKENIZER_SAMPLE sentences (pairs drawn at random, seeded, read from the files as sentencepiece asks for them), and
+the pairs are encoded in chunks by sentencepiece's threads, each chunk's arrays appended to the files; no more than a
+chunk is ever held as Python objects.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from fastformer.data.batching import LengthFilter, TokenArrays, TokenizedCorpus
+from fastformer.data.reading import (SplitFiles, check_line_counts, count_lines, decode_line, iter_parallel,
+                                     open_binary, read_parallel)
+from fastformer.data.tokenizer import TRAINING_SEED, Tokenizer, train_tokenizer
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+TOKENIZER_FILE = "spm.model"
+SPLITS = ("train", "valid")
+SIDES = ("src", "tgt")
+# BPE is learned on at most this many sentences (both languages together: 1M pairs of WMT14's 4.5M).
+TOKENIZER_SAMPLE = 2_000_000
+CHUNK_PAIRS = 20_000
+DEFAULT_BUNDLED_VOCAB = 1000
+DEFAULT_VOCAB = 37000  # the paper's shared En-De BPE vocabulary
+
+
+@dataclass(frozen=True)
+class PrepareSettings:
+    """What a preparation makes of its input files, besides the files themselves."""
+
+    vocab_size: int
+    length_filter: LengthFilter
+    tokenizer_sample: int = TOKENIZER_SAMPLE
+
+    def to_json(self) -> dict:
+        return {"vocab_size": self.vocab_size, "tokenizer_sample": self.tokenizer_sample,
+                "length_filter": asdict(self.length_filter)}
+
+
+def default_vocab_size(data_dir: str | Path | None) -> int:
+    return DEFAULT_BUNDLED_VOCAB if data_dir is None else DEFAULT_VOCAB
+
+
+def cache_root() -> Path:
+    """Where preparations go unless --prepared-dir says otherwise: $FASTFORMER_CACHE, else $XDG_CACHE_HOME/fastformer,
+    else ~/.cache/fastformer. Never the data directory, which may be read-only."""
+    if os.environ.get("FASTFORMER_CACHE"):
+        return Path(os.environ["FASTFORMER_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fastformer"
+
+
+def default_prepared_dir(files: dict[str, SplitFiles], settings: PrepareSettings) -> Path:
+    """<cache_root>/prepared/<data directory name>-<hash of the input paths and settings>: the same inputs and settings
+    always find the same directory, so a changed file is re-prepared there (saying why) rather than beside it."""
+    identity = {split: [str(Path(path).resolve()) for path in (pair.src, pair.tgt)] for split, pair in files.items()}
+    digest = _digest({"inputs": identity, "settings": settings.to_json(), "format": FORMAT_VERSION})[:16]
+    return cache_root() / "prepared" / f"{Path(files['train'].src).resolve().parent.name}-{digest}"
+
+
+def _digest(value: object) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
+def preparation_key(files: dict[str, SplitFiles], settings: PrepareSettings) -> dict:
+    """Everything a preparation depends on: each input's path, size and modification time, and the settings."""
+    inputs = {}
+    for split, pair in files.items():
+        for side, path in zip(SIDES, (pair.src, pair.tgt)):
+            stat = Path(path).stat()
+            inputs[f"{split}.{side}"] = {"path": str(Path(path).resolve()), "size": stat.st_size,
+                                         "mtime_ns": stat.st_mtime_ns}
+    return {"format": FORMAT_VERSION, "inputs": inputs, "settings": settings.to_json()}
+
+
+def stale_reasons(old: dict, new: dict) -> list[str]:
+    """Why a preparation keyed `old` is not one for `new`: each input or setting that differs, in words."""
+    if old.get("format") != new["format"]:
+        return [f"format version {old.get('format')} -> {new['format']}"]
+    reasons = []
+    for name, now in new["inputs"].items():
+        then = old.get("inputs", {}).get(name)
+        if then is None or then.get("path") != now["path"]:
+            reasons.append(f"{name} is now {now['path']} (was {None if then is None else then.get('path')})")
+        elif (then.get("size"), then.get("mtime_ns")) != (now["size"], now["mtime_ns"]):
+            reasons.append(f"{now['path']} changed (size {then.get('size')} -> {now['size']} bytes, modified "
+                           f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(now['mtime_ns'] / 1e9))})")
+    for name, value in new["settings"].items():
+        if old.get("settings", {}).get(name) != value:
+            reasons.append(f"{name} {old.get('settings', {}).get(name)} -> {value}")
+    return reasons
+
+
+class PreparedCorpus:
+    """An opened prepared directory: its tokenizer and the train/valid splits as memory-mapped TokenizedCorpus."""
+
+    def __init__(self, path: Path) -> None:
+        """Opens and checks `path` (ValueError naming what is wrong: no manifest, a foreign or truncated file)."""
+        self.path = Path(path)
+        self.manifest = read_manifest(self.path)
+        self.tokenizer = Tokenizer.load(self.path / TOKENIZER_FILE)
+        if hashlib.sha256(self.tokenizer.model_proto).hexdigest() != self.manifest["tokenizer_sha256"]:
+            raise ValueError(f"{self.path / TOKENIZER_FILE} is not the tokenizer its manifest names")
+        self.train, self.valid = (self._open_split(split) for split in SPLITS)
+
+    @property
+    def digest(self) -> str:
+        """Names this preparation's key: ranks check that they opened the one rank 0 prepared."""
+        return _digest(self.manifest["key"])
+
+    @cached_property
+    def valid_pairs(self) -> list[tuple[str, str]]:
+        """The validation sentences as text (for BLEU), read from the input files the manifest names."""
+        inputs = self.manifest["key"]["inputs"]
+        return read_parallel(Path(inputs["valid.src"]["path"]), Path(inputs["valid.tgt"]["path"]))
+
+    def _open_split(self, split: str) -> TokenizedCorpus:
+        sides = [TokenArrays(*(_map(self.path / f"{split}.{side}.{part}", self.manifest["files"])
+                               for part in ("ids", "offsets", "lengths"))) for side in SIDES]
+        return TokenizedCorpus(*sides, **self.tokenizer.special_ids)
+
+
+def read_manifest(path: Path) -> dict:
+    """The manifest of a complete preparation at path, its files checked against it; ValueError if there is none."""
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        raise ValueError(f"{path} holds no {MANIFEST}: not a (complete) prepared corpus")
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        files = manifest["files"]
+        format_version = manifest["key"]["format"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{manifest_path} is not a fastformer prepared-corpus manifest ({error})") from None
+    if format_version != FORMAT_VERSION:
+        raise ValueError(f"{path} is a prepared corpus of format {format_version}; this fastformer reads format "
+                         f"{FORMAT_VERSION}")
+    for name, entry in files.items():
+        size = (path / name).stat().st_size if (path / name).is_file() else None
+        if size != entry["count"] * np.dtype(entry["dtype"]).itemsize:
+            raise ValueError(f"{path / name} has {size} bytes, its manifest says "
+                             f"{entry['count'] * np.dtype(entry['dtype']).itemsize}: the prepared corpus is truncated")
+    return manifest
+
+
+def _map(path: Path, files: dict) -> np.ndarray:
+    entry = files[path.name]
+    if entry["count"] == 0:
+        return np.zeros(0, dtype=entry["dtype"])
+    return np.memmap(path, dtype=entry["dtype"], mode="r", shape=(entry["count"],))
+
+
+def ensure_prepared(files: dict[str, SplitFiles], settings: PrepareSettings, path: Path,
+                    progress: bool = True) -> PreparedCorpus:
+    """The preparation of `files` at `path`: opened if it is complete and its key matches, else made (anew, with the
+    reason on stderr). A directory at `path` that is not a preparation is refused rather than replaced."""
+    path = Path(path)
+    key = preparation_key(files, settings)
+    if path.exists():
+        try:
+            corpus = PreparedCorpus(path)
+        except ValueError as error:
+            if not path.is_dir() or (any(path.iterdir()) and not (path / MANIFEST).exists()
+                                     and not (path / TOKENIZER_FILE).exists()):
+                raise ValueError(f"{path} exists and is not a prepared corpus: choose another --prepared-dir, or "
+                                 f"remove it") from None
+            print(f"fastformer: preparing {path} anew: {error}", file=sys.stderr)
+        else:
+            reasons = stale_reasons(corpus.manifest["key"], key)
+            if not reasons:
+                return corpus
+            print(f"fastformer: preparing {path} anew: " + "; ".join(reasons), file=sys.stderr)
+    elif progress:
+        print(f"fastformer: preparing the corpus in {path} (once: later runs map it)", file=sys.stderr)
+    prepare(files, settings, path, progress)
+    return PreparedCorpus(path)
+
+
+def prepare(files: dict[str, SplitFiles], settings: PrepareSettings, path: Path, progress: bool = True) -> dict:
+    """Trains the tokenizer on the training pairs and encodes every split into a new directory renamed to `path`
+    when complete (replacing what was there) -> the manifest."""
+    key = preparation_key(files, settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned(path)
+    temp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    temp.mkdir()
+    start = time.perf_counter()
+    try:
+        pairs = _count_pairs(files["train"], progress)
+        tokenizer = _train_tokenizer(files["train"], pairs, settings, progress)
+        if progress:
+            print(f"tokenizer: {tokenizer.vocab_size} pieces, {time.perf_counter() - start:.0f}s", file=sys.stderr)
+        tokenizer.save(temp / TOKENIZER_FILE)
+        dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.int32)
+        written: dict[str, dict] = {}
+        splits = {}
+        for split in SPLITS:
+            length_filter = settings.length_filter if split == "train" else None
+            total = pairs if split == "train" else None
+            splits[split] = _encode_split(files[split], tokenizer, length_filter, temp, split, dtype, written,
+                                          total, progress)
+        if splits["train"]["pairs"] == 0:
+            raise ValueError(f"no training pair of {files['train'].src} + {files['train'].tgt} passes the length "
+                             f"filter {settings.length_filter}")
+        manifest = {"key": key, "tokenizer_sha256": hashlib.sha256(tokenizer.model_proto).hexdigest(),
+                    "vocab_size": tokenizer.vocab_size, "splits": splits, "files": written}
+        # Written last: its presence marks the directory complete.
+        with open(temp / MANIFEST, "w", encoding="utf-8") as file:
+            json.dump(manifest, file, indent=1)
+            file.flush()
+            os.fsync(file.fileno())
+        _replace(temp, path)
+    except BaseException as error:
+        shutil.rmtree(temp, ignore_errors=True)
+        if isinstance(error, OSError) and not isinstance(error, FileNotFoundError):
+            raise OSError(f"preparing {path} failed, nothing was kept: {error}") from None
+        raise
+    if progress:
+        _summary(path, manifest, time.perf_counter() - start)
+    return manifest
+
+
+def _count_pairs(files: SplitFiles, progress: bool) -> int:
+    """The line count of both files, which must agree (checked before any other work)."""
+    with tqdm(desc="counting lines", unit=" lines", disable=not progress, mininterval=1.0) as bar:
+        counts = [count_lines(path, bar.update) for path in (files.src, files.tgt)]
+    check_line_counts(files.src, counts[0], files.tgt, counts[1])
+    return counts[0]
+
+
+def _train_tokenizer(files: SplitFiles, pairs: int, settings: PrepareSettings, progress: bool) -> Tokenizer:
+    """The shared vocabulary, learned from the sentences _tokenizer_sentences reads; a bad line is its own error
+    (sentencepiece would wrap an exception raised in the iterator it reads from in a RuntimeError)."""
+    errors: list[ValueError] = []
+    try:
+        tokenizer = train_tokenizer(_tokenizer_sentences(files, pairs, settings.tokenizer_sample, progress, errors),
+                                    vocab_size=settings.vocab_size, seed_sentences=settings.tokenizer_sample)
+    except RuntimeError:
+        if not errors:
+            raise
+    if errors:
+        raise errors[0]
+    return tokenizer
+
+
+def _tokenizer_sentences(files: SplitFiles, pairs: int, sample: int, progress: bool,
+                         errors: list[ValueError]) -> Iterator[str]:
+    """The sentences the tokenizer learns from, both sides of each pair in turn: every pair when they are at most
+    `sample` sentences, else sample // 2 pairs drawn at random (seeded), so that a large corpus is never handed to
+    sentencepiece whole. A bad line's ValueError goes to `errors` and ends the iteration."""
+    chosen = np.ones(pairs, dtype=np.uint8)
+    if 2 * pairs > sample:
+        chosen[:] = 0
+        chosen[np.random.default_rng(TRAINING_SEED).choice(pairs, sample // 2, replace=False)] = 1
+    bar = tqdm(total=int(chosen.sum()), desc="reading for the tokenizer", unit=" pairs", disable=not progress,
+               mininterval=1.0)
+    with open_binary(files.src) as sources, open_binary(files.tgt) as targets:
+        # compress skips the pairs not drawn without decoding them; the encoding pass checks every line.
+        for number, (source, target) in itertools.compress(enumerate(zip(sources, targets), start=1),
+                                                           chosen.tobytes()):
+            try:
+                sentences = decode_line(source, files.src, number), decode_line(target, files.tgt, number)
+            except ValueError as error:
+                errors.append(error)
+                return
+            yield from sentences
+            bar.update()
+    bar.close()
+    if progress:
+        print(f"training the tokenizer on {bar.n:,} pairs (sentencepiece BPE)...", file=sys.stderr)
+
+
+def _encode_split(files: SplitFiles, tokenizer: Tokenizer, length_filter: LengthFilter | None, directory: Path,
+                  split: str, dtype: np.dtype, written: dict, total: int | None, progress: bool) -> dict:
+    """Encodes a split chunk by chunk, appending each side's ids, offsets and lengths to its files; records each
+    file's dtype and count in `written` -> the split's statistics (pairs kept, dropped by each filter, tokens)."""
+    names = {(side, part): f"{split}.{side}.{part}" for side in SIDES for part in ("ids", "offsets", "lengths")}
+    outputs = {key: open(directory / name, "wb") for key, name in names.items()}
+    dropped = {"too_short": 0, "too_long": 0, "ratio": 0}
+    kept_pairs, tokens = 0, {side: 0 for side in SIDES}
+    threads = os.cpu_count() or 1
+    try:
+        for side in SIDES:
+            outputs[side, "offsets"].write(np.zeros(1, dtype=np.int64).tobytes())
+        bar = tqdm(total=total, desc=f"encoding {split}", unit=" pairs", disable=not progress, mininterval=1.0)
+        for chunk in _chunks(iter_parallel(files.src, files.tgt), CHUNK_PAIRS):
+            encoded = [tokenizer.processor.encode([pair[i] for pair in chunk], out_type=int, num_threads=threads)
+                       for i in (0, 1)]
+            lengths = [np.fromiter(map(len, ids), dtype=np.int64, count=len(ids)) for ids in encoded]
+            keep = np.ones(len(chunk), dtype=bool) if length_filter is None else length_filter.keeps(*lengths)
+            if length_filter is not None:
+                _count_dropped(dropped, lengths, keep, length_filter)
+            kept_pairs += int(keep.sum())
+            for side, ids, side_lengths in zip(SIDES, encoded, lengths):
+                kept_lengths = side_lengths[keep]
+                flat = np.fromiter(itertools.chain.from_iterable(itertools.compress(ids, keep)), dtype=dtype,
+                                   count=int(kept_lengths.sum()))
+                outputs[side, "ids"].write(flat.tobytes())
+                outputs[side, "offsets"].write((tokens[side] + np.cumsum(kept_lengths)).tobytes())
+                outputs[side, "lengths"].write((kept_lengths + 1).astype(np.int32).tobytes())
+                tokens[side] += len(flat)
+            bar.update(len(chunk))
+        bar.close()
+        for output in outputs.values():
+            output.flush()
+            os.fsync(output.fileno())
+    finally:
+        for output in outputs.values():
+            output.close()
+    for (side, part), name in names.items():
+        count = {"ids": tokens[side], "offsets": kept_pairs + 1, "lengths": kept_pairs}[part]
+        written[name] = {"dtype": {"ids": dtype.name, "offsets": "int64", "lengths": "int32"}[part], "count": count}
+    return {"pairs": kept_pairs, "dropped": dropped, "src_tokens": tokens["src"], "tgt_tokens": tokens["tgt"]}
+
+
+def _chunks(pairs: Iterator[tuple[str, str]], size: int) -> Iterator[list[tuple[str, str]]]:
+    while chunk := list(itertools.islice(pairs, size)):
+        yield chunk
+
+
+def _count_dropped(dropped: dict, lengths: list[np.ndarray], keep: np.ndarray, length_filter: LengthFilter) -> None:
+    """Adds the chunk's dropped pairs by the first filter each fails: too short, too long, then the ratio."""
+    shorter, longer = np.minimum(*lengths)[~keep], np.maximum(*lengths)[~keep]
+    too_short = shorter < length_filter.min_len
+    too_long = ~too_short & (longer > length_filter.max_len)
+    dropped["too_short"] += int(too_short.sum())
+    dropped["too_long"] += int(too_long.sum())
+    dropped["ratio"] += int((~too_short & ~too_long).sum())
+
+
+def _remove_abandoned(path: Path) -> None:
+    """Removes what a killed preparation of `path` left beside it: a temporary directory whose process is gone."""
+    for temp in path.parent.glob(f".{path.name}.tmp-*"):
+        pid = temp.name.rsplit("-", 1)[1]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(temp, ignore_errors=True)
+    shutil.rmtree(path.parent / f".{path.name}.tmp-{os.getpid()}", ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, as another user's
+        pass
+    return True
+
+
+def _replace(temp: Path, path: Path) -> None:
+    """Moves the complete preparation `temp` to `path`: an old one is renamed aside first and removed after (a run
+    that still maps its files keeps reading them)."""
+    old = None
+    if path.exists():
+        old = path.parent / f".{path.name}.old-{os.getpid()}"
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(path, old)
+    os.rename(temp, path)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _summary(path: Path, manifest: dict, seconds: float) -> None:
+    train, valid = manifest["splits"]["train"], manifest["splits"]["valid"]
+    size = sum(file.stat().st_size for file in path.iterdir())
+    dropped = ", ".join(f"{count:,} {name.replace('_', ' ')}" for name, count in train["dropped"].items())
+    print(f"prepared {path} in {seconds:.0f}s: train {train['pairs']:,} pairs kept (dropped: {dropped}), "
+          f"{train['src_tokens']:,} + {train['tgt_tokens']:,} tokens; valid {valid['pairs']:,} pairs; vocabulary "
+          f"{manifest['vocab_size']:,}; {size / 2 ** 20:,.1f} MiB on disk", file=sys.stderr)

@@ -1,0 +1,72 @@
+"""A training run's corpus: its files, and its prepared (memory-mapped) form, made by rank 0 and opened by every rank.
+
+Rank 0 alone reads the text and prepares; the other ranks wait for it on a gloo group of their own whose timeout is
+long enough for any preparation (the training group's timeout stays short, so a rank stuck in training is still
+caught), then open the directory rank 0 names. So every rank maps the same files and no rank re-reads the corpus;
+on several nodes the prepared directory must be on storage every node mounts (--prepared-dir).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch.distributed as dist
+
+from fastformer.data import LengthFilter, SplitFiles, find_split
+from fastformer.data.prepared import (PreparedCorpus, PrepareSettings, default_prepared_dir, default_vocab_size,
+                                      ensure_prepared)
+
+if TYPE_CHECKING:
+    from fastformer.train import TrainOptions
+
+PREPARE_TIMEOUT = timedelta(hours=24)
+
+
+def corpus_files(options: TrainOptions) -> dict[str, SplitFiles]:
+    """The run's train and valid files: a missing one is an error before anything is written."""
+    data_dir = None if options.data_dir is None else Path(options.data_dir)
+    return {split: find_split(data_dir, split, options.src_lang, options.tgt_lang) for split in ("train", "valid")}
+
+
+def prepare_settings(options: TrainOptions) -> PrepareSettings:
+    return PrepareSettings(options.vocab_size or default_vocab_size(options.data_dir),
+                           LengthFilter(options.min_len, options.max_len, options.max_ratio))
+
+
+def prepare_run_corpus(options: TrainOptions) -> PreparedCorpus:
+    """Prepares (or opens, if already prepared) the run's corpus where --prepared-dir says, else in the cache."""
+    files, settings = corpus_files(options), prepare_settings(options)
+    path = Path(options.prepared_dir) if options.prepared_dir else default_prepared_dir(files, settings)
+    return ensure_prepared(files, settings, path, progress=not options.quiet)
+
+
+def open_run_corpus(options: TrainOptions, rank: int, world_size: int) -> PreparedCorpus:
+    """Rank 0 prepares or opens the corpus; every other rank waits for it and opens the directory it names."""
+    if world_size == 1:
+        return prepare_run_corpus(options)
+    group = dist.new_group(backend="gloo", timeout=PREPARE_TIMEOUT)
+    message: list[object] = [None]
+    if rank == 0:
+        try:
+            corpus = prepare_run_corpus(options)
+        except BaseException as error:
+            dist.broadcast_object_list([("error", f"{error}")], src=0, group=group)
+            raise
+        message = [(str(corpus.path), corpus.digest)]
+    dist.broadcast_object_list(message, src=0, group=group)
+    dist.destroy_process_group(group)
+    path, digest = message[0]
+    if rank == 0:
+        return corpus
+    if path == "error":
+        raise ValueError(f"rank 0 could not prepare the corpus: {digest}")
+    try:
+        corpus = PreparedCorpus(Path(path))
+    except (ValueError, OSError) as error:
+        raise ValueError(f"rank {rank} cannot open the corpus rank 0 prepared ({error}); on several nodes, put "
+                         f"--prepared-dir on storage that every node mounts") from None
+    if corpus.digest != digest:
+        raise ValueError(f"rank {rank} found another preparation at {path} than rank 0 made: was it replaced?")
+    return corpus
