@@ -3,8 +3,13 @@
 #include <torch/extension.h>
 #include <torch/library.h>
 
+#include <set>
+#include <string>
+
 #include "beam_ops.h"
 #include "decoder.h"
+#include "encoder.h"
+#include "linear.h"
 
 namespace fastformer {
 namespace {
@@ -47,6 +52,16 @@ void bind_structs(pybind11::module_& m) {
       .def_readwrite("output_weight", &DecoderWeights::output_weight)
       .def_readwrite("output_bias", &DecoderWeights::output_bias)
       .def_readwrite("final_norm", &DecoderWeights::final_norm);
+  py::class_<EncoderLayerWeights> encoder_layer(m, "EncoderLayerWeights", "one encoder layer's tensors (encoder.h)");
+  encoder_layer.def(py::init<>());
+#define FASTFORMER_BIND_FIELD(name) encoder_layer.def_readwrite(#name, &EncoderLayerWeights::name);
+  FASTFORMER_ENCODER_LAYER_TENSORS(FASTFORMER_BIND_FIELD)
+#undef FASTFORMER_BIND_FIELD
+  encoder_layer.def_readwrite("norm1", &EncoderLayerWeights::norm1).def_readwrite("norm2", &EncoderLayerWeights::norm2);
+  py::class_<EncoderWeights>(m, "EncoderWeights", "the encoder's layers and final norm (encoder.h)")
+      .def(py::init<>())
+      .def_readwrite("layers", &EncoderWeights::layers)
+      .def_readwrite("final_norm", &EncoderWeights::final_norm);
   py::class_<DecoderOptions>(m, "DecoderOptions", "the decoder's hyperparameters (decoder.h)")
       .def(py::init<>())
       .def_readwrite("n_heads", &DecoderOptions::n_heads)
@@ -63,6 +78,53 @@ void bind_structs(pybind11::module_& m) {
       .def_readwrite("bos_id", &SearchOptions::bos_id)
       .def_readwrite("eos_id", &SearchOptions::eos_id)
       .def_readwrite("shrink", &SearchOptions::shrink);
+}
+
+// The converted linear layers (linear.h, encoder.h, decoder.h): made once, kept by fastformer/decoding.py.
+void bind_compiled(pybind11::module_& m) {
+  namespace py = pybind11;
+  auto compute_type = [](const std::string& name) { return parse_compute_type(name); };
+  py::class_<PackedLinear>(m, "PackedLinear", "y = x W^T + b with W converted once for a compute type (linear.h)")
+      .def(py::init([=](const at::Tensor& weight, const std::optional<at::Tensor>& bias, int64_t rows,
+                        const std::string& type) { return PackedLinear(weight, bias, rows, compute_type(type)); }),
+           py::arg("weight"), py::arg("bias"), py::arg("rows"), py::arg("compute_type"))
+      .def("__call__", [](const PackedLinear& linear, const at::Tensor& x) {
+        c10::InferenceMode inference;
+        return linear(x);
+      }, py::arg("x"), "x [rows, in] float32 -> [rows, out] float32")
+      .def_property_readonly("route", &PackedLinear::route)
+      .def_property_readonly("nbytes", &PackedLinear::nbytes);
+  py::class_<DecoderLinears, std::shared_ptr<DecoderLinears>>(m, "DecoderLinears",
+                                                              "every linear layer of a decoder, converted once")
+      .def(py::init([=](const DecoderWeights& weights, int64_t rows, const std::string& type) {
+             c10::InferenceMode inference;
+             return std::make_shared<DecoderLinears>(weights, rows, compute_type(type));
+           }),
+           py::arg("weights"), py::arg("rows"), py::arg("compute_type"))
+      .def_property_readonly("routes", [](const DecoderLinears& linears) {
+        std::set<std::string> routes;
+        linears.for_each_linear([&](const PackedLinear& linear) { routes.insert(linear.route()); });
+        return routes;
+      })
+      .def_property_readonly("nbytes", [](const DecoderLinears& linears) {
+        int64_t total = 0;
+        linears.for_each_linear([&](const PackedLinear& linear) { total += linear.nbytes(); });
+        return total;
+      });
+  py::class_<CompiledEncoder, std::shared_ptr<CompiledEncoder>>(m, "CompiledEncoder",
+                                                                "the encoder with its linears converted once")
+      .def(py::init([=](EncoderWeights weights, DecoderOptions options, int64_t rows, const std::string& type) {
+             c10::InferenceMode inference;
+             return std::make_shared<CompiledEncoder>(std::move(weights), std::move(options), rows,
+                                                      compute_type(type));
+           }),
+           py::arg("weights"), py::arg("options"), py::arg("rows"), py::arg("compute_type"))
+      .def("__call__", [](const CompiledEncoder& encoder, const at::Tensor& x, const at::Tensor& src_lengths) {
+        py::gil_scoped_release no_gil;
+        return encoder(x, src_lengths);
+      }, py::arg("x"), py::arg("src_lengths"),
+         "x [n_sentences, src_len, d_model] embedded sources, src_lengths [n_sentences] -> memory")
+      .def_property_readonly("nbytes", &CompiledEncoder::nbytes);
 }
 
 }  // namespace
@@ -107,25 +169,26 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       false;
 #endif
   fastformer::bind_structs(m);
+  fastformer::bind_compiled(m);
   m.def(
       "beam_search",
       [](const at::Tensor& memory, const at::Tensor& src_lengths, fastformer::DecoderWeights weights,
          const fastformer::DecoderOptions& decoder_options, const fastformer::SearchOptions& search_options,
-         std::vector<int64_t> max_lens, int64_t n_best) {
+         std::vector<int64_t> max_lens, int64_t n_best, std::shared_ptr<fastformer::DecoderLinears> linears) {
         py::gil_scoped_release no_gil;
         return fastformer::beam_search(memory, src_lengths, std::move(weights), decoder_options, search_options,
-                                       max_lens, n_best);
+                                       max_lens, n_best, std::move(linears));
       },
       "memory [n_sentences, src_len, d_model], src_lengths [n_sentences], max_lens [n_sentences] -> per sentence up "
       "to n_best (tokens, score), best first",
       py::arg("memory"), py::arg("src_lengths"), py::arg("weights"), py::arg("decoder_options"),
-      py::arg("search_options"), py::arg("max_lens"), py::arg("n_best"));
+      py::arg("search_options"), py::arg("max_lens"), py::arg("n_best"), py::arg("linears") = nullptr);
   py::class_<CachedDecoder>(m, "CachedDecoder",
                             "The decoder one position at a time over a preallocated KV cache (decoder.h)")
       .def(py::init<const at::Tensor&, const at::Tensor&, fastformer::DecoderWeights, fastformer::DecoderOptions,
-                    int64_t, int64_t>(),
+                    int64_t, int64_t, std::shared_ptr<const fastformer::DecoderLinears>>(),
            py::arg("memory"), py::arg("src_lengths"), py::arg("weights"), py::arg("options"), py::arg("beam_size"),
-           py::arg("cache_len"))
+           py::arg("cache_len"), py::arg("linears") = nullptr)
       .def("step",
            static_cast<at::Tensor (CachedDecoder::*)(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                      int64_t)>(&CachedDecoder::step),

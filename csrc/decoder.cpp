@@ -3,7 +3,6 @@
 #include "decoder.h"
 
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/InferenceMode.h>
 
@@ -174,12 +173,6 @@ BeamStepArgs beam_step_args(const at::Tensor& logits, const at::Tensor& active, 
   return args;
 }
 
-Activation parse_activation(const std::string& name) {
-  if (name == "relu") return Activation::kRelu;
-  if (name == "gelu") return Activation::kGelu;
-  if (name == "swish") return Activation::kSwish;
-  TORCH_CHECK(false, "the compiled decoder takes activation \"relu\", \"gelu\" or \"swish\", got \"", name, "\"");
-}
 
 }  // namespace
 
@@ -279,30 +272,6 @@ at::Tensor step_tensor(int64_t step, const at::Device& device) {
   return at::full({1}, step, at::TensorOptions().dtype(at::kInt).device(device));
 }
 
-namespace {
-
-// torch's oneDNN linear ops, where this torch build has them (looked up once).
-struct OneDnnLinearOps {
-  std::optional<c10::OperatorHandle> reorder_weight, linear;
-};
-
-const OneDnnLinearOps& onednn_linear_ops() {
-  static const OneDnnLinearOps ops{c10::Dispatcher::singleton().findSchema({"mkldnn::_reorder_linear_weight", ""}),
-                                   c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""})};
-  return ops;
-}
-
-at::Tensor apply_activation(at::Tensor x, std::optional<Activation> activation) {
-  if (!activation) return x;
-  switch (*activation) {
-    case Activation::kRelu: return at::relu_(x);
-    case Activation::kGelu: return at::gelu(x);
-    case Activation::kSwish: return at::silu_(x);
-  }
-  return x;
-}
-
-}  // namespace
 
 // Checks that every tensor of the decoder is there and on `device`, and that the layout is one the decoder runs.
 void check_decoder_weights(const DecoderWeights& weights, const DecoderOptions& options, const at::Device& device) {
@@ -328,34 +297,17 @@ void check_decoder_weights(const DecoderWeights& weights, const DecoderOptions& 
   }
 }
 
-DecoderLinear::DecoderLinear(const at::Tensor& weight, const std::optional<at::Tensor>& bias, int64_t rows)
-    : weight_(weight), bias_(bias) {
-  const OneDnnLinearOps& ops = onednn_linear_ops();
-  if (!weight.is_cpu() || weight.scalar_type() != at::kFloat || !ops.reorder_weight || !ops.linear) return;
-  std::vector<c10::IValue> stack{weight.contiguous(), rows};
-  ops.reorder_weight->callBoxed(stack);
-  weight_ = stack[0].toTensor();
-  onednn_ = true;
-}
-
-at::Tensor DecoderLinear::operator()(const at::Tensor& x, std::optional<Activation> activation) const {
-  if (!onednn_) return apply_activation(at::linear(x, weight_, bias_), activation);
-  // The activation is not fused: oneDNN's ReLU turns NaN into 0, and a NaN must reach the search's finite check.
-  std::vector<c10::IValue> stack{x.contiguous(), weight_, bias_ ? c10::IValue(*bias_) : c10::IValue(),
-                                 std::string("none"), c10::List<std::optional<at::Scalar>>(), c10::IValue()};
-  onednn_linear_ops().linear->callBoxed(stack);
-  return apply_activation(stack[0].toTensor(), activation);
-}
-
-DecoderLinears::DecoderLinears(const DecoderWeights& weights, int64_t rows)
-    : output(weights.output_weight, weights.output_bias, rows) {
+DecoderLinears::DecoderLinears(const DecoderWeights& weights, int64_t rows, ComputeType compute_type)
+    : output(weights.output_weight, weights.output_bias, rows, compute_type), compute_type(compute_type) {
   for (const DecoderLayerWeights& w : weights.layers) {
-    layers.push_back({DecoderLinear(w.self_qkv_weight, w.self_qkv_bias, rows),
-                      DecoderLinear(w.self_out_weight, w.self_out_bias, rows),
-                      DecoderLinear(w.cross_q_weight, w.cross_q_bias, rows),
-                      DecoderLinear(w.cross_out_weight, w.cross_out_bias, rows),
-                      DecoderLinear(w.linear1_weight, w.linear1_bias, rows),
-                      DecoderLinear(w.linear2_weight, w.linear2_bias, rows)});
+    // cross_kv runs once per search over every source position: a few times a step's rows.
+    layers.push_back({PackedLinear(w.self_qkv_weight, w.self_qkv_bias, rows, compute_type),
+                      PackedLinear(w.self_out_weight, w.self_out_bias, rows, compute_type),
+                      PackedLinear(w.cross_q_weight, w.cross_q_bias, rows, compute_type),
+                      PackedLinear(w.cross_kv_weight, w.cross_kv_bias, 8 * rows, compute_type),
+                      PackedLinear(w.cross_out_weight, w.cross_out_bias, rows, compute_type),
+                      PackedLinear(w.linear1_weight, w.linear1_bias, rows, compute_type),
+                      PackedLinear(w.linear2_weight, w.linear2_bias, rows, compute_type)});
   }
 }
 
@@ -385,17 +337,20 @@ CachedDecoder::CachedDecoder(const at::Tensor& memory, const at::Tensor& src_len
   c10::DeviceGuard guard(memory.device());
   src_lengths_ = src_lengths.to(at::kInt).contiguous();
   n_slots_ = n_sentences * beam_size;
+  if (!linears_) linears_ = std::make_shared<const DecoderLinears>(weights_, n_slots_);
+  TORCH_CHECK(static_cast<int64_t>(linears_->layers.size()) == n_layers_, "the decoder's linears have ",
+              linears_->layers.size(), " layers, its weights ", n_layers_);
   // Each layer's cross-attention keys/values: [2, n_sentences, heads, src_len, head_dim], computed once.
+  const at::Tensor memory_rows = memory.reshape({n_sentences * src_len, d_model_});
   std::vector<at::Tensor> keys_values;
-  for (const DecoderLayerWeights& layer : weights_.layers) {
-    keys_values.push_back(at::linear(memory, layer.cross_kv_weight, layer.cross_kv_bias)
+  for (const DecoderLayerLinears& layer : linears_->layers) {
+    keys_values.push_back(layer.cross_kv(memory_rows)
                               .view({n_sentences, src_len, 2, heads, head_dim})
                               .permute({2, 0, 3, 1, 4}));
   }
   cross_keys_values_ = at::stack(keys_values).contiguous();
   k_cache_ = at::empty({n_layers_, n_slots_, heads, cache_len, head_dim}, memory.options());
   v_cache_ = at::empty_like(k_cache_);
-  if (!linears_) linears_ = std::make_shared<const DecoderLinears>(weights_, n_slots_);
 }
 
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "beam_ops.h"
+#include "linear.h"
 
 namespace fastformer {
 
@@ -88,36 +89,32 @@ struct DecoderWeights {
   std::optional<LayerNormWeights> final_norm;  // closes a pre-LN decoder; none for post-LN
 };
 
-enum class Activation { kRelu, kGelu, kSwish };
-
-// y = activation(x W^T + b), one of the decoder's linear layers. On the CPU, where torch has oneDNN (its mkldnn
-// ops), W is reordered once into oneDNN's blocked layout and the bias added inside the GEMM (measured ~10% less CPU
-// time than at::linear's MKL at the base model's shapes, on the project's AMD test machine); elsewhere at::linear.
-class DecoderLinear {
- public:
-  DecoderLinear() = default;
-  // weight: [out, in], bias: [out]; rows: the rows a call usually has (oneDNN picks its blocking for it).
-  DecoderLinear(const at::Tensor& weight, const std::optional<at::Tensor>& bias, int64_t rows);
-  // x: [rows, in] -> [rows, out]
-  at::Tensor operator()(const at::Tensor& x, std::optional<Activation> activation = std::nullopt) const;
-
- private:
-  at::Tensor weight_;  // [out, in], or oneDNN's reordered copy of it
-  std::optional<at::Tensor> bias_;
-  bool onednn_ = false;
-};
-
-// The linear layers of one decoder layer, in the order of its computation.
+// The linear layers of one decoder layer, in the order of its computation (cross_kv: the encoder's memory -> the
+// cross-attention's keys | values, once per search).
 struct DecoderLayerLinears {
-  DecoderLinear self_qkv, self_out, cross_q, cross_out, linear1, linear2;
+  PackedLinear self_qkv, self_out, cross_q, cross_kv, cross_out, linear1, linear2;
 };
 
-// Every linear layer of a decoder, built once per search and shared by its groups of sentences, so that each
-// weight is reordered for oneDNN once; rows: the rows a step usually has.
+// Every linear layer of a decoder in one compute type, converted once and shared by searches and their groups of
+// sentences (fastformer/decoding.py keeps it with the model until a parameter changes); rows: the rows a step
+// usually has.
 struct DecoderLinears {
-  DecoderLinears(const DecoderWeights& weights, int64_t rows);
+  DecoderLinears(const DecoderWeights& weights, int64_t rows, ComputeType compute_type = ComputeType::kFloat32);
   std::vector<DecoderLayerLinears> layers;
-  DecoderLinear output;
+  PackedLinear output;
+  ComputeType compute_type;
+
+  // f(linear) for every linear layer, the output projection's included.
+  template <typename Visit>
+  void for_each_linear(Visit&& visit) const {
+    for (const DecoderLayerLinears& l : layers) {
+      for (const PackedLinear* linear : {&l.self_qkv, &l.self_out, &l.cross_q, &l.cross_kv, &l.cross_out,
+                                         &l.linear1, &l.linear2}) {
+        visit(*linear);
+      }
+    }
+    visit(output);
+  }
 };
 
 struct DecoderOptions {
@@ -185,7 +182,8 @@ void beam_step(const at::Tensor& logits, const at::Tensor& active, const at::Ten
 // keys/values computed once per layer ([n_sentences, heads, src_len, head_dim], shared by a sentence's beams).
 class CachedDecoder {
  public:
-  // linears: the decoder's linear layers when the caller built them for several decoders; built here when null.
+  // linears: the decoder's linear layers when the caller built them for several decoders; built here (float32) when
+  // null.
   CachedDecoder(const at::Tensor& memory, const at::Tensor& src_lengths, DecoderWeights weights,
                 DecoderOptions options, int64_t beam_size, int64_t cache_len,
                 std::shared_ptr<const DecoderLinears> linears = nullptr);
@@ -222,8 +220,10 @@ using Hypotheses = std::vector<std::pair<std::vector<int64_t>, double>>;
 
 // The whole search (rules of fastformer/reference/beam_search.py) for memory [n_sentences, src_len, d_model] and
 // src_lengths [n_sentences]; max_lens: per sentence, the step at which EOS is forced. -> up to n_best per sentence.
+// linears: the decoder's converted linear layers (DecoderLinears), built here in float32 when null.
 std::vector<Hypotheses> beam_search(const at::Tensor& memory, const at::Tensor& src_lengths, DecoderWeights weights,
                                     const DecoderOptions& decoder_options, const SearchOptions& search_options,
-                                    const std::vector<int64_t>& max_lens, int64_t n_best);
+                                    const std::vector<int64_t>& max_lens, int64_t n_best,
+                                    std::shared_ptr<const DecoderLinears> linears = nullptr);
 
 }  // namespace fastformer

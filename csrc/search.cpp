@@ -348,7 +348,8 @@ class SearchStream {
 
 std::vector<Hypotheses> beam_search(const at::Tensor& memory, const at::Tensor& src_lengths, DecoderWeights weights,
                                     const DecoderOptions& decoder_options, const SearchOptions& search_options,
-                                    const std::vector<int64_t>& max_lens, int64_t n_best) {
+                                    const std::vector<int64_t>& max_lens, int64_t n_best,
+                                    std::shared_ptr<const DecoderLinears> linears) {
   c10::InferenceMode inference;
   c10::DeviceGuard guard(memory.device());
   TORCH_CHECK(memory.dim() == 3, "memory must be [n_sentences, src_len, d_model], got ", memory.sizes());
@@ -364,7 +365,7 @@ std::vector<Hypotheses> beam_search(const at::Tensor& memory, const at::Tensor& 
   const int64_t n_groups = memory.is_cuda() ? 1 : cpu_sentence_groups(n_sentences);
   const int64_t rows_per_group = (n_sentences + n_groups - 1) / n_groups * k;
   check_decoder_weights(weights, decoder_options, memory.device());
-  const auto linears = std::make_shared<const DecoderLinears>(weights, rows_per_group);
+  if (!linears) linears = std::make_shared<const DecoderLinears>(weights, rows_per_group);
   if (n_groups == 1) {
     return search_sentences(memory, src_lengths, weights, decoder_options, linears, search_options, in_buckets,
                             max_lens, n_best, 0, n_sentences);

@@ -1,0 +1,196 @@
+// PackedLinear (see linear.h): torch's oneDNN ops for the GEMMs, reached through the dispatcher where this torch
+// build has them, and at::linear everywhere else.
+#include "linear.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace fastformer {
+namespace {
+
+// torch's oneDNN linear ops, where this torch build has them (looked up once).
+struct OneDnnOps {
+  std::optional<c10::OperatorHandle> reorder_weight, linear, int8_prepack, int8_linear;
+};
+
+const OneDnnOps& onednn_ops() {
+  auto& dispatcher = c10::Dispatcher::singleton();
+  static const OneDnnOps ops{dispatcher.findSchema({"mkldnn::_reorder_linear_weight", ""}),
+                             dispatcher.findSchema({"mkldnn::_linear_pointwise", ""}),
+                             dispatcher.findSchema({"onednn::qlinear_prepack", ""}),
+                             dispatcher.findSchema({"onednn::qlinear_pointwise", ""})};
+  return ops;
+}
+
+// The activations' int8 range: 7 bits (linear.h says why), stored as u8 around a zero point of 64.
+constexpr float kActivationMax = 63.0f;
+constexpr int64_t kActivationZeroPoint = 64;
+
+// The rows of a [rows, width] loop that make a task worth a thread (a serial loop inside the search's threads).
+int64_t rows_per_task(int64_t width) { return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(width, 1)); }
+
+// x: [rows, in] float32 -> (x_q [rows, in] uint8, scales [rows] float32), x ~ (x_q - 64) * scale per row.
+std::pair<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x) {
+  const int64_t rows = x.size(0), in = x.size(1);
+  at::Tensor quantized = at::empty({rows, in}, x.options().dtype(at::kByte));
+  at::Tensor scales = at::empty({rows}, x.options());
+  const float* source = x.data_ptr<float>();
+  uint8_t* target = quantized.data_ptr<uint8_t>();
+  float* scale = scales.data_ptr<float>();
+  at::parallel_for(0, rows, rows_per_task(in), [&](int64_t first_row, int64_t end_row) {
+    for (int64_t r = first_row; r < end_row; ++r) {
+      const float* row = source + r * in;
+      float absmax = 0.0f;
+      bool finite = true;
+      for (int64_t i = 0; i < in; ++i) {
+        const float magnitude = std::abs(row[i]);
+        finite &= magnitude <= std::numeric_limits<float>::max();
+        absmax = std::max(absmax, magnitude);
+      }
+      // A row holding NaN or inf gets a NaN scale, so that its outputs are NaN for the search's finite check; an
+      // all-zero row quantizes to zeros whatever its scale.
+      const bool usable = finite && absmax > 0.0f;
+      scale[r] = !finite ? std::numeric_limits<float>::quiet_NaN() : (usable ? absmax / kActivationMax : 1.0f);
+      const float inverse = usable ? kActivationMax / absmax : 0.0f;
+      uint8_t* out = target + r * in;
+      for (int64_t i = 0; i < in; ++i) {
+        out[i] = static_cast<uint8_t>(std::nearbyint(row[i] * inverse) + kActivationZeroPoint);
+      }
+    }
+  });
+  return {quantized, scales};
+}
+
+at::Tensor apply_activation(at::Tensor x, std::optional<Activation> activation) {
+  if (!activation) return x;
+  switch (*activation) {
+    case Activation::kRelu: return at::relu_(x);
+    case Activation::kGelu: return at::gelu(x);
+    case Activation::kSwish: return at::silu_(x);
+  }
+  return x;
+}
+
+// Calls a boxed op with `arguments` -> its one tensor result.
+at::Tensor call(const c10::OperatorHandle& op, std::vector<c10::IValue> arguments) {
+  op.callBoxed(arguments);
+  return arguments[0].toTensor();
+}
+
+}  // namespace
+
+ComputeType parse_compute_type(const std::string& name) {
+  if (name == "float32") return ComputeType::kFloat32;
+  if (name == "bfloat16") return ComputeType::kBFloat16;
+  if (name == "int8") return ComputeType::kInt8;
+  TORCH_CHECK(false, "compute_type must be \"float32\", \"bfloat16\" or \"int8\", got \"", name, "\"");
+}
+
+Activation parse_activation(const std::string& name) {
+  if (name == "relu") return Activation::kRelu;
+  if (name == "gelu") return Activation::kGelu;
+  if (name == "swish") return Activation::kSwish;
+  TORCH_CHECK(false, "the compiled model takes activation \"relu\", \"gelu\" or \"swish\", got \"", name, "\"");
+}
+
+PackedLinear::PackedLinear(const at::Tensor& weight, const std::optional<at::Tensor>& bias, int64_t rows,
+                           ComputeType compute_type)
+    : weight_(weight), bias_(bias), out_features_(weight.size(0)) {
+  TORCH_CHECK(weight.dim() == 2, "a linear weight must be [out, in], got ", weight.sizes());
+  TORCH_CHECK(!bias || (bias->dim() == 1 && bias->size(0) == out_features_), "a linear bias must be [",
+              out_features_, "], got ", bias ? bias->sizes() : at::IntArrayRef{});
+  if (!weight.is_cpu()) return;
+  const OneDnnOps& ops = onednn_ops();
+  rows = std::max<int64_t>(rows, 1);
+  if (compute_type == ComputeType::kInt8) {
+    TORCH_CHECK(ops.int8_prepack && ops.int8_linear, "compute_type \"int8\" needs torch's oneDNN int8 linear "
+                "(onednn::qlinear_pointwise), which this torch build lacks");
+    const at::Tensor w = weight.to(at::kFloat).contiguous();
+    weight_scales_ = std::get<0>(w.abs().max(1)).div(127.0f).clamp_min(std::numeric_limits<float>::min());
+    const at::Tensor quantized = w.div(weight_scales_.unsqueeze(1)).round().clamp(-127, 127).to(at::kChar);
+    weight_ = call(*ops.int8_prepack, {quantized, std::vector<int64_t>{rows, w.size(1)}});
+    weight_zero_points_ = at::zeros({out_features_}, weight.options().dtype(at::kLong));
+    if (bias_) bias_ = bias_->to(at::kFloat).contiguous();
+    route_ = Route::kOneDnnInt8;
+    return;
+  }
+  const at::ScalarType dtype = compute_type == ComputeType::kBFloat16 ? at::kBFloat16 : at::kFloat;
+  weight_ = weight.to(dtype).contiguous();
+  if (bias_) bias_ = bias_->to(dtype).contiguous();
+  if (!ops.reorder_weight || !ops.linear) return;
+  try {
+    weight_ = call(*ops.reorder_weight, {weight_, rows});
+    route_ = Route::kOneDnn;
+  } catch (const c10::Error&) {
+    // oneDNN refuses bfloat16 weights on CPUs without the instructions its bfloat16 GEMM needs: at::linear runs.
+  }
+}
+
+at::Tensor PackedLinear::operator()(const at::Tensor& x, std::optional<Activation> activation) const {
+  TORCH_CHECK(x.dim() == 2, "a linear layer takes [rows, in] rows, got ", x.sizes());
+  if (x.size(0) == 0) return at::empty({0, out_features_}, x.options());
+  if (route_ == Route::kOneDnnInt8) return apply_activation(int8_linear(x), activation);
+  const bool widen = x.is_cpu() && weight_.scalar_type() != x.scalar_type();
+  const at::Tensor input = widen ? x.to(weight_.scalar_type()) : x;
+  at::Tensor y;
+  if (route_ == Route::kOneDnn) {
+    // The activation is not fused: oneDNN's ReLU turns NaN into 0, and a NaN must reach the search's finite check.
+    y = call(*onednn_ops().linear, {input.contiguous(), weight_, bias_ ? c10::IValue(*bias_) : c10::IValue(),
+                                    std::string("none"), c10::List<std::optional<at::Scalar>>(), c10::IValue()});
+  } else {
+    y = at::linear(input, weight_, bias_);
+  }
+  return apply_activation(widen ? y.to(x.scalar_type()) : y, activation);
+}
+
+at::Tensor PackedLinear::int8_linear(const at::Tensor& x) const {
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "an int8 linear layer takes float32 rows, got ", x.scalar_type());
+  const auto [quantized, scales] = quantize_rows(x.contiguous());
+  // x_scale 1 and no bias: oneDNN scales by the weights' rows only; the rows' scales and the bias follow.
+  at::Tensor y = call(*onednn_ops().int8_linear,
+                      {quantized, 1.0, kActivationZeroPoint, weight_, weight_scales_, weight_zero_points_,
+                       c10::IValue(), 1.0, int64_t{0}, c10::IValue(at::kFloat), std::string("none"),
+                       c10::List<std::optional<at::Scalar>>(), std::string("")});
+  const int64_t rows = y.size(0), out = y.size(1);
+  float* values = y.data_ptr<float>();
+  const float* row_scales = scales.data_ptr<float>();
+  const float* bias = bias_ ? bias_->data_ptr<float>() : nullptr;
+  at::parallel_for(0, rows, rows_per_task(out), [&](int64_t first_row, int64_t end_row) {
+    for (int64_t r = first_row; r < end_row; ++r) {
+      float* row = values + r * out;
+      const float scale = row_scales[r];
+      if (bias) {
+        for (int64_t j = 0; j < out; ++j) row[j] = row[j] * scale + bias[j];
+      } else {
+        for (int64_t j = 0; j < out; ++j) row[j] *= scale;
+      }
+    }
+  });
+  return y;
+}
+
+const char* PackedLinear::route() const {
+  switch (route_) {
+    case Route::kOneDnn: return "onednn";
+    case Route::kOneDnnInt8: return "onednn-int8";
+    case Route::kAten: return "aten";
+  }
+  return "aten";
+}
+
+int64_t PackedLinear::nbytes() const {
+  int64_t total = 0;
+  for (const at::Tensor* t : {&weight_, &weight_scales_, &weight_zero_points_}) {
+    if (t->defined()) total += t->is_mkldnn() ? t->numel() * t->element_size() : t->nbytes();
+  }
+  if (bias_) total += bias_->nbytes();
+  return total;
+}
+
+}  // namespace fastformer

@@ -1,0 +1,60 @@
+// The linear layers of the compiled encoder and decoder, in one of the CPU compute types (CTranslate2's names):
+// "float32", "bfloat16" or "int8". Everything between two GEMMs (attention, layer norms, log-probabilities, beam
+// scores) stays float32: a linear layer takes and returns float32 rows whatever its compute type.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace fastformer {
+
+enum class ComputeType { kFloat32, kBFloat16, kInt8 };
+
+// "float32", "bfloat16" or "int8"; anything else is an error listing the three.
+ComputeType parse_compute_type(const std::string& name);
+
+enum class Activation { kRelu, kGelu, kSwish };
+
+// "relu", "gelu" or "swish" (SiLU), fastformer.TransformerConfig.activation's names.
+Activation parse_activation(const std::string& name);
+
+// y = activation(x W^T + b) with W converted once, at construction, for its compute type:
+// - float32: where torch has oneDNN (its mkldnn ops), W reordered into oneDNN's blocked layout with the bias added
+//   inside the GEMM (~10% less CPU time than at::linear's MKL at the base model's shapes); elsewhere at::linear.
+// - bfloat16: W in bfloat16, reordered for oneDNN where the CPU has the instructions oneDNN's bfloat16 GEMM needs
+//   (AVX512-BF16, AMX or AVX-NE-CONVERT); elsewhere at::linear in bfloat16, correct but several times slower than
+//   float32 (route() says which). x is rounded to bfloat16 and y widened back.
+// - int8: W as int8 with one scale per output row (absmax / 127), packed by oneDNN (onednn::qlinear_prepack), and x
+//   quantized per row on the fly, symmetric with 7 bits (absmax / 63): CPUs without VNNI multiply u8 x s8 pairs
+//   into saturating int16 sums, which 7-bit activations never overflow. y = (x_q W_q^T) * x_scale * w_scale + b.
+// On CUDA every type is at::linear on W as given (the caller casts it).
+class PackedLinear {
+ public:
+  PackedLinear() = default;
+  // weight: [out, in], bias: [out]; rows: the rows a call usually has (oneDNN picks its blocking for it).
+  PackedLinear(const at::Tensor& weight, const std::optional<at::Tensor>& bias, int64_t rows,
+               ComputeType compute_type = ComputeType::kFloat32);
+  // x: [rows, in] float32 (or the weight's dtype on CUDA) -> [rows, out] in x's dtype
+  at::Tensor operator()(const at::Tensor& x, std::optional<Activation> activation = std::nullopt) const;
+
+  // "onednn", "onednn-int8" or "aten": the GEMM the layer runs.
+  const char* route() const;
+  // The bytes of the converted weight, bias and scales.
+  int64_t nbytes() const;
+
+ private:
+  enum class Route { kAten, kOneDnn, kOneDnnInt8 };
+  at::Tensor int8_linear(const at::Tensor& x) const;
+
+  Route route_ = Route::kAten;
+  at::Tensor weight_;  // [out, in]: as given, cast, reordered for oneDNN, or int8 packed by oneDNN
+  std::optional<at::Tensor> bias_;  // [out]: float32 for int8, else the weight's dtype
+  at::Tensor weight_scales_;        // int8: [out] float32
+  at::Tensor weight_zero_points_;   // int8: [out] int64 zeros (symmetric)
+  int64_t out_features_ = 0;
+};
+
+}  // namespace fastformer
