@@ -1,0 +1,277 @@
+"""CPU compute types (fastformer/compiled.py): the converted linear layers against float64 products, the compiled
+encoder against model.encode, and beam search in int8 and bfloat16 against brute force, greedy decoding and itself
+on other batches. float32 translation is tested against the reference search in test_beam_search.py."""
+
+import copy
+import io
+import itertools
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fastformer import Transformer, TransformerConfig
+from fastformer.compiled import compiled_model, extension, resolve_compute_type
+from fastformer.decoding import cached_decoder, encode
+from fastformer.model import EncoderOutput
+from fastformer.reference.beam_search import Hypothesis
+from test_beam_search import assert_same_hypotheses, make_model, padded_sources, real_token_ids
+from tolerances import FP32, assert_close_lowp
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def no_bfloat16_warning():
+    """The CPU may lack a bfloat16 GEMM (compiled.py warns once per conversion): not what these tests check."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="compute_type='bfloat16'")
+        yield
+
+
+def linear_inputs(rows: int = 37, in_features: int = 96, out_features: int = 130, seed: int = 0):
+    """x [rows, in] with an outlier column and a zero row, weight [out, in], bias [out]."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, in_features, generator=generator)
+    x[:, 3] *= 9.0  # an outlier channel, as real activations have: it sets every row's int8 scale
+    x[5] = 0.0
+    weight = torch.randn(out_features, in_features, generator=generator) * 0.1
+    bias = torch.randn(out_features, generator=generator)
+    return x, weight, bias
+
+
+def test_float32_linear_matches_float64():
+    x, weight, bias = linear_inputs()
+    linear = extension().PackedLinear(weight, bias, 16, "float32")
+    expected = F.linear(x.double(), weight.double(), bias.double())
+    torch.testing.assert_close(linear(x).double(), expected, **FP32)
+
+
+def test_bfloat16_linear_is_as_close_as_torch_in_bfloat16():
+    x, weight, bias = linear_inputs()
+    linear = extension().PackedLinear(weight, bias, 16, "bfloat16")
+    expected = F.linear(x.double(), weight.double(), bias.double())
+    torch_bf16 = F.linear(x.bfloat16(), weight.bfloat16(), bias.bfloat16())
+    assert_close_lowp(linear(x), torch_bf16, expected, "bfloat16 linear")
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_int8_linear_error_is_within_the_bound_of_its_scales(with_bias):
+    """Per row i and output j: x = x_q s_i + e (|e| <= s_i / 2, s_i = max|x_i| / 63) and w = w_q t_j + f
+    (|f| <= t_j / 2, t_j = max|w_j| / 127), so |x.w - s_i t_j x_q.w_q| <= s_i / 2 sum|w_j| + t_j / 2 sum(|x_i| +
+    s_i / 2)."""
+    x, weight, bias = linear_inputs()
+    bias = bias if with_bias else None
+    linear = extension().PackedLinear(weight, bias, 16, "int8")
+    got = linear(x).double()
+    x64, w64 = x.double(), weight.double()
+    expected = F.linear(x64, w64, bias.double() if with_bias else None)
+    s = x64.abs().amax(dim=1, keepdim=True) / 63
+    t = w64.abs().amax(dim=1) / 127
+    bound = s / 2 * w64.abs().sum(dim=1) + t / 2 * (x64.abs() + s / 2).sum(dim=1, keepdim=True)
+    error = (got - expected).abs()
+    assert (error <= bound * 1.001 + 1e-5).all(), f"max excess {(error - bound).max():.3e}"
+    # A zero row is the bias exactly; the error is not trivially small elsewhere (the bound is a real one).
+    torch.testing.assert_close(got[5], expected[5], atol=1e-6, rtol=0)
+    assert error.max() > 1e-3
+
+
+@pytest.mark.parametrize("compute_type", ["float32", "bfloat16", "int8"])
+def test_linear_passes_non_finite_rows_on_and_takes_empty_batches(compute_type):
+    x, weight, bias = linear_inputs(rows=6)
+    x[1, 7] = float("nan")
+    x[2, 0] = float("inf")
+    linear = extension().PackedLinear(weight, bias, 16, compute_type)
+    y = linear(x)
+    assert not torch.isfinite(y[1]).any() and not torch.isfinite(y[2]).any()
+    assert torch.isfinite(y[[0, 3, 4, 5]]).all()
+    assert linear(x[:0]).shape == (0, weight.shape[0])
+
+
+def test_a_bad_compute_type_is_named_with_the_valid_ones():
+    x, weight, bias = linear_inputs(rows=6)
+    with pytest.raises(RuntimeError, match='compute_type must be "float32", "bfloat16" or "int8", got "int4"'):
+        extension().PackedLinear(weight, bias, 16, "int4")
+    with pytest.raises(ValueError, match="compute_type must be one of auto, float32, float16, bfloat16, int8"):
+        resolve_compute_type("fp8", CPU, torch.float32)
+    with pytest.raises(ValueError, match="runs on CUDA only; on the CPU use one of float32, bfloat16, int8"):
+        resolve_compute_type("float16", CPU, torch.float32)
+    with pytest.raises(ValueError, match="compute_type must be one of"):
+        make_model().translate(padded_sources(make_model(), [3]), compute_type="half")
+
+
+def test_auto_is_int8_where_torch_has_onednn_int8_and_float32_with_a_warning_elsewhere(monkeypatch):
+    import fastformer.compiled as compiled
+
+    assert resolve_compute_type(None, CPU, torch.float32) == "float32"
+    assert resolve_compute_type(None, CPU, torch.float16) == "float32"  # the CPU kernels widen float16
+    assert resolve_compute_type("auto", CPU, torch.float32) == ("int8" if compiled.has_int8_linear() else "float32")
+    monkeypatch.setattr(compiled, "has_int8_linear", lambda: False)
+    with pytest.warns(UserWarning, match="compute_type='auto' runs float32: this torch has no oneDNN int8 linear"):
+        assert resolve_compute_type("auto", CPU, torch.float32) == "float32"
+
+
+@pytest.mark.parametrize("norm_first,options", [(False, dict(activation="relu")), (True, dict(activation="gelu")),
+                                                (False, dict(activation="swish", scale_embedding=False))])
+def test_compiled_encoder_matches_model_encode(norm_first, options):
+    model = make_model(norm_first, **options)
+    src = padded_sources(model, [5, 2, 7, 1])
+    memory, src_lengths = encode(model, src, compiled_model(model, "float32"))
+    expected = model.encode(src)
+    torch.testing.assert_close(src_lengths, expected.src_lengths)
+    for row, length in enumerate(src_lengths.tolist()):  # positions past a source's length are never read
+        torch.testing.assert_close(memory[row, :length], expected.memory[row, :length], **FP32)
+
+
+# Search in a compute type against oracles that score with the same converted model.
+
+def teacher_forced_scores(model: Transformer, src: torch.Tensor, targets: list[list[int]],
+                          compute_type: str) -> list[float]:
+    """src: [1, src_len]; each target (real tokens, EOS appended here) -> its log-probability under the model as it
+    runs in compute_type, every target a slot of one incremental decoder."""
+    config = model.config
+    memory, src_lengths = encode(model, src, compiled_model(model, compute_type))
+    length = max(len(t) for t in targets) + 1
+    rows = [[config.bos_id, *t] + [config.eos_id] * (length - 1 - len(t)) for t in targets]
+    tokens = torch.tensor(rows)
+    n_slots = len(targets)
+    decoder = cached_decoder(model, EncoderOutput(memory, src_lengths), n_slots,
+                             cache_len=length, compute_type=compute_type)
+    row_slots = torch.arange(n_slots, dtype=torch.int32)
+    indirection = row_slots[:, None].expand(n_slots, length).contiguous()
+    totals = torch.zeros(n_slots, dtype=torch.float64)
+    for step in range(length):
+        log_probs = F.log_softmax(decoder.step(tokens[:, step], row_slots, indirection, step).double(), dim=-1)
+        for slot, target in enumerate(targets):
+            if step <= len(target):
+                next_token = target[step] if step < len(target) else config.eos_id
+                totals[slot] += log_probs[slot, next_token]
+    return totals.tolist()
+
+
+def gnmt(total: float, n_tokens: int, alpha: float) -> float:
+    return total / ((5 + n_tokens) / 6) ** alpha
+
+
+@pytest.mark.parametrize("compute_type", ["int8", "bfloat16"])
+def test_a_large_beam_finds_the_optimum_of_the_converted_model(compute_type):
+    """3 real tokens, at most 3 of them: a beam of 40 is exhaustive. int8 rows are independent and their products
+    exact integers, so the search scores exactly as teacher forcing does; bfloat16 sums may round differently at
+    another number of rows, hence its tolerance."""
+    model = make_model(vocab=6, eos_scale=3.0)
+    src = padded_sources(model, [4])
+    real = real_token_ids(model.config)
+    targets = [list(t) for n in range(1, 4) for t in itertools.product(real, repeat=n)]
+    scores = teacher_forced_scores(model, src, targets, compute_type)
+    ranked = sorted((Hypothesis(t, gnmt(s, len(t) + 1, 0.6)) for t, s in zip(targets, scores)), key=lambda h: -h.score)
+    got = model.translate(src, beam_size=40, n_best=3, length_penalty=0.6, min_len=1, max_len_a=0.0, max_len_b=3,
+                          compute_type=compute_type)
+    atol = 1e-5 if compute_type == "int8" else 2e-2
+    if compute_type == "int8":
+        assert_same_hypotheses(got, [ranked[:3]], atol=atol)
+    else:
+        assert got[0][0].score == pytest.approx(ranked[0].score, abs=atol)
+
+
+def test_int8_beam_1_is_greedy_decoding():
+    model = make_model(vocab=37, eos_scale=4.0)
+    src = padded_sources(model, [6])
+    config = model.config
+    tokens: list[int] = []
+    for _ in range(8):  # greedy: the argmax after the prefix, decoded step by step in int8
+        memory, src_lengths = encode(model, src, compiled_model(model, "int8"))
+        prefix = [config.bos_id, *tokens]
+        decoder = cached_decoder(model, EncoderOutput(memory, src_lengths), 1,
+                                 cache_len=len(prefix), compute_type="int8")
+        indirection = torch.zeros(1, len(prefix), dtype=torch.int32)
+        for step, token in enumerate(prefix):
+            logits = decoder.step(torch.tensor([token]), torch.zeros(1, dtype=torch.int32), indirection, step)
+        allowed = torch.tensor([*real_token_ids(config), config.eos_id])  # the search never emits PAD or BOS
+        best = int(allowed[logits[0, allowed].argmax()])
+        if best == config.eos_id:
+            break
+        tokens.append(best)
+    got = model.translate(src, beam_size=1, min_len=0, max_len_a=0.0, max_len_b=8, compute_type="int8")
+    assert got[0][0].tokens == tokens
+
+
+def test_int8_translation_does_not_depend_on_the_batch():
+    """Each row is quantized on its own and int8 products are exact: a sentence decodes the same alone or in any
+    batch, and on any number of threads."""
+    model = make_model(vocab=37, eos_scale=8.0)
+    src = padded_sources(model, [7, 2, 5, 1, 4, 9, 3, 8], seed=3)
+    search = dict(beam_size=3, n_best=2, max_len_a=1.0, max_len_b=5, compute_type="int8")
+    batch = model.translate(src, **search)
+    alone = [model.translate(src[i:i + 1, :int((src[i] != model.config.pad_id).sum())], **search)[0]
+             for i in range(src.shape[0])]
+    assert_same_hypotheses(batch, alone, atol=1e-5)
+    torch.set_num_threads(2)
+    try:
+        assert_same_hypotheses(model.translate(src, **search), batch, atol=1e-5)
+    finally:
+        torch.set_num_threads(1)
+
+
+# Converted once, never stale.
+
+def test_weights_are_converted_once_and_again_after_any_parameter_change():
+    model = make_model(vocab=37, eos_scale=4.0)
+    src = padded_sources(model, [5, 3])
+    first = compiled_model(model, "int8")
+    assert compiled_model(model, "int8") is first
+    assert compiled_model(model, "float32") is not first
+
+    def translations(m: Transformer) -> list:
+        return m.translate(src, beam_size=2, max_len_b=6, compute_type="int8")
+
+    before = translations(model)
+    other = make_model(vocab=37, eos_scale=4.0, seed=5)
+    model.load_state_dict(other.state_dict())  # in-place copies: same storage, new versions
+    assert compiled_model(model, "int8") is not first
+    assert_same_hypotheses(translations(model), translations(other))
+    assert translations(model) != before
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    model.train()
+    model.loss(src, torch.full_like(src, 4), torch.full_like(src, 5)).backward()
+    optimizer.step()
+    model.eval()
+    reference = copy.deepcopy(model)  # a copy starts with no converted weights
+    assert reference.__dict__["_compiled_cache"].get(reference, "int8") is None
+    assert_same_hypotheses(translations(model), translations(reference))
+
+
+def test_a_model_with_converted_weights_still_saves_and_copies():
+    model = make_model()
+    compiled_model(model, "int8")
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    src = padded_sources(model, [4])
+    assert_same_hypotheses(loaded.translate(src, compute_type="int8"), model.translate(src, compute_type="int8"))
+
+
+def test_int8_weights_take_about_a_quarter_of_float32():
+    config = TransformerConfig(vocab_size=1000, d_model=256, n_heads=4, n_encoder_layers=2, n_decoder_layers=2,
+                               d_ff=1024, dropout=0.0)
+    model = Transformer(config).eval()
+    ratio = compiled_model(model, "int8").nbytes / compiled_model(model, "float32").nbytes
+    assert 0.25 <= ratio < 0.3, ratio
+
+
+@pytest.mark.parametrize("compute_type", ["int8", "bfloat16"])
+def test_non_finite_weights_are_refused_in_every_compute_type(compute_type):
+    model = make_model()
+    with torch.no_grad():
+        model.encoder.layers[0].ffn.linear1.weight[0, 0] = float("nan")
+    with pytest.raises(RuntimeError, match="not finite"):
+        model.translate(padded_sources(model, [4, 3]), compute_type=compute_type)
