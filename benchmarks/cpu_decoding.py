@@ -1,67 +1,88 @@
-"""CPU beam-search decoding throughput: fastformer's compiled decoder against CTranslate2 on the same random weights.
+"""CPU beam-search decoding in every compute type: fastformer against CTranslate2 on the same random weights.
 
-One process measures one system at one shape, so that two builds (or the two systems) can be timed in turn:
+    OMP_NUM_THREADS=2 python benchmarks/cpu_decoding.py --shape b --vocab 37000 --rounds 3
 
-    OMP_NUM_THREADS=2 python benchmarks/cpu_decoding.py --shape b --system fastformer
+Shapes: "a" is the tiny preset (d_model 64, 2 + 2 layers), "b" the paper's base model (d_model 512, 6 + 6 layers,
+d_ff 2048, 8 heads); --vocab sets the shared vocabulary (WMT14's is 37,000). Each batch is N sentences of 20 source
+tokens plus EOS, beam 4, and every hypothesis is decoded to exactly 31 target tokens (EOS barred until then in
+fastformer, the decoding length fixed in CTranslate2), so every system does the same work. The systems run in
+interleaved rounds (each round times every system once at every batch size), so that a change in the machine's load
+hits them alike; a row reports the median over the rounds.
 
-Shapes: "a" is the tiny preset (d_model 64, 2 + 2 layers, vocab 1k), "b" the paper's base model (d_model 512,
-6 + 6 layers, d_ff 2048, 8 heads) with an 8k vocabulary. The batch is 64 sentences of 20 source tokens plus EOS,
-beam 4, and every hypothesis is decoded to exactly 31 target tokens (EOS barred until then in fastformer, the
-decoding length fixed in CTranslate2), so both systems do the same work. It prints the median tokens/s of the
-timed passes and a checksum of the best hypotheses, for comparing two builds of one system. The systems' checksums
-differ by construction: fastformer's last token is the forced EOS, scored, and CTranslate2's is a 31st real token,
-so the best hypotheses are ranked on different scores. That both return the same best hypothesis under the same
-rules is tested in tests/test_export.py. "ctranslate2-int8" runs CTranslate2 with int8 weights (a different model,
-for reference).
+Each fastformer row also gives its share of the GEMM floor: the time of the same GEMMs (the encoder's, the
+cross-attention keys/values', and 31 steps of the decoder's and the output projection's, at the rows the search
+has) run alone through the same converted linear layers, divided by the row's time. CTranslate2's rows carry no
+floor: its GEMMs are its own.
+
+The checksums differ between the systems by construction (fastformer's last token is the forced EOS, scored,
+CTranslate2's a 31st real token) and between compute types (random weights give near-uniform log-probabilities,
+which any rounding reorders); that the systems return the same best hypothesis under the same rules is tested in
+tests/test_export.py, and the compute types' agreement on a trained model in tests/test_translator.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import statistics
 import sys
 import tempfile
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+import bench_utils as bu
 from baselines import placeholder_vocabulary
 from fastformer import Transformer, TransformerConfig
+from fastformer.compiled import compiled_model, extension
 from fastformer.export import to_ctranslate2
 
-N_SENTENCES, SOURCE_TOKENS, TARGET_TOKENS, BEAM_SIZE, LENGTH_PENALTY = 64, 20, 31, 4, 0.6
+SOURCE_TOKENS, TARGET_TOKENS, BEAM_SIZE, LENGTH_PENALTY = 20, 31, 4, 0.6
+SYSTEMS = ("fastformer-float32", "fastformer-int8", "fastformer-bfloat16", "ctranslate2-float32", "ctranslate2-int8",
+           "ctranslate2-bfloat16")
+DEFAULT_SYSTEMS = ("fastformer-float32", "fastformer-int8", "ctranslate2-float32", "ctranslate2-int8")
 
 
-def shape_config(shape: str) -> TransformerConfig:
+def shape_config(shape: str, vocab: int) -> TransformerConfig:
     if shape == "a":
-        return TransformerConfig.tiny(1000, dropout=0.0)
-    return TransformerConfig.base(8000, dropout=0.0)
+        return TransformerConfig.tiny(vocab, dropout=0.0)
+    return TransformerConfig.base(vocab, dropout=0.0)
 
 
-def sources(config: TransformerConfig, seed: int) -> torch.Tensor:
-    """[N_SENTENCES, SOURCE_TOKENS + 1] random ids, each row ending in EOS."""
+def sources(config: TransformerConfig, n_sentences: int, seed: int) -> torch.Tensor:
+    """[n_sentences, SOURCE_TOKENS + 1] random ids, each row ending in EOS."""
     generator = torch.Generator().manual_seed(seed)
-    src = torch.randint(3, config.vocab_size, (N_SENTENCES, SOURCE_TOKENS + 1), generator=generator)
+    src = torch.randint(3, config.vocab_size, (n_sentences, SOURCE_TOKENS + 1), generator=generator)
     src[:, -1] = config.eos_id
     return src
 
 
-def fastformer_translate(model: Transformer, src: torch.Tensor) -> list[list[int]]:
-    # max_len_b so that EOS is forced at step TARGET_TOKENS - 1, after which the hypotheses have TARGET_TOKENS tokens.
-    results = model.translate(src, beam_size=BEAM_SIZE, length_penalty=LENGTH_PENALTY, max_len_a=1.0,
-                              max_len_b=TARGET_TOKENS - 1 - src.shape[1], min_len=model.config.max_positions)
-    return [sentence[0].tokens + [model.config.eos_id] for sentence in results]
+Translate = Callable[[torch.Tensor], list[list[int]]]
 
 
-def ctranslate2_translator(model: Transformer, threads: int, quantization: str):
+def fastformer_translator(model: Transformer, compute_type: str) -> Translate:
+    def translate(src: torch.Tensor) -> list[list[int]]:
+        # max_len_b so that EOS is forced at step TARGET_TOKENS - 1, after which hypotheses have TARGET_TOKENS tokens.
+        results = model.translate(src, beam_size=BEAM_SIZE, length_penalty=LENGTH_PENALTY, max_len_a=1.0,
+                                  max_len_b=TARGET_TOKENS - 1 - src.shape[1], min_len=model.config.max_positions,
+                                  compute_type=compute_type)
+        return [sentence[0].tokens + [model.config.eos_id] for sentence in results]
+
+    return translate
+
+
+def ctranslate2_translator(model: Transformer, threads: int, compute_type: str) -> Translate:
     import ctranslate2
 
     vocabulary = placeholder_vocabulary(model.config)
     out_dir = Path(tempfile.mkdtemp(prefix="fastformer-ct2-"))
-    to_ctranslate2(model, vocabulary, out_dir, quantization=quantization)
-    engine = ctranslate2.Translator(str(out_dir), device="cpu", inter_threads=1, intra_threads=threads)
+    to_ctranslate2(model, vocabulary, out_dir, quantization=compute_type)
+    engine = ctranslate2.Translator(str(out_dir), device="cpu", compute_type=compute_type, inter_threads=1,
+                                    intra_threads=threads)
     index = {token: i for i, token in enumerate(vocabulary)}
 
     def translate(src: torch.Tensor) -> list[list[int]]:
@@ -74,36 +95,122 @@ def ctranslate2_translator(model: Transformer, threads: int, quantization: str):
     return translate
 
 
+def translator(system: str, model: Transformer) -> Translate:
+    name, compute_type = system.split("-", 1)
+    if name == "fastformer":
+        return fastformer_translator(model, compute_type)
+    return ctranslate2_translator(model, torch.get_num_threads(), compute_type)
+
+
+def gemm_floor_seconds(model: Transformer, compute_type: str, n_sentences: int, repeats: int = 5) -> float:
+    """The time of one search's GEMMs alone (module docstring), each shape timed through a linear layer converted
+    as the search converts it: the minimum over `repeats` runs of the whole sequence."""
+    config = model.config
+    d, ff, vocab = config.d_model, config.d_ff, config.vocab_size
+    source_rows, step_rows = n_sentences * (SOURCE_TOKENS + 1), n_sentences * BEAM_SIZE
+    # (out, in, rows, calls) of every GEMM of one search.
+    shapes = [(3 * d, d, source_rows, config.n_encoder_layers), (d, d, source_rows, config.n_encoder_layers),
+              (ff, d, source_rows, config.n_encoder_layers), (d, ff, source_rows, config.n_encoder_layers),
+              (2 * d, d, source_rows, config.n_decoder_layers)]
+    per_step = [(3 * d, d), (d, d), (d, d), (d, d), (ff, d), (d, ff)]
+    shapes += [(out, inp, step_rows, config.n_decoder_layers * TARGET_TOKENS) for out, inp in per_step]
+    shapes.append((vocab, d, step_rows, TARGET_TOKENS))
+    generator = torch.Generator().manual_seed(0)
+    timed = []
+    for out, inp, rows, calls in shapes:
+        weight = torch.randn(out, inp, generator=generator) * inp ** -0.5
+        linear = extension().PackedLinear(weight, torch.zeros(out), rows, compute_type)
+        x = torch.randn(rows, inp, generator=generator)
+        timed.append((linear, x, calls))
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for linear, x, calls in timed:
+            for _ in range(calls):
+                linear(x)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def cpu_description() -> str:
+    name = platform.processor() or "cpu"
+    flags: set[str] = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    features = [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
+                if f in flags]
+    return f"{name}, {os.cpu_count()} cores ({' '.join(features) or 'no AVX2'})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", choices=("a", "b"), required=True)
-    parser.add_argument("--system", choices=("fastformer", "ctranslate2", "ctranslate2-int8"), required=True)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--shape", choices=("a", "b"), default="b")
+    parser.add_argument("--vocab", type=int, default=37000, help="shared vocabulary size")
+    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(DEFAULT_SYSTEMS),
+                        help="fastformer-<compute type> and ctranslate2-<compute type> rows")
+    parser.add_argument("--sentences", type=int, nargs="+", default=[64, 1], help="batch sizes to time")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="JSON to write (default: print only)")
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
-    config = shape_config(args.shape)
+    config = shape_config(args.shape, args.vocab)
     model = Transformer(config).eval()
-    src = sources(config, args.seed)
-    if args.system == "fastformer":
-        translate = lambda batch: fastformer_translate(model, batch)  # noqa: E731
-    else:
-        quantization = "int8" if args.system == "ctranslate2-int8" else "float32"
-        translate = ctranslate2_translator(model, torch.get_num_threads(), quantization)
-    outputs = translate(src)  # warm-up
-    times = []
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        outputs = translate(src)
-        times.append(time.perf_counter() - start)
-    n_tokens = sum(len(tokens) for tokens in outputs)
-    if n_tokens != N_SENTENCES * TARGET_TOKENS:
-        sys.exit(f"decoded {n_tokens} tokens, expected {N_SENTENCES * TARGET_TOKENS}")
-    checksum = zlib.crc32(str(outputs).encode())
-    print(f"shape={args.shape} system={args.system} threads={torch.get_num_threads()} "
-          f"tok/s={n_tokens / statistics.median(times):.0f} "
-          f"(min {n_tokens / max(times):.0f}, max {n_tokens / min(times):.0f}) checksum={checksum:08x}")
+    batches = {n: sources(config, n, args.seed) for n in args.sentences}
+    systems = {}
+    for system in args.systems:
+        systems[system] = translator(system, model)
+        for src in batches.values():
+            systems[system](src)  # warm-up: conversion, allocations
+    times: dict[tuple[str, int], list[float]] = {(s, n): [] for s in systems for n in batches}
+    checksums: dict[tuple[str, int], int] = {}
+    for _ in range(args.rounds):
+        for system, translate in systems.items():
+            for n, src in batches.items():
+                start = time.perf_counter()
+                outputs = translate(src)
+                times[system, n].append(time.perf_counter() - start)
+                if sum(len(tokens) for tokens in outputs) != n * TARGET_TOKENS:
+                    sys.exit(f"{system} decoded {sum(map(len, outputs))} tokens, expected {n * TARGET_TOKENS}")
+                checksums[system, n] = zlib.crc32(str(outputs).encode())
+    rows = []
+    for (system, n), samples in times.items():
+        seconds = statistics.median(samples)
+        row = {"system": system, "sentences": n, "seconds": round(seconds, 4),
+               "tokens_per_s": round(n * TARGET_TOKENS / seconds, 1),
+               "min_tokens_per_s": round(n * TARGET_TOKENS / max(samples), 1),
+               "max_tokens_per_s": round(n * TARGET_TOKENS / min(samples), 1), "checksum": f"{checksums[system, n]:08x}"}
+        if system.startswith("fastformer"):
+            compute_type = system.split("-", 1)[1]
+            floor = gemm_floor_seconds(model, compute_type, n)
+            row.update(gemm_floor_seconds=round(floor, 4), share_of_gemm_floor=round(floor / seconds, 3),
+                       converted_weights_mib=round(compiled_model(model, compute_type).nbytes / 2 ** 20, 1))
+        rows.append(row)
+        print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+    if args.out:
+        payload = {"command": " ".join([f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')}", "python",
+                                        *sys.argv]),
+                   "cpu": cpu_description(), "threads": torch.get_num_threads(), "shape": args.shape,
+                   "vocab": args.vocab, "rounds": args.rounds, **bu.environment(torch.device("cpu")),
+                   "ctranslate2": _ctranslate2_version(), "rows": rows}
+        bu.write_json(args.out, payload)
+        print(f"wrote {args.out}")
+
+
+def _ctranslate2_version() -> str | None:
+    try:
+        import ctranslate2
+    except ImportError:
+        return None
+    return ctranslate2.__version__
 
 
 if __name__ == "__main__":

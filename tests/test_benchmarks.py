@@ -190,18 +190,28 @@ def test_kernels_smoke_run_on_cpu(tmp_path):
     assert all(row["ms"]["median"] > 0 for row in results["rows"] if row["status"] == "ok")
 
 
-@pytest.mark.parametrize("system", ["fastformer", "ctranslate2", "ctranslate2-int8"])
-def test_cpu_decoding_smoke_run(system):
-    """The CPU decoding comparison decodes every hypothesis to its fixed length and reports a rate and a checksum."""
-    if system.startswith("ctranslate2"):
-        pytest.importorskip("ctranslate2")
-    command = [sys.executable, str(BENCHMARKS / "cpu_decoding.py"), "--shape", "a", "--system", system,
-               "--repeats", "1"]
+def test_cpu_decoding_smoke_run(tmp_path):
+    """The CPU decoding comparison decodes every hypothesis to its fixed length in every system and compute type it
+    is given, and reports rates, checksums and, for fastformer, the share of the GEMM floor."""
+    systems = ["fastformer-float32", "fastformer-int8"]
+    try:
+        import ctranslate2  # noqa: F401
+        systems += ["ctranslate2-float32", "ctranslate2-int8"]
+    except ImportError:
+        pass
+    out = tmp_path / "cpu_decoding.json"
+    command = [sys.executable, str(BENCHMARKS / "cpu_decoding.py"), "--shape", "a", "--vocab", "300", "--rounds", "1",
+               "--sentences", "8", "1", "--systems", *systems, "--out", str(out)]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=BENCHMARKS.parent)
     assert completed.returncode == 0, completed.stdout + completed.stderr
-    fields = dict(field.split("=") for field in completed.stdout.split() if "=" in field)
-    assert fields["shape"] == "a" and fields["system"] == system
-    assert float(fields["tok/s"]) > 0 and len(fields["checksum"]) == 8
+    rows = json.loads(out.read_text())["rows"]
+    assert sorted((row["system"], row["sentences"]) for row in rows) == sorted(
+        (system, n) for system in systems for n in (8, 1))
+    for row in rows:
+        assert row["tokens_per_s"] > 0 and len(row["checksum"]) == 8
+        assert row["tokens_per_s"] == pytest.approx(row["sentences"] * 31 / row["seconds"], rel=1e-2)
+        if row["system"].startswith("fastformer"):
+            assert 0 < row["gemm_floor_seconds"] and row["share_of_gemm_floor"] > 0
 
 
 def test_real_token_ratios_count_the_unpadded_tokens():
