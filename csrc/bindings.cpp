@@ -86,8 +86,12 @@ void bind_compiled(pybind11::module_& m) {
   auto compute_type = [](const std::string& name) { return parse_compute_type(name); };
   py::class_<PackedLinear>(m, "PackedLinear", "y = x W^T + b with W converted once for a compute type (linear.h)")
       .def(py::init([=](const at::Tensor& weight, const std::optional<at::Tensor>& bias, int64_t rows,
-                        const std::string& type) { return PackedLinear(weight, bias, rows, compute_type(type)); }),
-           py::arg("weight"), py::arg("bias"), py::arg("rows"), py::arg("compute_type"))
+                        const std::string& type, bool fbgemm) {
+             c10::InferenceMode inference;
+             return PackedLinear(weight, bias, rows, compute_type(type), fbgemm);
+           }),
+           py::arg("weight"), py::arg("bias"), py::arg("rows"), py::arg("compute_type"), py::arg("fbgemm") = true,
+           "fbgemm=False: int8 takes oneDNN's GEMM, as where torch has no FBGEMM")
       .def("__call__", [](const PackedLinear& linear, const at::Tensor& x) {
         c10::InferenceMode inference;
         return linear(x);

@@ -15,16 +15,20 @@ namespace fastformer {
 namespace {
 
 // torch's oneDNN linear ops, where this torch build has them (looked up once).
-struct OneDnnOps {
-  std::optional<c10::OperatorHandle> reorder_weight, linear, int8_prepack, int8_linear;
+// torch's oneDNN and FBGEMM linear ops, where this torch build has them (looked up once).
+struct GemmOps {
+  std::optional<c10::OperatorHandle> reorder_weight, linear, onednn_int8_prepack, onednn_int8_linear,
+      fbgemm_int8_prepack, fbgemm_int8_linear;
 };
 
-const OneDnnOps& onednn_ops() {
+const GemmOps& gemm_ops() {
   auto& dispatcher = c10::Dispatcher::singleton();
-  static const OneDnnOps ops{dispatcher.findSchema({"mkldnn::_reorder_linear_weight", ""}),
-                             dispatcher.findSchema({"mkldnn::_linear_pointwise", ""}),
-                             dispatcher.findSchema({"onednn::qlinear_prepack", ""}),
-                             dispatcher.findSchema({"onednn::qlinear_pointwise", ""})};
+  static const GemmOps ops{dispatcher.findSchema({"mkldnn::_reorder_linear_weight", ""}),
+                           dispatcher.findSchema({"mkldnn::_linear_pointwise", ""}),
+                           dispatcher.findSchema({"onednn::qlinear_prepack", ""}),
+                           dispatcher.findSchema({"onednn::qlinear_pointwise", ""}),
+                           dispatcher.findSchema({"quantized::linear_prepack", ""}),
+                           dispatcher.findSchema({"quantized::linear_dynamic", ""})};
   return ops;
 }
 
@@ -32,16 +36,23 @@ const OneDnnOps& onednn_ops() {
 constexpr float kActivationMax = 63.0f;
 constexpr int64_t kActivationZeroPoint = 64;
 
+// Drops the warnings raised while it lives: torch's deprecation of the quantized tensors that FBGEMM's packing
+// takes is about torch's API, not something a user of fastformer can act on.
+class SilentWarnings : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning&) override {}
+};
+
 // The rows of a [rows, width] loop that make a task worth a thread (a serial loop inside the search's threads).
 int64_t rows_per_task(int64_t width) { return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(width, 1)); }
 
-// x: [rows, in] float32 -> (x_q [rows, in] uint8, scales [rows] float32), x ~ (x_q - 64) * scale per row.
-std::pair<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x) {
+// Each row's scale (linear.h): absmax / 63, NaN for a row holding NaN or inf (so that its outputs are NaN for the
+// search's finite check), 1 for an all-zero row. Calls write(row, inverse) with 1 / scale (0 for the two others).
+template <typename WriteRow>
+at::Tensor row_scales(const at::Tensor& x, WriteRow&& write) {
   const int64_t rows = x.size(0), in = x.size(1);
-  at::Tensor quantized = at::empty({rows, in}, x.options().dtype(at::kByte));
   at::Tensor scales = at::empty({rows}, x.options());
   const float* source = x.data_ptr<float>();
-  uint8_t* target = quantized.data_ptr<uint8_t>();
   float* scale = scales.data_ptr<float>();
   at::parallel_for(0, rows, rows_per_task(in), [&](int64_t first_row, int64_t end_row) {
     for (int64_t r = first_row; r < end_row; ++r) {
@@ -53,18 +64,67 @@ std::pair<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x) {
         finite &= magnitude <= std::numeric_limits<float>::max();
         absmax = std::max(absmax, magnitude);
       }
-      // A row holding NaN or inf gets a NaN scale, so that its outputs are NaN for the search's finite check; an
-      // all-zero row quantizes to zeros whatever its scale.
       const bool usable = finite && absmax > 0.0f;
       scale[r] = !finite ? std::numeric_limits<float>::quiet_NaN() : (usable ? absmax / kActivationMax : 1.0f);
-      const float inverse = usable ? kActivationMax / absmax : 0.0f;
-      uint8_t* out = target + r * in;
-      for (int64_t i = 0; i < in; ++i) {
-        out[i] = static_cast<uint8_t>(std::nearbyint(row[i] * inverse) + kActivationZeroPoint);
-      }
+      write(r, row, usable ? kActivationMax / absmax : 0.0f);
+    }
+  });
+  return scales;
+}
+
+// x: [rows, in] float32 -> (x_q [rows, in] uint8, scales [rows]), x ~ (x_q - 64) * scale per row.
+std::pair<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x) {
+  const int64_t in = x.size(1);
+  at::Tensor quantized = at::empty(x.sizes(), x.options().dtype(at::kByte));
+  uint8_t* target = quantized.data_ptr<uint8_t>();
+  at::Tensor scales = row_scales(x, [&](int64_t r, const float* row, float inverse) {
+    uint8_t* out = target + r * in;
+    if (inverse == 0.0f) {
+      std::fill(out, out + in, static_cast<uint8_t>(kActivationZeroPoint));
+      return;
+    }
+    for (int64_t i = 0; i < in; ++i) {
+      out[i] = static_cast<uint8_t>(std::nearbyint(row[i] * inverse) + kActivationZeroPoint);
     }
   });
   return {quantized, scales};
+}
+
+// x: [rows, in] float32 -> (x_n [rows + 2, in] float32, scales [rows]): each row divided by 63 * its scale, so in
+// [-1, 1], then the rows [+1, 0, ...] and [-1, 0, ...], which make FBGEMM's per-tensor range [-1, 1] at every call.
+std::pair<at::Tensor, at::Tensor> normalize_rows(const at::Tensor& x) {
+  const int64_t rows = x.size(0), in = x.size(1);
+  at::Tensor normalized = at::zeros({rows + 2, in}, x.options());
+  float* target = normalized.data_ptr<float>();
+  at::Tensor scales = row_scales(x, [&](int64_t r, const float* row, float inverse) {
+    if (inverse == 0.0f) return;  // zeros, as allocated
+    const float to_unit = inverse / kActivationMax;
+    float* out = target + r * in;
+    // Clamped: a row's maximum may round to 1 + 1 ulp, which would move the range, and so every row's rounding.
+    for (int64_t i = 0; i < in; ++i) out[i] = std::clamp(row[i] * to_unit, -1.0f, 1.0f);
+  });
+  target[rows * in] = 1.0f;
+  target[(rows + 1) * in] = -1.0f;
+  return {normalized, scales};
+}
+
+// y [rows, out] (or more rows, the first `rows` used) <- y * scales[row] + bias, in place.
+void scale_rows(at::Tensor& y, int64_t rows, const at::Tensor& scales, const std::optional<at::Tensor>& bias_tensor) {
+  const int64_t out = y.size(1);
+  float* values = y.data_ptr<float>();
+  const float* row_scale = scales.data_ptr<float>();
+  const float* bias = bias_tensor ? bias_tensor->data_ptr<float>() : nullptr;
+  at::parallel_for(0, rows, rows_per_task(out), [&](int64_t first_row, int64_t end_row) {
+    for (int64_t r = first_row; r < end_row; ++r) {
+      float* row = values + r * out;
+      const float scale = row_scale[r];
+      if (bias) {
+        for (int64_t j = 0; j < out; ++j) row[j] = row[j] * scale + bias[j];
+      } else {
+        for (int64_t j = 0; j < out; ++j) row[j] *= scale;
+      }
+    }
+  });
 }
 
 at::Tensor apply_activation(at::Tensor x, std::optional<Activation> activation) {
@@ -100,24 +160,17 @@ Activation parse_activation(const std::string& name) {
 }
 
 PackedLinear::PackedLinear(const at::Tensor& weight, const std::optional<at::Tensor>& bias, int64_t rows,
-                           ComputeType compute_type)
+                           ComputeType compute_type, bool fbgemm)
     : weight_(weight), bias_(bias), out_features_(weight.size(0)) {
   TORCH_CHECK(weight.dim() == 2, "a linear weight must be [out, in], got ", weight.sizes());
   TORCH_CHECK(!bias || (bias->dim() == 1 && bias->size(0) == out_features_), "a linear bias must be [",
               out_features_, "], got ", bias ? bias->sizes() : at::IntArrayRef{});
   if (!weight.is_cpu()) return;
-  const OneDnnOps& ops = onednn_ops();
+  const GemmOps& ops = gemm_ops();
   rows = std::max<int64_t>(rows, 1);
   if (compute_type == ComputeType::kInt8) {
-    TORCH_CHECK(ops.int8_prepack && ops.int8_linear, "compute_type \"int8\" needs torch's oneDNN int8 linear "
-                "(onednn::qlinear_pointwise), which this torch build lacks");
-    const at::Tensor w = weight.to(at::kFloat).contiguous();
-    weight_scales_ = std::get<0>(w.abs().max(1)).div(127.0f).clamp_min(std::numeric_limits<float>::min());
-    const at::Tensor quantized = w.div(weight_scales_.unsqueeze(1)).round().clamp(-127, 127).to(at::kChar);
-    weight_ = call(*ops.int8_prepack, {quantized, std::vector<int64_t>{rows, w.size(1)}});
-    weight_zero_points_ = at::zeros({out_features_}, weight.options().dtype(at::kLong));
+    pack_int8(weight.to(at::kFloat).contiguous(), rows, fbgemm);
     if (bias_) bias_ = bias_->to(at::kFloat).contiguous();
-    route_ = Route::kOneDnnInt8;
     return;
   }
   const at::ScalarType dtype = compute_type == ComputeType::kBFloat16 ? at::kBFloat16 : at::kFloat;
@@ -135,13 +188,15 @@ PackedLinear::PackedLinear(const at::Tensor& weight, const std::optional<at::Ten
 at::Tensor PackedLinear::operator()(const at::Tensor& x, std::optional<Activation> activation) const {
   TORCH_CHECK(x.dim() == 2, "a linear layer takes [rows, in] rows, got ", x.sizes());
   if (x.size(0) == 0) return at::empty({0, out_features_}, x.options());
-  if (route_ == Route::kOneDnnInt8) return apply_activation(int8_linear(x), activation);
+  if (route_ == Route::kFbgemmInt8 || route_ == Route::kOneDnnInt8) {
+    return apply_activation(int8_linear(x), activation);
+  }
   const bool widen = x.is_cpu() && weight_.scalar_type() != x.scalar_type();
   const at::Tensor input = widen ? x.to(weight_.scalar_type()) : x;
   at::Tensor y;
   if (route_ == Route::kOneDnn) {
     // The activation is not fused: oneDNN's ReLU turns NaN into 0, and a NaN must reach the search's finite check.
-    y = call(*onednn_ops().linear, {input.contiguous(), weight_, bias_ ? c10::IValue(*bias_) : c10::IValue(),
+    y = call(*gemm_ops().linear, {input.contiguous(), weight_, bias_ ? c10::IValue(*bias_) : c10::IValue(),
                                     std::string("none"), c10::List<std::optional<at::Scalar>>(), c10::IValue()});
   } else {
     y = at::linear(input, weight_, bias_);
@@ -149,35 +204,64 @@ at::Tensor PackedLinear::operator()(const at::Tensor& x, std::optional<Activatio
   return apply_activation(widen ? y.to(x.scalar_type()) : y, activation);
 }
 
+void PackedLinear::pack_int8(const at::Tensor& weight, int64_t rows, bool fbgemm) {
+  const GemmOps& ops = gemm_ops();
+  weight_scales_ = std::get<0>(weight.abs().max(1)).div(127.0f).clamp_min(std::numeric_limits<float>::min());
+  const at::Tensor quantized = weight.div(weight_scales_.unsqueeze(1)).round().clamp(-127, 127).to(at::kChar);
+  weight_zero_points_ = at::zeros({out_features_}, weight.options().dtype(at::kLong));
+  if (fbgemm && ops.fbgemm_int8_prepack && ops.fbgemm_int8_linear) {
+    try {
+      SilentWarnings silent;
+      c10::WarningUtils::WarningHandlerGuard quiet(&silent);
+      const at::Tensor per_channel = at::_make_per_channel_quantized_tensor(
+          quantized, weight_scales_.to(at::kDouble), weight_zero_points_, /*axis=*/0);
+      std::vector<c10::IValue> stack{per_channel, c10::IValue()};
+      ops.fbgemm_int8_prepack->callBoxed(stack);
+      fbgemm_weight_ = stack[0];
+      fbgemm_weight_bytes_ = quantized.nbytes();
+      weight_ = at::Tensor();
+      route_ = Route::kFbgemmInt8;
+      return;
+    } catch (const c10::Error&) {
+      // No FBGEMM engine in this build (or quantized tensors gone): oneDNN's int8 GEMM below.
+    }
+  }
+  TORCH_CHECK(ops.onednn_int8_prepack && ops.onednn_int8_linear, "compute_type \"int8\" needs FBGEMM's or oneDNN's "
+              "int8 linear (quantized::linear_dynamic, onednn::qlinear_pointwise), which this torch build lacks");
+  weight_ = call(*ops.onednn_int8_prepack, {quantized, std::vector<int64_t>{rows, weight.size(1)}});
+  route_ = Route::kOneDnnInt8;
+}
+
 at::Tensor PackedLinear::int8_linear(const at::Tensor& x) const {
   TORCH_CHECK(x.scalar_type() == at::kFloat, "an int8 linear layer takes float32 rows, got ", x.scalar_type());
-  const auto [quantized, scales] = quantize_rows(x.contiguous());
-  // x_scale 1 and no bias: oneDNN scales by the weights' rows only; the rows' scales and the bias follow.
-  at::Tensor y = call(*onednn_ops().int8_linear,
-                      {quantized, 1.0, kActivationZeroPoint, weight_, weight_scales_, weight_zero_points_,
-                       c10::IValue(), 1.0, int64_t{0}, c10::IValue(at::kFloat), std::string("none"),
-                       c10::List<std::optional<at::Scalar>>(), std::string("")});
-  const int64_t rows = y.size(0), out = y.size(1);
-  float* values = y.data_ptr<float>();
-  const float* row_scales = scales.data_ptr<float>();
-  const float* bias = bias_ ? bias_->data_ptr<float>() : nullptr;
-  at::parallel_for(0, rows, rows_per_task(out), [&](int64_t first_row, int64_t end_row) {
-    for (int64_t r = first_row; r < end_row; ++r) {
-      float* row = values + r * out;
-      const float scale = row_scales[r];
-      if (bias) {
-        for (int64_t j = 0; j < out; ++j) row[j] = row[j] * scale + bias[j];
-      } else {
-        for (int64_t j = 0; j < out; ++j) row[j] *= scale;
-      }
-    }
-  });
-  return y;
+  const int64_t rows = x.size(0);
+  at::Tensor y;
+  at::Tensor scales;
+  if (route_ == Route::kFbgemmInt8) {
+    at::Tensor normalized;
+    std::tie(normalized, scales) = normalize_rows(x.contiguous());
+    // The normalized rows are in [-1, 1]: FBGEMM's 7-bit range (reduce_range) gives them 63 steps a side.
+    std::vector<c10::IValue> stack{normalized, fbgemm_weight_, true};
+    gemm_ops().fbgemm_int8_linear->callBoxed(stack);
+    y = stack[0].toTensor();
+    scales.mul_(kActivationMax);  // back from [-1, 1] to the row's own range
+  } else {
+    at::Tensor quantized;
+    std::tie(quantized, scales) = quantize_rows(x.contiguous());
+    // x_scale 1 and no bias: oneDNN scales by the weights' rows only; the rows' scales and the bias follow.
+    y = call(*gemm_ops().onednn_int8_linear,
+             {quantized, 1.0, kActivationZeroPoint, weight_, weight_scales_, weight_zero_points_, c10::IValue(), 1.0,
+              int64_t{0}, c10::IValue(at::kFloat), std::string("none"), c10::List<std::optional<at::Scalar>>(),
+              std::string("")});
+  }
+  scale_rows(y, rows, scales, bias_);
+  return y.narrow(0, 0, rows);
 }
 
 const char* PackedLinear::route() const {
   switch (route_) {
     case Route::kOneDnn: return "onednn";
+    case Route::kFbgemmInt8: return "fbgemm-int8";
     case Route::kOneDnnInt8: return "onednn-int8";
     case Route::kAten: return "aten";
   }
@@ -190,6 +274,7 @@ int64_t PackedLinear::nbytes() const {
     if (t->defined()) total += t->is_mkldnn() ? t->numel() * t->element_size() : t->nbytes();
   }
   if (bias_) total += bias_->nbytes();
+  total += fbgemm_weight_bytes_;
   return total;
 }
 

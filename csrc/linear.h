@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
 
 #include <cstdint>
 #include <optional>
@@ -27,30 +28,42 @@ Activation parse_activation(const std::string& name);
 // - bfloat16: W in bfloat16, reordered for oneDNN where the CPU has the instructions oneDNN's bfloat16 GEMM needs
 //   (AVX512-BF16, AMX or AVX-NE-CONVERT); elsewhere at::linear in bfloat16, correct but several times slower than
 //   float32 (route() says which). x is rounded to bfloat16 and y widened back.
-// - int8: W as int8 with one scale per output row (absmax / 127), packed by oneDNN (onednn::qlinear_prepack), and x
-//   quantized per row on the fly, symmetric with 7 bits (absmax / 63): CPUs without VNNI multiply u8 x s8 pairs
-//   into saturating int16 sums, which 7-bit activations never overflow. y = (x_q W_q^T) * x_scale * w_scale + b.
+// - int8: W as int8 with one scale per output row (absmax / 127), and x quantized per row on the fly, symmetric with
+//   7 bits (absmax / 63): CPUs without VNNI multiply u8 x s8 pairs into saturating int16 sums, which 7-bit
+//   activations never overflow. y = (x_q W_q^T) * x_scale * w_scale + b. Each row's result depends on that row
+//   only, so a sentence translates the same in any batch. Two GEMMs, the first this torch has:
+//   - FBGEMM's (quantized::linear_dynamic): it quantizes its input with one scale for the whole tensor, so each row
+//     is first divided by its absmax, and two rows holding +1 and -1 fix that scale at every call; the rows' scales
+//     multiply the result. Against oneDNN's int8 GEMM on the project's AVX2 test CPU, single-threaded: the same
+//     speed at 128 rows for the layers, 1.2x for a 37k-vocabulary projection, 4.7x for it at 4 rows (one
+//     sentence's beams). Its weight packing goes through torch's quantized tensors, which torch 2.13 deprecates
+//     (pytorch#184982): where they are gone, oneDNN's GEMM runs.
+//   - oneDNN's (onednn::qlinear_prepack/qlinear_pointwise) on u8 rows around a zero point of 64.
 // On CUDA every type is at::linear on W as given (the caller casts it).
 class PackedLinear {
  public:
   PackedLinear() = default;
-  // weight: [out, in], bias: [out]; rows: the rows a call usually has (oneDNN picks its blocking for it).
+  // weight: [out, in], bias: [out]; rows: the rows a call usually has (oneDNN picks its blocking for it);
+  // fbgemm: whether int8 may take FBGEMM's GEMM (false: oneDNN's, as where FBGEMM is missing).
   PackedLinear(const at::Tensor& weight, const std::optional<at::Tensor>& bias, int64_t rows,
-               ComputeType compute_type = ComputeType::kFloat32);
+               ComputeType compute_type = ComputeType::kFloat32, bool fbgemm = true);
   // x: [rows, in] float32 (or the weight's dtype on CUDA) -> [rows, out] in x's dtype
   at::Tensor operator()(const at::Tensor& x, std::optional<Activation> activation = std::nullopt) const;
 
-  // "onednn", "onednn-int8" or "aten": the GEMM the layer runs.
+  // "onednn", "fbgemm-int8", "onednn-int8" or "aten": the GEMM the layer runs.
   const char* route() const;
   // The bytes of the converted weight, bias and scales.
   int64_t nbytes() const;
 
  private:
-  enum class Route { kAten, kOneDnn, kOneDnnInt8 };
+  enum class Route { kAten, kOneDnn, kFbgemmInt8, kOneDnnInt8 };
+  void pack_int8(const at::Tensor& weight, int64_t rows, bool fbgemm);
   at::Tensor int8_linear(const at::Tensor& x) const;
 
   Route route_ = Route::kAten;
   at::Tensor weight_;  // [out, in]: as given, cast, reordered for oneDNN, or int8 packed by oneDNN
+  c10::IValue fbgemm_weight_;  // the int8 weight packed by FBGEMM (a LinearPackedParamsBase)
+  int64_t fbgemm_weight_bytes_ = 0;
   std::optional<at::Tensor> bias_;  // [out]: float32 for int8, else the weight's dtype
   at::Tensor weight_scales_;        // int8: [out] float32
   at::Tensor weight_zero_points_;   // int8: [out] int64 zeros (symmetric)

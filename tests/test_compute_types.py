@@ -64,14 +64,16 @@ def test_bfloat16_linear_is_as_close_as_torch_in_bfloat16():
     assert_close_lowp(linear(x), torch_bf16, expected, "bfloat16 linear")
 
 
+@pytest.mark.parametrize("fbgemm", [True, False], ids=["fbgemm", "onednn"])
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_int8_linear_error_is_within_the_bound_of_its_scales(with_bias):
+def test_int8_linear_error_is_within_the_bound_of_its_scales(with_bias, fbgemm):
     """Per row i and output j: x = x_q s_i + e (|e| <= s_i / 2, s_i = max|x_i| / 63) and w = w_q t_j + f
     (|f| <= t_j / 2, t_j = max|w_j| / 127), so |x.w - s_i t_j x_q.w_q| <= s_i / 2 sum|w_j| + t_j / 2 sum(|x_i| +
     s_i / 2)."""
     x, weight, bias = linear_inputs()
     bias = bias if with_bias else None
-    linear = extension().PackedLinear(weight, bias, 16, "int8")
+    linear = extension().PackedLinear(weight, bias, 16, "int8", fbgemm=fbgemm)
+    assert linear.route == ("fbgemm-int8" if fbgemm else "onednn-int8")
     got = linear(x).double()
     x64, w64 = x.double(), weight.double()
     expected = F.linear(x64, w64, bias.double() if with_bias else None)
@@ -85,16 +87,29 @@ def test_int8_linear_error_is_within_the_bound_of_its_scales(with_bias):
     assert error.max() > 1e-3
 
 
-@pytest.mark.parametrize("compute_type", ["float32", "bfloat16", "int8"])
-def test_linear_passes_non_finite_rows_on_and_takes_empty_batches(compute_type):
+@pytest.mark.parametrize("compute_type,fbgemm", [("float32", True), ("bfloat16", True), ("int8", True),
+                                                 ("int8", False)])
+def test_linear_passes_non_finite_rows_on_and_takes_empty_batches(compute_type, fbgemm):
     x, weight, bias = linear_inputs(rows=6)
     x[1, 7] = float("nan")
     x[2, 0] = float("inf")
-    linear = extension().PackedLinear(weight, bias, 16, compute_type)
+    linear = extension().PackedLinear(weight, bias, 16, compute_type, fbgemm=fbgemm)
     y = linear(x)
     assert not torch.isfinite(y[1]).any() and not torch.isfinite(y[2]).any()
     assert torch.isfinite(y[[0, 3, 4, 5]]).all()
     assert linear(x[:0]).shape == (0, weight.shape[0])
+
+
+@pytest.mark.parametrize("fbgemm", [True, False], ids=["fbgemm", "onednn"])
+def test_an_int8_row_does_not_depend_on_the_other_rows(fbgemm):
+    """FBGEMM quantizes a whole input with one scale: the rows, divided by their absmax, and the two rows +1/-1
+    fix it, so that a row's result is the same beside any others, large or small."""
+    x, weight, bias = linear_inputs(rows=9)
+    linear = extension().PackedLinear(weight, bias, 16, "int8", fbgemm=fbgemm)
+    alone = torch.cat([linear(x[i:i + 1]) for i in range(x.shape[0])])
+    others = torch.randn(23, x.shape[1], generator=torch.Generator().manual_seed(4)) * 50.0
+    assert torch.equal(linear(x), alone)
+    assert torch.equal(linear(torch.cat([others, x, others / 1000]))[23:32], alone)
 
 
 def test_a_bad_compute_type_is_named_with_the_valid_ones():
