@@ -6,8 +6,10 @@ Shapes: "a" is the tiny preset (d_model 64, 2 + 2 layers), "b" the paper's base 
 d_ff 2048, 8 heads); --vocab sets the shared vocabulary (WMT14's is 37,000). Each batch is N sentences of 20 source
 tokens plus EOS, beam 4, and every hypothesis is decoded to exactly 31 target tokens (EOS barred until then in
 fastformer, the decoding length fixed in CTranslate2), so every system does the same work. The systems run in
-interleaved rounds (each round times every system once at every batch size), so that a change in the machine's load
-hits them alike; a row reports the median over the rounds.
+interleaved rounds (each round times every system once at every batch size, after a warm-up), so that a change in
+the machine's load hits them alike; a row reports the median over the rounds. Each system runs in a process of its
+own, as it would be deployed: CTranslate2 brings its own OpenMP runtime, and once it has run in a process, the
+short parallel regions of fastformer's one-sentence search there took 2-3x as long on the AVX2 test CPU.
 
 Each fastformer row also gives its share of the GEMM floor: the time of the same GEMMs (the encoder's, the
 cross-attention keys/values', and 31 steps of the decoder's and the output projection's, at the rows the search
@@ -23,9 +25,11 @@ tests/test_export.py, and the compute types' agreement on a trained model in tes
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -104,32 +108,47 @@ def translator(system: str, model: Transformer) -> Translate:
 
 def gemm_floor_seconds(model: Transformer, compute_type: str, n_sentences: int, repeats: int = 5) -> float:
     """The time of one search's GEMMs alone (module docstring), each shape timed through a linear layer converted
-    as the search converts it: the minimum over `repeats` runs of the whole sequence."""
+    as the search converts it: the minimum over `repeats` runs of the whole sequence. The encoder's run on every
+    thread; the rest as the search runs them (csrc/search.cpp): each thread decodes its own group of at least 4
+    sentences with single-threaded GEMMs, so they are timed for one group on one thread, the floor were the groups
+    not to slow each other down."""
     config = model.config
     d, ff, vocab = config.d_model, config.d_ff, config.vocab_size
-    source_rows, step_rows = n_sentences * (SOURCE_TOKENS + 1), n_sentences * BEAM_SIZE
-    # (out, in, rows, calls) of every GEMM of one search.
-    shapes = [(3 * d, d, source_rows, config.n_encoder_layers), (d, d, source_rows, config.n_encoder_layers),
-              (ff, d, source_rows, config.n_encoder_layers), (d, ff, source_rows, config.n_encoder_layers),
-              (2 * d, d, source_rows, config.n_decoder_layers)]
+    threads = torch.get_num_threads()
+    groups = max(1, min(threads, n_sentences // 4))
+    group_sentences = -(-n_sentences // groups)
+    source_rows, group_source_rows = n_sentences * (SOURCE_TOKENS + 1), group_sentences * (SOURCE_TOKENS + 1)
+    step_rows = group_sentences * BEAM_SIZE
+    # (out, in, rows, calls) of every GEMM of one search: the encoder's, then one group's.
+    encoder = [(out, inp, source_rows, config.n_encoder_layers) for out, inp in ((3 * d, d), (d, d), (ff, d), (d, ff))]
     per_step = [(3 * d, d), (d, d), (d, d), (d, d), (ff, d), (d, ff)]
-    shapes += [(out, inp, step_rows, config.n_decoder_layers * TARGET_TOKENS) for out, inp in per_step]
-    shapes.append((vocab, d, step_rows, TARGET_TOKENS))
+    group = [(2 * d, d, group_source_rows, config.n_decoder_layers), (vocab, d, step_rows, TARGET_TOKENS)]
+    group += [(out, inp, step_rows, config.n_decoder_layers * TARGET_TOKENS) for out, inp in per_step]
     generator = torch.Generator().manual_seed(0)
-    timed = []
-    for out, inp, rows, calls in shapes:
-        weight = torch.randn(out, inp, generator=generator) * inp ** -0.5
-        linear = extension().PackedLinear(weight, torch.zeros(out), rows, compute_type)
-        x = torch.randn(rows, inp, generator=generator)
-        timed.append((linear, x, calls))
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for linear, x, calls in timed:
-            for _ in range(calls):
-                linear(x)
-        best = min(best, time.perf_counter() - start)
-    return best
+
+    def prepared(shapes: list[tuple[int, int, int, int]]) -> list:
+        timed = []
+        for out, inp, rows, calls in shapes:
+            weight = torch.randn(out, inp, generator=generator) * inp ** -0.5
+            linear = extension().PackedLinear(weight, torch.zeros(out), rows, compute_type)
+            timed.append((linear, torch.randn(rows, inp, generator=generator), calls))
+        return timed
+
+    def best_time(timed: list, n_threads: int) -> float:
+        torch.set_num_threads(n_threads)
+        try:
+            best = float("inf")
+            for _ in range(repeats):
+                start = time.perf_counter()
+                for linear, x, calls in timed:
+                    for _ in range(calls):
+                        linear(x)
+                best = min(best, time.perf_counter() - start)
+            return best
+        finally:
+            torch.set_num_threads(threads)
+
+    return best_time(prepared(encoder), threads) + best_time(prepared(group), 1 if groups > 1 else threads)
 
 
 def cpu_description() -> str:
@@ -149,6 +168,44 @@ def cpu_description() -> str:
     return f"{name}, {os.cpu_count()} cores ({' '.join(features) or 'no AVX2'})"
 
 
+def run_worker(system: str, args: argparse.Namespace) -> None:
+    """Times `system` once at each batch size after a warm-up; prints {"n": [seconds, checksum]} as one JSON line."""
+    torch.manual_seed(args.seed)  # the same random weights in every process
+    config = shape_config(args.shape, args.vocab)
+    model = Transformer(config).eval()
+    translate = translator(system, model)
+    batches = {n: sources(config, n, args.seed) for n in args.sentences}
+    for src in batches.values():
+        translate(src)  # warm-up: conversion, allocations
+    timings = {}
+    for n, src in batches.items():
+        start = time.perf_counter()
+        outputs = translate(src)
+        seconds = time.perf_counter() - start
+        if sum(len(tokens) for tokens in outputs) != n * TARGET_TOKENS:
+            sys.exit(f"{system} decoded {sum(map(len, outputs))} tokens, expected {n * TARGET_TOKENS}")
+        timings[n] = [seconds, f"{zlib.crc32(str(outputs).encode()):08x}"]
+    print(json.dumps(timings))
+
+
+def time_in_rounds(args: argparse.Namespace) -> dict[tuple[str, int], tuple[list[float], str]]:
+    """(system, sentences) -> (seconds of each round, checksum), every system in a process of its own."""
+    times: dict[tuple[str, int], list[float]] = {}
+    checksums: dict[tuple[str, int], str] = {}
+    common = ["--shape", args.shape, "--vocab", str(args.vocab), "--seed", str(args.seed),
+              "--sentences", *map(str, args.sentences)]
+    for _ in range(args.rounds):
+        for system in args.systems:
+            done = subprocess.run([sys.executable, __file__, "--worker", system, *common], capture_output=True,
+                                  text=True)
+            if done.returncode != 0:
+                sys.exit(f"{system} failed:\n{done.stderr[-2000:]}")
+            for n, (seconds, checksum) in json.loads(done.stdout.splitlines()[-1]).items():
+                times.setdefault((system, int(n)), []).append(seconds)
+                checksums[system, int(n)] = checksum
+    return {key: (samples, checksums[key]) for key, samples in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=("a", "b"), default="b")
@@ -159,36 +216,24 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="JSON to write (default: print only)")
+    parser.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)  # one system's timings, for main
     args = parser.parse_args()
+    if args.worker:
+        run_worker(args.worker, args)
+        return
 
-    torch.manual_seed(args.seed)
-    config = shape_config(args.shape, args.vocab)
-    model = Transformer(config).eval()
-    batches = {n: sources(config, n, args.seed) for n in args.sentences}
-    systems = {}
-    for system in args.systems:
-        systems[system] = translator(system, model)
-        for src in batches.values():
-            systems[system](src)  # warm-up: conversion, allocations
-    times: dict[tuple[str, int], list[float]] = {(s, n): [] for s in systems for n in batches}
-    checksums: dict[tuple[str, int], int] = {}
-    for _ in range(args.rounds):
-        for system, translate in systems.items():
-            for n, src in batches.items():
-                start = time.perf_counter()
-                outputs = translate(src)
-                times[system, n].append(time.perf_counter() - start)
-                if sum(len(tokens) for tokens in outputs) != n * TARGET_TOKENS:
-                    sys.exit(f"{system} decoded {sum(map(len, outputs))} tokens, expected {n * TARGET_TOKENS}")
-                checksums[system, n] = zlib.crc32(str(outputs).encode())
     rows = []
-    for (system, n), samples in times.items():
+    model = None
+    for (system, n), (samples, checksum) in time_in_rounds(args).items():
         seconds = statistics.median(samples)
         row = {"system": system, "sentences": n, "seconds": round(seconds, 4),
                "tokens_per_s": round(n * TARGET_TOKENS / seconds, 1),
                "min_tokens_per_s": round(n * TARGET_TOKENS / max(samples), 1),
-               "max_tokens_per_s": round(n * TARGET_TOKENS / min(samples), 1), "checksum": f"{checksums[system, n]:08x}"}
+               "max_tokens_per_s": round(n * TARGET_TOKENS / min(samples), 1), "checksum": checksum}
         if system.startswith("fastformer"):
+            if model is None:
+                torch.manual_seed(args.seed)
+                model = Transformer(shape_config(args.shape, args.vocab)).eval()
             compute_type = system.split("-", 1)[1]
             floor = gemm_floor_seconds(model, compute_type, n)
             row.update(gemm_floor_seconds=round(floor, 4), share_of_gemm_floor=round(floor / seconds, 3),
