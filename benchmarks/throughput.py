@@ -65,6 +65,7 @@ import fastformer
 from baselines import TorchTransformer, cached_beam_search, marian_model, placeholder_vocabulary
 from fastformer import Transformer, TransformerConfig
 from fastformer.captured_step import WARMUP_RUNS as CAPTURE_WARMUP_RUNS
+from fastformer.compiled import COMPUTE_TYPES
 from fastformer.export import to_ctranslate2
 from fastformer.reference.beam_search import beam_search as reference_beam_search
 from fastformer.train import captured_training
@@ -114,6 +115,7 @@ class Settings:
     beam_size: int
     length_penalty: float
     infer_dtype: str
+    infer_compute_type: str | None  # fastformer's translate(compute_type=...); None: infer_dtype
     infer_repeats: int
     seed: int
     time_budget_s: float | None
@@ -329,10 +331,11 @@ def translator(system: str, model: Transformer, settings: Settings) -> Callable[
     """-> src batch -> best hypotheses, for one system, decoding exactly the source length (module doc)."""
     options = dict(beam_size=settings.beam_size, length_penalty=settings.length_penalty, max_len_a=1.0,
                    max_len_b=0, min_len=model.config.max_positions, n_best=1)
+    compute_type = settings.infer_compute_type
     if system == "fastformer":  # by name: "auto" stays every_step until buckets pass the GPU tests on a GPU
-        return lambda src: model.translate(src, shrink="buckets", **options)
+        return lambda src: model.translate(src, shrink="buckets", compute_type=compute_type, **options)
     if system == "fastformer-every-step":  # the host waits for every step
-        return lambda src: model.translate(src, shrink="every_step", **options)
+        return lambda src: model.translate(src, shrink="every_step", compute_type=compute_type, **options)
     if system == "cached-pytorch":
         return lambda src: cached_beam_search(model, src, **options)
     if system.startswith("ctranslate2"):
@@ -465,8 +468,9 @@ def inference_section(settings: Settings, device: torch.device, record: Recorder
                     row["same_tokens_as_fastformer"] = sum(a == b for a, b in zip(outputs, reference)) / len(outputs)
                 return {"status": "ok", **row}
 
+            compute_type = settings.infer_compute_type if system.startswith("fastformer") else None
             record("inference", {"preset": preset, "system": system, "dtype": settings.infer_dtype,
-                                 "runs": runs_on(system, "infer", device)}, measure)
+                                 "compute_type": compute_type, "runs": runs_on(system, "infer", device)}, measure)
     del model
     bu.free_memory(device)
 
@@ -601,9 +605,9 @@ def tables(results: dict) -> str:
         "",
         "Inference (beam search, forced output length = source length)",
         bu.format_table(infer_rows, [("preset", "preset"), ("system", "system"), ("runs", "runs"),
-                                     ("batch_size", "batch"), ("sentences", "sentences"),
-                                     ("tok_s", "tokens/s"), ("spread", "spread %"), ("sent_s", "sentences/s"),
-                                     ("latency", "latency ms"), ("vs_cached", "x cached"),
+                                     ("compute_type", "compute type"), ("batch_size", "batch"),
+                                     ("sentences", "sentences"), ("tok_s", "tokens/s"), ("spread", "spread %"),
+                                     ("sent_s", "sentences/s"), ("latency", "latency ms"), ("vs_cached", "x cached"),
                                      ("same", "same as fastformer"), ("tokens_match", "tokens ok"),
                                      ("status_note", "status")]),
         "",
@@ -705,6 +709,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, Path]:
     add("--length-penalty", type=float, default=0.6)
     add("--infer-dtype", choices=("float32", "float16", "bfloat16"),
         help="dtype of the translating model (default float16 on CUDA, float32 on CPU)")
+    add("--compute-type", choices=COMPUTE_TYPES,
+        help="fastformer's translate(compute_type=...): its linear layers in float32, bfloat16 or int8 on the CPU, "
+             "float16 or bfloat16 on CUDA, or auto (default: --infer-dtype). benchmarks/cpu_decoding.py sets every "
+             "CPU compute type of fastformer and CTranslate2 side by side")
     add("--infer-repeats", type=int, help="timed passes over the sentences")
     add("--seed", type=int, default=0)
     add("--time-budget-s", type=float, help="skip (and report as skipped) what would start after this many seconds")
@@ -738,7 +746,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, Path]:
         batching=args.batching, compile_backend=compile_backend, compile_mode=args.compile_mode,
         source_len=args.source_len,
         beam_size=args.beam, length_penalty=args.length_penalty,
-        infer_dtype=args.infer_dtype or ("float32" if cpu else "float16"), seed=args.seed,
+        infer_dtype=args.infer_dtype or ("float32" if cpu else "float16"), infer_compute_type=args.compute_type,
+        seed=args.seed,
         time_budget_s=args.time_budget_s, peak_tflops=args.peak_tflops, **sizing,
     )
     return settings, args.out_dir or bu.default_out_dir(torch.device(args.device))

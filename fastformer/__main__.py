@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from fastformer import checkpoint, evaluate, export, run_control
+from fastformer.compiled import COMPUTE_TYPES
 from fastformer.data import decode_sentences, find_split, read_parallel
 from fastformer.search_rules import LENGTH_PENALTY_FORMS
 from fastformer.run_data import prepare_run_corpus
@@ -142,14 +143,14 @@ def _report_truncation(command: str, source: str) -> OnTruncated:
 
 def _evaluate(checkpoint_path: Path, data_dir: Path | None, split: str, src_lang: str, tgt_lang: str,
               beam_size: int, length_penalty: float, device: str, output: Path | None, max_sentences: int = 0,
-              length_penalty_form: str = "gnmt") -> float:
+              length_penalty_form: str = "gnmt", compute_type: str | None = None) -> float:
     """Translates a split (its first max_sentences, if > 0), prints cased sacreBLEU (13a and intl) with signatures;
     -> the 13a score."""
     files = find_split(data_dir, split, src_lang, tgt_lang)
     pairs = read_parallel(files.src, files.tgt)
     if max_sentences > 0:
         pairs = pairs[:max_sentences]
-    translator = load_translator(checkpoint_path, device)
+    translator = load_translator(checkpoint_path, device, compute_type)
     start = time.perf_counter()
     hypotheses = translator.translate([pair[0] for pair in pairs], beam_size=beam_size, length_penalty=length_penalty,
                                        length_penalty_form=length_penalty_form,
@@ -159,7 +160,8 @@ def _evaluate(checkpoint_path: Path, data_dir: Path | None, split: str, src_lang
         output.write_text("".join(line + "\n" for line in hypotheses), encoding="utf-8")
     generated = sum(len(ids) + 1 for ids in translator.target_tokenizer.encode(hypotheses))
     print(f"translated {len(pairs)} sentences of {files.src} on {device} in {elapsed:.1f}s "
-          f"({len(pairs) / elapsed:.1f} sentences/s, {generated / elapsed:,.0f} generated tokens/s, beam {beam_size})")
+          f"({len(pairs) / elapsed:.1f} sentences/s, {generated / elapsed:,.0f} generated tokens/s, beam {beam_size}; "
+          f"compute type {translator.compute_type}, converted weights {translator.converted_nbytes / 2**20:.1f} MiB)")
     results = evaluate.bleu(hypotheses, [pair[1] for pair in pairs])
     for _, line in results:
         print(line)
@@ -189,7 +191,7 @@ def _run_translate(args: argparse.Namespace) -> None:
     device = _inference_device(args.device)
     # Read the input first: a decoding error must not wait for (or follow) loading the model.
     sentences, source = _read_sentences(args.input)
-    translator = load_translator(_newest_checkpoint(args), device)
+    translator = load_translator(_newest_checkpoint(args), device, args.compute_type)
     translations = translator.translate(sentences, beam_size=args.beam, length_penalty=args.length_penalty,
                                         batch_tokens=args.batch_tokens, length_penalty_form=args.length_penalty_form,
                                         on_truncated=_report_truncation("translate", source))
@@ -203,7 +205,8 @@ def _run_translate(args: argparse.Namespace) -> None:
 def _run_evaluate(args: argparse.Namespace) -> None:
     _evaluate(_newest_checkpoint(args), None if args.data_dir is None else Path(args.data_dir), args.split,
               args.src_lang, args.tgt_lang, args.beam, args.length_penalty, _inference_device(args.device),
-              None if args.output is None else Path(args.output), args.max_sentences, args.length_penalty_form)
+              None if args.output is None else Path(args.output), args.max_sentences, args.length_penalty_form,
+              args.compute_type)
 
 
 def _run_average(args: argparse.Namespace) -> None:
@@ -245,6 +248,9 @@ def _add_inference_options(parser: argparse.ArgumentParser) -> None:
                         "transformers, CTranslate2, Marian)")
     parser.add_argument("--batch-tokens", type=int, default=4096, help="source tokens per translation batch")
     parser.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda or cuda:N")
+    parser.add_argument("--compute-type", choices=COMPUTE_TYPES,
+                        help="the linear layers' type: on the CPU float32, bfloat16 or int8, on CUDA float16 or "
+                        "bfloat16 (float32 too), auto: the fastest this machine has (default: the checkpoint's dtype)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,7 +13,7 @@ from typing import Protocol
 
 import torch
 
-from fastformer import checkpoint, marian
+from fastformer import checkpoint, compiled, marian
 from fastformer.config import TransformerConfig
 from fastformer.data import Tokenizer, token_budget_batches
 from fastformer.model import Transformer
@@ -31,12 +31,19 @@ class TextTokenizer(Protocol):
 
 
 class Translator:
-    """A Transformer with the tokenizers of its source and target sides."""
+    """A Transformer with the tokenizers of its source and target sides, translating in one compute type.
 
-    def __init__(self, model: Transformer, source_tokenizer: TextTokenizer, target_tokenizer: TextTokenizer) -> None:
+    compute_type: as `Transformer.translate` takes it (None: the model's dtype); resolved here ("auto" becomes the
+    type it picks, a bad value is a ValueError) and the model's weights converted to it now, not on the first call."""
+
+    def __init__(self, model: Transformer, source_tokenizer: TextTokenizer, target_tokenizer: TextTokenizer,
+                 compute_type: str | None = None) -> None:
         self.model = model
         self.source_tokenizer = source_tokenizer
         self.target_tokenizer = target_tokenizer
+        weight = model.output_weight
+        self.compute_type = compiled.resolve_compute_type(compute_type, weight.device, weight.dtype)
+        self.converted_nbytes = compiled.compiled_model(model, self.compute_type).nbytes
 
     def translate(self, sentences: list[str], beam_size: int = 4, length_penalty: float = 0.6,
                   batch_tokens: int = 4096, max_len_a: float = 1.0, max_len_b: int = 50, min_len: int = 1,
@@ -64,7 +71,7 @@ class Translator:
                                                   padding_value=config.pad_id).to(self.model.output_weight.device)
             hypotheses = self.model.translate(src, beam_size=beam_size, length_penalty=length_penalty,
                                               max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len,
-                                              length_penalty_form=length_penalty_form)
+                                              length_penalty_form=length_penalty_form, compute_type=self.compute_type)
             for i, text in zip(indices, self.target_tokenizer.decode([best[0].tokens for best in hypotheses])):
                 translations[i] = text
         return translations
@@ -75,9 +82,10 @@ def _warn_long_sentence(index: int, n_tokens: int, limit: int) -> None:
                   f"its first {limit} were translated", stacklevel=3)
 
 
-def load_translator(path: str | Path, device: str | torch.device | None = None) -> Translator:
+def load_translator(path: str | Path, device: str | torch.device | None = None,
+                    compute_type: str | None = None) -> Translator:
     """A fastformer checkpoint file or a Marian directory (transformers layout) -> its Translator, the model in
-    eval mode on `device` (default: CUDA when available, else the CPU)."""
+    eval mode on `device` (default: CUDA when available, else the CPU), its weights converted to `compute_type`."""
     path = Path(path)
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -86,7 +94,7 @@ def load_translator(path: str | Path, device: str | torch.device | None = None) 
     else:
         model, tokenizer = load_checkpoint_model(path)
         source_tokenizer = target_tokenizer = tokenizer
-    return Translator(model.to(device), source_tokenizer, target_tokenizer)
+    return Translator(model.to(device), source_tokenizer, target_tokenizer, compute_type)
 
 
 def load_checkpoint_model(path: Path) -> tuple[Transformer, Tokenizer]:

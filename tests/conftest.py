@@ -2,6 +2,8 @@ import collections
 import functools
 import importlib
 import os
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +21,18 @@ KERNEL_ENTRY_POINTS = {"triton_kernels.attention": ("flash_attention",),
 
 
 pytest_plugins = ["pytester"]
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """fastformer_process.run_demo -> (its out-dir, the finished process). Minutes on a 2-core CPU: trained once for
+    the tests that need a model that translates well."""
+    from fastformer_process import run_demo
+
+    out_dir = tmp_path_factory.mktemp("demo") / "demo"
+    done = run_demo(out_dir)
+    assert done.returncode == 0, done.stderr
+    return out_dir, done
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -183,6 +183,16 @@ def test_throughput_smoke_run_on_cpu(tmp_path):
     assert [t["target"] for t in results["targets"]]
 
 
+def test_throughput_infers_in_the_compute_type_asked(tmp_path):
+    """--compute-type reaches fastformer's translate (its rows say so, and decode every forced token) and no other
+    system's."""
+    results = run_script("throughput.py", tmp_path, "--infer", "--preset", "tiny", "--sentences", "4",
+                         "--latency-sentences", "1", "--systems", "fastformer,cached-pytorch", "--compute-type", "int8")
+    rows = {row["system"]: row for row in results["inference"]}
+    assert rows["fastformer"]["compute_type"] == "int8" and rows["fastformer"]["tokens_match"]
+    assert rows["cached-pytorch"]["compute_type"] is None and rows["cached-pytorch"]["status"] == "ok"
+
+
 def test_kernels_smoke_run_on_cpu(tmp_path):
     results = run_script("kernels.py", tmp_path, "--quick")
     ops = {row["op"] for row in results["rows"]}

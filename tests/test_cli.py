@@ -12,7 +12,7 @@ import torch
 from fastformer import checkpoint, evaluate
 from fastformer.__main__ import build_parser
 from fastformer.data import BUNDLED_CORPUS, EOS_ID, read_lines
-from fastformer.translator import load_checkpoint_model
+from fastformer.translator import load_checkpoint_model, load_translator
 from fastformer_process import run
 
 SENTENCES = ["The dog sees a cat.", "My friend reads the new book today.", "Do you play in the garden?",
@@ -79,6 +79,35 @@ def test_evaluate_prints_sacrebleu_with_signatures(trained: Path, tmp_path: Path
         assert line.startswith(signature + " = ")
         assert float(line.split(" = ")[1].split()[0]) == pytest.approx(expected, abs=0.005)
     assert expected > 0, "150 steps on the bundled corpus already translate something right"
+
+
+def test_translate_and_evaluate_in_int8(trained: Path, tmp_path: Path):
+    """--compute-type int8 translates as load_translator(compute_type="int8") does, and evaluate says which type ran
+    and the size of its converted weights."""
+    done = run(["translate", "--device", "cpu", "--out-dir", str(trained), "--compute-type", "int8"],
+               stdin="".join(s + "\n" for s in SENTENCES))
+    assert done.returncode == 0, done.stderr
+    translator = load_translator(sorted(trained.glob("checkpoint_*.pt"))[-1], "cpu", compute_type="int8")
+    assert done.stdout.splitlines() == translator.translate(SENTENCES, beam_size=4, length_penalty=0.6)
+    data = tmp_path / "data"
+    data.mkdir()
+    for lang, lines in (("en", SENTENCES), ("de", SENTENCES)):
+        (data / f"newstest2014.{lang}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    done = run(["evaluate", "--device", "cpu", "--out-dir", str(trained), "--data-dir", str(data),
+                "--compute-type", "int8"])
+    assert done.returncode == 0, done.stderr
+    assert f"compute type int8, converted weights {translator.converted_nbytes / 2**20:.1f} MiB)" in done.stdout
+
+
+def test_a_compute_type_the_device_lacks_is_one_line(trained: Path):
+    done = run(["translate", "--device", "cpu", "--out-dir", str(trained), "--compute-type", "float16"],
+               stdin="Hello.\n")
+    assert done.returncode == 1
+    assert done.stderr == ("fastformer translate: error: compute_type 'float16' runs on CUDA only; on the CPU use one "
+                           "of float32, bfloat16, int8\n")
+    done = run(["translate", "--out-dir", str(trained), "--compute-type", "int4"], stdin="Hello.\n")
+    assert done.returncode == 2 and "--compute-type: invalid choice: 'int4'" in done.stderr
+    assert all(name in done.stderr for name in ("auto", "float32", "float16", "bfloat16", "int8"))
 
 
 def test_corrupt_or_foreign_checkpoint_is_a_clear_error(tmp_path: Path):

@@ -1,14 +1,17 @@
 """fastformer.load_translator / Translator: text in, text out, for Marian directories (against transformers'
 greedy search and MarianTokenizer) and fastformer checkpoints; the CLI scoring a Marian directory."""
 
+from pathlib import Path
+
 import pytest
 import sacrebleu
 import torch
 
 import fastformer
-from fastformer import checkpoint
+from fastformer import checkpoint, compiled
 from fastformer.__main__ import main
-from fastformer.data import BUNDLED_CORPUS, EOS_ID, read_lines, train_tokenizer
+from fastformer.data import BUNDLED_CORPUS, EOS_ID, Tokenizer, read_lines, train_tokenizer
+from fastformer_process import DEMO_TEST_SENTENCES
 from marian_models import CALIBRATION, GREEDY_MAX_TOKENS, built, greedy, one_thread  # noqa: F401 (fixtures)
 
 # The compiled decoder on each Marian difference: swish, the output bias, unscaled embeddings.
@@ -67,7 +70,9 @@ def test_translator_batches_keep_order_and_results(built):
         translator.translate(sentences, batch_tokens=0)
 
 
-def test_load_translator_reads_a_fastformer_checkpoint(tmp_path):
+@pytest.fixture
+def tiny_checkpoint(tmp_path) -> tuple[Path, fastformer.Transformer, Tokenizer]:
+    """A random tiny model with a small tokenizer, saved as `fastformer train` saves -> (path, model, tokenizer)."""
     sentences = read_lines(BUNDLED_CORPUS / "valid.en")[:200] + read_lines(BUNDLED_CORPUS / "valid.de")[:200]
     tokenizer = train_tokenizer(sentences, vocab_size=120)
     torch.manual_seed(0)
@@ -75,14 +80,54 @@ def test_load_translator_reads_a_fastformer_checkpoint(tmp_path):
     path = tmp_path / "checkpoint.pt"
     checkpoint.save_checkpoint(checkpoint.Checkpoint(model=model.state_dict(), config=model.config.to_dict(),
                                                      tokenizer=tokenizer.model_proto), path)
-    translator = fastformer.load_translator(path, device="cpu")
-    assert translator.source_tokenizer.model_proto == tokenizer.model_proto
-    sources = CALIBRATION[:5]
+    return path, model, tokenizer
+
+
+def _one_by_one(model: fastformer.Transformer, tokenizer: Tokenizer, sources: list[str], **options) -> list[str]:
+    """The oracle: each sentence alone through Transformer.translate, without Translator's batching and sorting."""
     expected = []
     for ids in tokenizer.encode(sources):
-        best = model.translate(torch.tensor([ids + [EOS_ID]]), beam_size=3)[0][0]
+        best = model.translate(torch.tensor([ids + [EOS_ID]]), **options)[0][0]
         expected.append(tokenizer.decode([best.tokens])[0])
-    assert translator.translate(sources, beam_size=3) == expected
+    return expected
+
+
+def test_load_translator_reads_a_fastformer_checkpoint(tiny_checkpoint):
+    path, model, tokenizer = tiny_checkpoint
+    translator = fastformer.load_translator(path, device="cpu")
+    assert translator.source_tokenizer.model_proto == tokenizer.model_proto
+    assert translator.compute_type == "float32"
+    sources = CALIBRATION[:5]
+    assert translator.translate(sources, beam_size=3) == _one_by_one(model, tokenizer, sources, beam_size=3)
+
+
+@pytest.mark.parametrize("compute_type", ["int8", "bfloat16"])
+@pytest.mark.filterwarnings("ignore:compute_type='bfloat16' on a CPU without")
+def test_translator_converts_once_at_load_and_translates_in_its_compute_type(tiny_checkpoint, compute_type):
+    path, model, tokenizer = tiny_checkpoint
+    translator = fastformer.load_translator(path, device="cpu", compute_type=compute_type)
+    assert translator.compute_type == compute_type
+    loaded = translator.model
+    converted = loaded._compiled_cache.get(loaded, compute_type)
+    assert converted is not None and converted.nbytes == translator.converted_nbytes
+    sources = CALIBRATION[:5]
+    found = translator.translate(sources, beam_size=3)
+    assert loaded._compiled_cache.get(loaded, compute_type) is converted  # not converted again
+    assert found == _one_by_one(model, tokenizer, sources, beam_size=3, compute_type=compute_type)
+    float32 = fastformer.load_translator(path, device="cpu").converted_nbytes
+    # int8: + each row's float32 bias, scale and zero point, a larger share of the tiny model's small layers
+    low, high = (0.25, 0.33) if compute_type == "int8" else (0.5, 0.55)
+    assert low * float32 <= translator.converted_nbytes < high * float32
+
+
+def test_translator_compute_type_auto_and_bad_values(tiny_checkpoint):
+    path, _, _ = tiny_checkpoint
+    expected = "int8" if compiled.has_int8_linear() else "float32"
+    assert fastformer.load_translator(path, device="cpu", compute_type="auto").compute_type == expected
+    with pytest.raises(ValueError, match="compute_type must be one of auto, float32, float16, bfloat16, int8"):
+        fastformer.load_translator(path, device="cpu", compute_type="int4")
+    with pytest.raises(ValueError, match="'float16' runs on CUDA only; on the CPU use one of float32, bfloat16, int8"):
+        fastformer.load_translator(path, device="cpu", compute_type="float16")
 
 
 def test_load_translator_names_a_missing_path(tmp_path):
@@ -106,3 +151,27 @@ def test_cli_evaluates_a_marian_directory_with_sacrebleu(built, tmp_path, capsys
     metric = sacrebleu.metrics.BLEU(tokenize="13a")
     line = metric.corpus_score(hypotheses, [references]).format(signature=str(metric.get_signature()))
     assert line in printed.splitlines()
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:compute_type='bfloat16' on a CPU without")
+def test_int8_and_bfloat16_translate_a_trained_model_as_float32_does(demo_run):
+    """On the demo's trained model, the whole bundled test split (beam 4): bfloat16 and int8 score within 0.5 BLEU of
+    float32, at least 90% of the lines identical; and float32 on its first DEMO_TEST_SENTENCES scores what the demo
+    printed."""
+    out_dir, done = demo_run
+    sources, references = read_lines(BUNDLED_CORPUS / "test.en"), read_lines(BUNDLED_CORPUS / "test.de")
+    path = checkpoint.newest_checkpoint(out_dir)
+    translations = {compute_type: fastformer.load_translator(path, "cpu", compute_type).translate(sources)
+                    for compute_type in ("float32", "int8", "bfloat16")}
+    bleu = {compute_type: sacrebleu.corpus_bleu(lines, [references]).score
+            for compute_type, lines in translations.items()}
+    for compute_type in ("int8", "bfloat16"):
+        identical = sum(a == b for a, b in zip(translations[compute_type], translations["float32"])) / len(sources)
+        assert abs(bleu[compute_type] - bleu["float32"]) <= 0.5, (compute_type, bleu)
+        assert identical >= 0.9, (compute_type, identical)
+    if " on cpu in " in done.stdout:  # a GPU machine's demo decodes on the GPU, in another order of operations
+        printed = next(line for line in done.stdout.splitlines() if "|tok:13a|" in line)
+        first = sacrebleu.corpus_bleu(translations["float32"][:DEMO_TEST_SENTENCES],
+                                      [references[:DEMO_TEST_SENTENCES]]).score
+        assert first == pytest.approx(float(printed.split(" = ")[1].split()[0]), abs=0.006)
