@@ -8,8 +8,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
+#include <mutex>
 #include <vector>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 namespace fastformer {
 namespace {
@@ -32,9 +39,17 @@ const GemmOps& gemm_ops() {
   return ops;
 }
 
-// The activations' int8 range: 7 bits (linear.h says why), stored as u8 around a zero point of 64.
-constexpr float kActivationMax = 63.0f;
-constexpr int64_t kActivationZeroPoint = 64;
+bool cpu_has_vnni() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512vnni") || __builtin_cpu_supports("avxvnni");
+#else
+  return false;
+#endif
+}
+
+// oneDNN's int8 GEMM takes the activations as u8 around this zero point: 64 or 128.
+int64_t activation_zero_point() { return static_cast<int64_t>(int8_activation_max()) + 1; }
 
 // Drops the warnings raised while it lives: torch's deprecation of the quantized tensors that FBGEMM's packing
 // takes is about torch's API, not something a user of fastformer can act on.
@@ -65,8 +80,8 @@ at::Tensor row_scales(const at::Tensor& x, WriteRow&& write) {
         absmax = std::max(absmax, magnitude);
       }
       const bool usable = finite && absmax > 0.0f;
-      scale[r] = !finite ? std::numeric_limits<float>::quiet_NaN() : (usable ? absmax / kActivationMax : 1.0f);
-      write(r, row, usable ? kActivationMax / absmax : 0.0f);
+      scale[r] = !finite ? std::numeric_limits<float>::quiet_NaN() : (usable ? absmax / int8_activation_max() : 1.0f);
+      write(r, row, usable ? int8_activation_max() / absmax : 0.0f);
     }
   });
   return scales;
@@ -80,11 +95,11 @@ std::pair<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x) {
   at::Tensor scales = row_scales(x, [&](int64_t r, const float* row, float inverse) {
     uint8_t* out = target + r * in;
     if (inverse == 0.0f) {
-      std::fill(out, out + in, static_cast<uint8_t>(kActivationZeroPoint));
+      std::fill(out, out + in, static_cast<uint8_t>(activation_zero_point()));
       return;
     }
     for (int64_t i = 0; i < in; ++i) {
-      out[i] = static_cast<uint8_t>(std::nearbyint(row[i] * inverse) + kActivationZeroPoint);
+      out[i] = static_cast<uint8_t>(std::nearbyint(row[i] * inverse) + activation_zero_point());
     }
   });
   return {quantized, scales};
@@ -98,7 +113,7 @@ std::pair<at::Tensor, at::Tensor> normalize_rows(const at::Tensor& x) {
   float* target = normalized.data_ptr<float>();
   at::Tensor scales = row_scales(x, [&](int64_t r, const float* row, float inverse) {
     if (inverse == 0.0f) return;  // zeros, as allocated
-    const float to_unit = inverse / kActivationMax;
+    const float to_unit = inverse / int8_activation_max();
     float* out = target + r * in;
     // Clamped: a row's maximum may round to 1 + 1 ulp, which would move the range, and so every row's rounding.
     for (int64_t i = 0; i < in; ++i) out[i] = std::clamp(row[i] * to_unit, -1.0f, 1.0f);
@@ -145,6 +160,11 @@ at::Tensor call(const c10::OperatorHandle& op, std::vector<c10::IValue> argument
 
 }  // namespace
 
+float int8_activation_max() {
+  static const float levels = cpu_has_vnni() ? 127.0f : 63.0f;
+  return levels;
+}
+
 ComputeType parse_compute_type(const std::string& name) {
   if (name == "float32") return ComputeType::kFloat32;
   if (name == "bfloat16") return ComputeType::kBFloat16;
@@ -159,6 +179,21 @@ Activation parse_activation(const std::string& name) {
   TORCH_CHECK(false, "the compiled model takes activation \"relu\", \"gelu\" or \"swish\", got \"", name, "\"");
 }
 
+void keep_freed_buffers() {
+#if defined(__GLIBC__)
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* tunables = std::getenv("GLIBC_TUNABLES");
+    if (std::getenv("MALLOC_TRIM_THRESHOLD_") || std::getenv("MALLOC_MMAP_THRESHOLD_") ||
+        (tunables && std::strstr(tunables, "glibc.malloc."))) {
+      return;  // the user's own allocator settings stand
+    }
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest: bigger blocks are always mapped
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  });
+#endif
+}
+
 PackedLinear::PackedLinear(const at::Tensor& weight, const std::optional<at::Tensor>& bias, int64_t rows,
                            ComputeType compute_type, bool fbgemm)
     : weight_(weight), bias_(bias), out_features_(weight.size(0)) {
@@ -166,6 +201,7 @@ PackedLinear::PackedLinear(const at::Tensor& weight, const std::optional<at::Ten
   TORCH_CHECK(!bias || (bias->dim() == 1 && bias->size(0) == out_features_), "a linear bias must be [",
               out_features_, "], got ", bias ? bias->sizes() : at::IntArrayRef{});
   if (!weight.is_cpu()) return;
+  keep_freed_buffers();
   const GemmOps& ops = gemm_ops();
   rows = std::max<int64_t>(rows, 1);
   if (compute_type == ComputeType::kInt8) {
@@ -241,16 +277,16 @@ at::Tensor PackedLinear::int8_linear(const at::Tensor& x) const {
     at::Tensor normalized;
     std::tie(normalized, scales) = normalize_rows(x.contiguous());
     // The normalized rows are in [-1, 1]: FBGEMM's 7-bit range (reduce_range) gives them 63 steps a side.
-    std::vector<c10::IValue> stack{normalized, fbgemm_weight_, true};
+    std::vector<c10::IValue> stack{normalized, fbgemm_weight_, false};
     gemm_ops().fbgemm_int8_linear->callBoxed(stack);
     y = stack[0].toTensor();
-    scales.mul_(kActivationMax);  // back from [-1, 1] to the row's own range
+    scales.mul_(int8_activation_max());  // back from [-1, 1] to the row's own range
   } else {
     at::Tensor quantized;
     std::tie(quantized, scales) = quantize_rows(x.contiguous());
     // x_scale 1 and no bias: oneDNN scales by the weights' rows only; the rows' scales and the bias follow.
     y = call(*gemm_ops().onednn_int8_linear,
-             {quantized, 1.0, kActivationZeroPoint, weight_, weight_scales_, weight_zero_points_, c10::IValue(), 1.0,
+             {quantized, 1.0, activation_zero_point(), weight_, weight_scales_, weight_zero_points_, c10::IValue(), 1.0,
               int64_t{0}, c10::IValue(at::kFloat), std::string("none"), c10::List<std::optional<at::Scalar>>(),
               std::string("")});
   }

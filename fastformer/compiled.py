@@ -195,8 +195,7 @@ def encoder_weights(model, dtype: torch.dtype = torch.float32):
             self_qkv_bias=_tensor(_in_proj_bias(attention), dtype),
             self_out_weight=_tensor(attention.out_proj.weight, dtype),
             self_out_bias=_tensor(_out_proj_bias(attention), dtype),
-            linear1_weight=_tensor(layer.ffn.linear1.weight, dtype), linear1_bias=_tensor(layer.ffn.linear1.bias, dtype),
-            linear2_weight=_tensor(layer.ffn.linear2.weight, dtype), linear2_bias=_tensor(layer.ffn.linear2.bias, dtype),
+            **_feed_forward(layer.ffn, dtype),
             norm1=_norm(layer.norm1, dtype), norm2=_norm(layer.norm2, dtype)))
     final_norm = model.encoder.norm
     return named_struct(_C.EncoderWeights(), layers=layers,
@@ -221,14 +220,19 @@ def decoder_weights(model, dtype: torch.dtype):
             cross_kv_bias=_tensor(cross_bias[d:], dtype),
             cross_out_weight=_tensor(cross_attn.out_proj.weight, dtype),
             cross_out_bias=_tensor(_out_proj_bias(cross_attn), dtype),
-            linear1_weight=_tensor(layer.ffn.linear1.weight, dtype), linear1_bias=_tensor(layer.ffn.linear1.bias, dtype),
-            linear2_weight=_tensor(layer.ffn.linear2.weight, dtype), linear2_bias=_tensor(layer.ffn.linear2.bias, dtype),
+            **_feed_forward(layer.ffn, dtype),
             norm1=_norm(layer.norm1, dtype), norm2=_norm(layer.norm2, dtype), norm3=_norm(layer.norm3, dtype)))
     final_norm = model.decoder.norm
     return named_struct(_C.DecoderWeights(), layers=layers, embedding=_tensor(model.embed_tokens.weight, dtype),
                   positions=_tensor(model.positions, dtype), output_weight=_tensor(model.output_weight, dtype),
                   output_bias=_tensor(model.output_bias, dtype) if model.output_bias is not None else None,
                   final_norm=_norm(final_norm, dtype) if final_norm is not None else None)
+
+
+def _feed_forward(ffn, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """A layer's feed-forward block as the extension's linear1_*/linear2_* fields."""
+    return {f"{name}_{part}": _tensor(getattr(getattr(ffn, name), part), dtype)
+            for name in ("linear1", "linear2") for part in ("weight", "bias")}
 
 
 def named_struct(native, **fields):

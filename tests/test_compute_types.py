@@ -67,9 +67,9 @@ def test_bfloat16_linear_is_as_close_as_torch_in_bfloat16():
 @pytest.mark.parametrize("fbgemm", [True, False], ids=["fbgemm", "onednn"])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_int8_linear_error_is_within_the_bound_of_its_scales(with_bias, fbgemm):
-    """Per row i and output j: x = x_q s_i + e (|e| <= s_i / 2, s_i = max|x_i| / 63) and w = w_q t_j + f
-    (|f| <= t_j / 2, t_j = max|w_j| / 127), so |x.w - s_i t_j x_q.w_q| <= s_i / 2 sum|w_j| + t_j / 2 sum(|x_i| +
-    s_i / 2)."""
+    """Per row i and output j: x = x_q s_i + e (|e| <= s_i / 2, s_i = max|x_i| / A, A = int8_activation_max(): 127
+    with VNNI, else 63) and w = w_q t_j + f (|f| <= t_j / 2, t_j = max|w_j| / 127), so
+    |x.w - s_i t_j x_q.w_q| <= s_i / 2 sum|w_j| + t_j / 2 sum(|x_i| + s_i / 2)."""
     x, weight, bias = linear_inputs()
     bias = bias if with_bias else None
     linear = extension().PackedLinear(weight, bias, 16, "int8", fbgemm=fbgemm)
@@ -77,7 +77,7 @@ def test_int8_linear_error_is_within_the_bound_of_its_scales(with_bias, fbgemm):
     got = linear(x).double()
     x64, w64 = x.double(), weight.double()
     expected = F.linear(x64, w64, bias.double() if with_bias else None)
-    s = x64.abs().amax(dim=1, keepdim=True) / 63
+    s = x64.abs().amax(dim=1, keepdim=True) / extension().int8_activation_max()
     t = w64.abs().amax(dim=1) / 127
     bound = s / 2 * w64.abs().sum(dim=1) + t / 2 * (x64.abs() + s / 2).sum(dim=1, keepdim=True)
     error = (got - expected).abs()
