@@ -9,7 +9,9 @@ fastformer, the decoding length fixed in CTranslate2), so every system does the 
 interleaved rounds (each round times every system once at every batch size, after a warm-up), so that a change in
 the machine's load hits them alike; a row reports the median over the rounds. Each system runs in a process of its
 own, as it would be deployed: CTranslate2 brings its own OpenMP runtime, and once it has run in a process, the
-short parallel regions of fastformer's one-sentence search there took 2-3x as long on the AVX2 test CPU.
+short parallel regions of fastformer's one-sentence search there took 2-3x as long on the AVX2 test CPU. A system
+that cannot run (CTranslate2 refuses bfloat16 on a CPU without its instructions) is a row with status "error" and
+the reason its process gave.
 
 Each fastformer row also gives its share of the GEMM floor: the time of the same GEMMs (the encoder's, the
 cross-attention keys/values', and 31 steps of the decoder's and the output projection's, at the rows the search
@@ -188,22 +190,26 @@ def run_worker(system: str, args: argparse.Namespace) -> None:
     print(json.dumps(timings))
 
 
-def time_in_rounds(args: argparse.Namespace) -> dict[tuple[str, int], tuple[list[float], str]]:
-    """(system, sentences) -> (seconds of each round, checksum), every system in a process of its own."""
+def time_in_rounds(args: argparse.Namespace) -> tuple[dict[tuple[str, int], tuple[list[float], str]], dict[str, str]]:
+    """-> ((system, sentences) -> (seconds of each round, checksum), system -> why it could not run), every system in
+    a process of its own. A system that fails (CTranslate2 refusing a compute type this CPU lacks) is not run again."""
     times: dict[tuple[str, int], list[float]] = {}
     checksums: dict[tuple[str, int], str] = {}
+    failed: dict[str, str] = {}
     common = ["--shape", args.shape, "--vocab", str(args.vocab), "--seed", str(args.seed),
               "--sentences", *map(str, args.sentences)]
     for _ in range(args.rounds):
-        for system in args.systems:
+        for system in [s for s in args.systems if s not in failed]:
             done = subprocess.run([sys.executable, __file__, "--worker", system, *common], capture_output=True,
                                   text=True)
             if done.returncode != 0:
-                sys.exit(f"{system} failed:\n{done.stderr[-2000:]}")
+                failed[system] = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+                print(f"{system} failed: {failed[system]}", flush=True)
+                continue
             for n, (seconds, checksum) in json.loads(done.stdout.splitlines()[-1]).items():
                 times.setdefault((system, int(n)), []).append(seconds)
                 checksums[system, int(n)] = checksum
-    return {key: (samples, checksums[key]) for key, samples in times.items()}
+    return {key: (samples, checksums[key]) for key, samples in times.items() if key[0] not in failed}, failed
 
 
 def main() -> None:
@@ -224,9 +230,10 @@ def main() -> None:
 
     rows = []
     model = None
-    for (system, n), (samples, checksum) in time_in_rounds(args).items():
+    timed, failed = time_in_rounds(args)
+    for (system, n), (samples, checksum) in timed.items():
         seconds = statistics.median(samples)
-        row = {"system": system, "sentences": n, "seconds": round(seconds, 4),
+        row = {"system": system, "status": "ok", "sentences": n, "seconds": round(seconds, 4),
                "tokens_per_s": round(n * TARGET_TOKENS / seconds, 1),
                "min_tokens_per_s": round(n * TARGET_TOKENS / max(samples), 1),
                "max_tokens_per_s": round(n * TARGET_TOKENS / min(samples), 1), "checksum": checksum}
@@ -240,6 +247,7 @@ def main() -> None:
                        converted_weights_mib=round(compiled_model(model, compute_type).nbytes / 2 ** 20, 1))
         rows.append(row)
         print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+    rows += [{"system": system, "status": "error", "error": why} for system, why in failed.items()]
     if args.out:
         payload = {"command": " ".join([f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')}", "python",
                                         *sys.argv]),
