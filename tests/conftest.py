@@ -3,6 +3,7 @@ import functools
 import importlib
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,15 @@ KERNEL_ENTRY_POINTS = {"triton_kernels.attention": ("flash_attention",),
 
 
 pytest_plugins = ["pytester"]
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """One intra-op thread for a module's tests (modules name it in `pytestmark`): their models are tiny."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

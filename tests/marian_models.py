@@ -147,15 +147,6 @@ def make_eos_reachable(model, tokenizer) -> None:
     raise AssertionError(f"no EOS scale gives varied greedy lengths for this seed: {lengths}")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """transformers' generate is ~50x slower with two threads on a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """name -> (directory, transformers model, transformers tokenizer), each built once."""

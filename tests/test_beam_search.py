@@ -14,13 +14,8 @@ from fastformer.reference.beam_search import Hypothesis, beam_search, length_pen
 VOCAB = 24
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The models are tiny: one intra-op thread is faster, and far faster on a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# The models are tiny: one intra-op thread is faster, and far faster on a busy 2-core machine.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_model(norm_first: bool = False, vocab: int = VOCAB, seed: int = 0, eos_scale: float = 1.0,

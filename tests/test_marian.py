@@ -14,7 +14,10 @@ import fastformer
 from fastformer import marian
 from fastformer.data import BUNDLED_CORPUS, read_lines
 from fastformer.reference.beam_search import beam_search
-from marian_models import CALIBRATION, GREEDY_MAX_TOKENS, built, greedy, one_thread  # noqa: F401 (fixtures)
+from marian_models import CALIBRATION, GREEDY_MAX_TOKENS, built, greedy  # noqa: F401 (fixtures)
+
+# transformers' generate is ~50x slower with two threads on a shared 2-core machine.
+pytestmark = pytest.mark.usefixtures("one_thread")
 from tolerances import FP32
 
 # Each Marian difference from fastformer's defaults, alone or together.

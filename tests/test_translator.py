@@ -12,7 +12,10 @@ from fastformer import checkpoint, compiled
 from fastformer.__main__ import main
 from fastformer.data import BUNDLED_CORPUS, EOS_ID, Tokenizer, read_lines, train_tokenizer
 from fastformer_process import DEMO_TEST_SENTENCES
-from marian_models import CALIBRATION, GREEDY_MAX_TOKENS, built, greedy, one_thread  # noqa: F401 (fixtures)
+from marian_models import CALIBRATION, GREEDY_MAX_TOKENS, built, greedy  # noqa: F401 (fixtures)
+
+# transformers' generate is ~50x slower with two threads on a shared 2-core machine.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 # The compiled decoder on each Marian difference: swish, the output bias, unscaled embeddings.
 COMPILED_CONFIGS = ["relu-scaled-nobias", "swish-scaled-bias", "relu-unscaled-nobias"]
