@@ -171,5 +171,8 @@ FASTFORMER_HOST_DEVICE inline void write_next_beam(const BeamStepArgs& args, int
 void self_attention_step_cpu(const SelfAttentionArgs& args);
 void cross_attention_cpu(const CrossAttentionArgs& args);
 void beam_step_cpu(const BeamStepArgs& args);
+// absmax[r] <- max |x[r, :]| over the width floats of each of n_rows rows, or NaN where a row holds NaN or inf
+// (the int8 linear layers' row scales, linear.cpp). x: [n_rows, width]
+void row_absmax_cpu(const float* x, int64_t n_rows, int64_t width, float* absmax);
 
 }  // namespace fastformer

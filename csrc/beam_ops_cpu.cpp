@@ -284,4 +284,25 @@ FASTFORMER_CPU_CLONES void beam_step_cpu(const BeamStepArgs& a) {
   }
 }
 
+FASTFORMER_CPU_CLONES void row_absmax_cpu(const float* x, int64_t n_rows, int64_t width, float* absmax) {
+  const Ints magnitude_bits = Ints{} + 0x7fffffff;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const float* row = x + r * width;
+    // x * 0 is NaN exactly where x is NaN or inf: one sum of those flags a row that is not finite.
+    Floats top{}, poison{};
+    int64_t i = 0;
+    for (; i + kLanes <= width; i += kLanes) {
+      const Floats v = load(row + i);
+      top = maximum(top, __builtin_bit_cast(Floats, __builtin_bit_cast(Ints, v) & magnitude_bits));
+      poison += v * 0.0f;
+    }
+    float best = max_lanes(top), tail_poison = sum_lanes(poison);
+    for (; i < width; ++i) {
+      best = std::max(best, std::abs(row[i]));
+      tail_poison += row[i] * 0.0f;
+    }
+    absmax[r] = tail_poison == 0.0f ? best : std::numeric_limits<float>::quiet_NaN();
+  }
+}
+
 }  // namespace fastformer

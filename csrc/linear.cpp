@@ -2,6 +2,8 @@
 // build has them, and at::linear everywhere else.
 #include "linear.h"
 
+#include "beam_ops.h"
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -70,18 +72,13 @@ at::Tensor row_scales(const at::Tensor& x, WriteRow&& write) {
   const float* source = x.data_ptr<float>();
   float* scale = scales.data_ptr<float>();
   at::parallel_for(0, rows, rows_per_task(in), [&](int64_t first_row, int64_t end_row) {
+    row_absmax_cpu(source + first_row * in, end_row - first_row, in, scale + first_row);
     for (int64_t r = first_row; r < end_row; ++r) {
-      const float* row = source + r * in;
-      float absmax = 0.0f;
-      bool finite = true;
-      for (int64_t i = 0; i < in; ++i) {
-        const float magnitude = std::abs(row[i]);
-        finite &= magnitude <= std::numeric_limits<float>::max();
-        absmax = std::max(absmax, magnitude);
-      }
+      const float absmax = scale[r];
+      const bool finite = !std::isnan(absmax);
       const bool usable = finite && absmax > 0.0f;
-      scale[r] = !finite ? std::numeric_limits<float>::quiet_NaN() : (usable ? absmax / int8_activation_max() : 1.0f);
-      write(r, row, usable ? int8_activation_max() / absmax : 0.0f);
+      scale[r] = !finite ? absmax : (usable ? absmax / int8_activation_max() : 1.0f);
+      write(r, source + r * in, usable ? int8_activation_max() / absmax : 0.0f);
     }
   });
   return scales;

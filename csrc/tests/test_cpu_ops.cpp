@@ -257,9 +257,40 @@ void test_beam_step(int beam, int vocab, int step, int min_len, int max_len,
   }
 }
 
+// row_absmax_cpu against a scalar loop: widths around the vector width (the tail loop), negative maxima, and rows
+// holding NaN or inf (anywhere: in a vector or in the tail) or only zeros.
+void test_row_absmax() {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (int width : {1, 7, 8, 9, 16, 37}) {
+    const int rows = 6;
+    std::vector<float> x = random_floats(static_cast<size_t>(rows) * width);
+    x[0 * width + width - 1] = -50.0f;      // row 0: its maximum is negative, and in the tail when width % 8 != 0
+    x[1 * width + width / 2] = nan;         // row 1: NaN
+    x[2 * width + width - 1] = -inf;        // row 2: -inf, last
+    std::fill(x.begin() + 3 * width, x.begin() + 4 * width, 0.0f);  // row 3: zeros
+    std::vector<float> absmax(rows, -1.0f);
+    fastformer::row_absmax_cpu(x.data(), rows, width, absmax.data());
+    for (int r = 0; r < rows; ++r) {
+      float expected = 0.0f;
+      bool finite = true;
+      for (int i = 0; i < width; ++i) {
+        finite &= std::isfinite(x[r * width + i]);
+        expected = std::max(expected, std::abs(x[r * width + i]));
+      }
+      if (finite) {
+        EXPECT(absmax[r] == expected);
+      } else {
+        EXPECT(std::isnan(absmax[r]));
+      }
+    }
+    EXPECT(absmax[0] == 50.0f && std::isnan(absmax[1]) && std::isnan(absmax[2]) && absmax[3] == 0.0f);
+  }
+}
+
 }  // namespace
 
 int main() {
+  test_row_absmax();
   test_self_attention_step();
   test_cross_attention();
   for (int beam : {1, 2, 4, 5}) {
