@@ -131,6 +131,20 @@ def test_auto_is_int8_where_torch_has_onednn_int8_and_float32_with_a_warning_els
         assert resolve_compute_type("auto", CPU, torch.float32) == "float32"
 
 
+def test_cuda_compute_types_resolve_without_a_gpu(monkeypatch):
+    """Only the choice of type on CUDA, which needs no GPU: the CUDA searches in them have not run on a GPU yet."""
+    cuda = torch.device("cuda")
+    assert resolve_compute_type(None, cuda, torch.float16) == "float16"
+    assert resolve_compute_type("bfloat16", cuda, torch.float32) == "bfloat16"
+    for bf16_supported, expected in ((True, "bfloat16"), (False, "float16")):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: bf16_supported)
+        assert resolve_compute_type("auto", cuda, torch.float32) == expected
+    with pytest.raises(ValueError, match="'int8' runs on the CPU only; on CUDA use one of float32, float16, bfloat16"):
+        resolve_compute_type("int8", cuda, torch.float32)
+    with pytest.raises(ValueError, match="'float32' on CUDA needs a float32 model, this one is torch.float16"):
+        resolve_compute_type("float32", cuda, torch.float16)
+
+
 @pytest.mark.parametrize("norm_first,options", [(False, dict(activation="relu")), (True, dict(activation="gelu")),
                                                 (False, dict(activation="swish", scale_embedding=False))])
 def test_compiled_encoder_matches_model_encode(norm_first, options):
