@@ -71,14 +71,15 @@ at::Tensor row_scales(const at::Tensor& x, WriteRow&& write) {
   at::Tensor scales = at::empty({rows}, x.options());
   const float* source = x.data_ptr<float>();
   float* scale = scales.data_ptr<float>();
+  const float levels = int8_activation_max();
   at::parallel_for(0, rows, rows_per_task(in), [&](int64_t first_row, int64_t end_row) {
     row_absmax_cpu(source + first_row * in, end_row - first_row, in, scale + first_row);
     for (int64_t r = first_row; r < end_row; ++r) {
       const float absmax = scale[r];
       const bool finite = !std::isnan(absmax);
       const bool usable = finite && absmax > 0.0f;
-      scale[r] = !finite ? absmax : (usable ? absmax / int8_activation_max() : 1.0f);
-      write(r, source + r * in, usable ? int8_activation_max() / absmax : 0.0f);
+      scale[r] = !finite ? absmax : (usable ? absmax / levels : 1.0f);
+      write(r, source + r * in, usable ? levels / absmax : 0.0f);
     }
   });
   return scales;
@@ -89,14 +90,15 @@ std::pair<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x) {
   const int64_t in = x.size(1);
   at::Tensor quantized = at::empty(x.sizes(), x.options().dtype(at::kByte));
   uint8_t* target = quantized.data_ptr<uint8_t>();
+  const int64_t zero_point = activation_zero_point();
   at::Tensor scales = row_scales(x, [&](int64_t r, const float* row, float inverse) {
     uint8_t* out = target + r * in;
     if (inverse == 0.0f) {
-      std::fill(out, out + in, static_cast<uint8_t>(activation_zero_point()));
+      std::fill(out, out + in, static_cast<uint8_t>(zero_point));
       return;
     }
     for (int64_t i = 0; i < in; ++i) {
-      out[i] = static_cast<uint8_t>(std::nearbyint(row[i] * inverse) + activation_zero_point());
+      out[i] = static_cast<uint8_t>(std::nearbyint(row[i] * inverse) + zero_point);
     }
   });
   return {quantized, scales};
@@ -108,9 +110,10 @@ std::pair<at::Tensor, at::Tensor> normalize_rows(const at::Tensor& x) {
   const int64_t rows = x.size(0), in = x.size(1);
   at::Tensor normalized = at::zeros({rows + 2, in}, x.options());
   float* target = normalized.data_ptr<float>();
+  const float levels = int8_activation_max();
   at::Tensor scales = row_scales(x, [&](int64_t r, const float* row, float inverse) {
     if (inverse == 0.0f) return;  // zeros, as allocated
-    const float to_unit = inverse / int8_activation_max();
+    const float to_unit = inverse / levels;
     float* out = target + r * in;
     // Clamped: a row's maximum may round to 1 + 1 ulp, which would move the range, and so every row's rounding.
     for (int64_t i = 0; i < in; ++i) out[i] = std::clamp(row[i] * to_unit, -1.0f, 1.0f);
@@ -273,8 +276,10 @@ at::Tensor PackedLinear::int8_linear(const at::Tensor& x) const {
   if (route_ == Route::kFbgemmInt8) {
     at::Tensor normalized;
     std::tie(normalized, scales) = normalize_rows(x.contiguous());
-    // The normalized rows are in [-1, 1]: FBGEMM's 7-bit range (reduce_range) gives them 63 steps a side.
-    std::vector<c10::IValue> stack{normalized, fbgemm_weight_, false};
+    // The normalized rows are in [-1, 1]: FBGEMM's full 8-bit range gives them 127.5 steps a side, its 7-bit range
+    // (reduce_range, for CPUs without VNNI: int8_activation_max) 63.5.
+    const bool reduce_range = int8_activation_max() < 127.0f;
+    std::vector<c10::IValue> stack{normalized, fbgemm_weight_, reduce_range};
     gemm_ops().fbgemm_int8_linear->callBoxed(stack);
     y = stack[0].toTensor();
     scales.mul_(int8_activation_max());  // back from [-1, 1] to the row's own range
