@@ -43,7 +43,13 @@ class Translator:
         self.target_tokenizer = target_tokenizer
         weight = model.output_weight
         self.compute_type = compiled.resolve_compute_type(compute_type, weight.device, weight.dtype)
-        self.converted_nbytes = compiled.compiled_model(model, self.compute_type).nbytes
+        compiled.compiled_model(model, self.compute_type)
+
+    @property
+    def converted_nbytes(self) -> int:
+        """The bytes of the model's linear layers as converted to the compute type (converted again if the model
+        changed since)."""
+        return compiled.compiled_model(self.model, self.compute_type).nbytes
 
     def translate(self, sentences: list[str], beam_size: int = 4, length_penalty: float = 0.6,
                   batch_tokens: int = 4096, max_len_a: float = 1.0, max_len_b: int = 50, min_len: int = 1,
