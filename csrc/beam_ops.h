@@ -174,5 +174,9 @@ void beam_step_cpu(const BeamStepArgs& args);
 // absmax[r] <- max |x[r, :]| over the width floats of each of n_rows rows, or NaN where a row holds NaN or inf
 // (the int8 linear layers' row scales, linear.cpp). x: [n_rows, width]
 void row_absmax_cpu(const float* x, int64_t n_rows, int64_t width, float* absmax);
+// out[i] <- clamp(x[i] * factor, -1, 1) over width floats (the rows FBGEMM's int8 GEMM takes, linear.cpp).
+void clamped_scale_cpu(const float* x, int64_t width, float factor, float* out);
+// y[i] <- y[i] * scale + bias[i] over width floats, in place; bias may be null (an int8 GEMM's output row, linear.cpp).
+void scale_and_add_cpu(float* y, int64_t width, float scale, const float* bias);
 
 }  // namespace fastformer

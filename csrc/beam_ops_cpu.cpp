@@ -61,11 +61,13 @@ FASTFORMER_INLINE float max_lanes(Floats v) {
 // Lane-wise max that keeps `a` where b is NaN, as std::max(a, b) does.
 FASTFORMER_INLINE Floats maximum(Floats a, Floats b) { return a < b ? b : a; }
 
+// Folded in halves (three vector ORs, then one lane read) rather than read lane by lane.
 FASTFORMER_INLINE bool any_lane(Ints mask) {
-  for (int lane = 0; lane < kLanes; ++lane) {
-    if (mask[lane]) return true;
-  }
-  return false;
+  static_assert(kLanes == 8, "the shuffles below are written for 8 lanes");
+  mask |= __builtin_shufflevector(mask, mask, 4, 5, 6, 7, 0, 1, 2, 3);
+  mask |= __builtin_shufflevector(mask, mask, 2, 3, 0, 1, 6, 7, 4, 5);
+  mask |= __builtin_shufflevector(mask, mask, 1, 0, 3, 2, 5, 4, 7, 6);
+  return mask[0] != 0;
 }
 
 // e^x for x <= 0 (to ~2 ulp; x < -87 gives ~1e-38 rather than 0): 2^n * e^r with n = round(x / ln 2) and
@@ -134,20 +136,93 @@ float* scratch(size_t size) {
   return buffer.data();
 }
 
+// Lane i of the result: the sum of v[i]'s lanes (a transpose and three rounds of pairwise sums).
+FASTFORMER_INLINE Floats lane_sums(const Floats (&v)[kLanes]) {
+  static_assert(kLanes == 8, "the shuffles below are written for 8 lanes");
+  Floats pairs[4], quads[2];
+  for (int i = 0; i < 4; ++i) {
+    pairs[i] = __builtin_shufflevector(v[2 * i], v[2 * i + 1], 0, 8, 2, 10, 4, 12, 6, 14) +
+               __builtin_shufflevector(v[2 * i], v[2 * i + 1], 1, 9, 3, 11, 5, 13, 7, 15);
+  }
+  for (int i = 0; i < 2; ++i) {
+    quads[i] = __builtin_shufflevector(pairs[2 * i], pairs[2 * i + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
+               __builtin_shufflevector(pairs[2 * i], pairs[2 * i + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+  }
+  return __builtin_shufflevector(quads[0], quads[1], 0, 1, 2, 3, 8, 9, 10, 11) +
+         __builtin_shufflevector(quads[0], quads[1], 4, 5, 6, 7, 12, 13, 14, 15);
+}
+
+// Lane i: q . key_at(first + i) over head_dim floats (a multiple of kLanes), for the n <= kLanes positions from
+// `first` (the lanes past n repeat the last). Eight keys at once, so that the products' sums run side by side and
+// their lanes are added up once per eight keys rather than once per key.
+template <typename KeyAt>
+FASTFORMER_INLINE Floats dots_of_block(const float* q, int head_dim, int first, int n, KeyAt key_at) {
+  const float* keys[kLanes];
+  for (int i = 0; i < kLanes; ++i) keys[i] = key_at(first + std::min(i, n - 1));
+  Floats partial[kLanes] = {};
+  for (int d = 0; d < head_dim; d += kLanes) {
+    const Floats q_part = load(q + d);
+    for (int i = 0; i < kLanes; ++i) partial[i] += q_part * load(keys[i] + d);
+  }
+  return lane_sums(partial);
+}
+
+// out[offset : offset + kVectors * kLanes] = scale * sum over p < length of weights[p] * value_at(p)[same range],
+// summed in registers.
+template <int kVectors, typename ValueAt>
+FASTFORMER_INLINE void weighted_values(const float* weights, int length, float scale, ValueAt value_at, int offset,
+                                       float* out) {
+  Floats sum[kVectors] = {};
+  for (int p = 0; p < length; ++p) {
+    const float* value = value_at(p) + offset;
+    for (int i = 0; i < kVectors; ++i) sum[i] += weights[p] * load(value + i * kLanes);
+  }
+  for (int i = 0; i < kVectors; ++i) {
+    const Floats scaled = sum[i] * scale;
+    std::memcpy(out + offset + i * kLanes, &scaled, sizeof scaled);
+  }
+}
+
 // out[0:head_dim] = softmax(q . k_p / sqrt(head_dim)) @ v over positions p < length; key_at(p)/value_at(p) point
-// at position p's [head_dim] vectors; weights: [length] scratch.
+// at position p's [head_dim] vectors; weights: [length] scratch. A head_dim that is a multiple of kLanes (every
+// model's in practice) runs on whole vectors; any other runs one position at a time.
 template <typename KeyAt, typename ValueAt>
 FASTFORMER_INLINE void attend_one(const float* q, int head_dim, int length, KeyAt key_at, ValueAt value_at,
                                   float* weights, float* out) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  const bool whole_vectors = head_dim % kLanes == 0;
   float max_score = -std::numeric_limits<float>::infinity();
-  for (int p = 0; p < length; ++p) {
-    weights[p] = dot(q, key_at(p), head_dim) * scale;
-    max_score = std::max(max_score, weights[p]);
+  if (whole_vectors) {
+    for (int first = 0; first < length; first += kLanes) {
+      const int n = std::min(kLanes, length - first);
+      const Floats scores = dots_of_block(q, head_dim, first, n, key_at) * scale;
+      for (int i = 0; i < n; ++i) {
+        weights[first + i] = scores[i];
+        max_score = std::max(max_score, scores[i]);
+      }
+    }
+  } else {
+    for (int p = 0; p < length; ++p) {
+      weights[p] = dot(q, key_at(p), head_dim) * scale;
+      max_score = std::max(max_score, weights[p]);
+    }
   }
-  const float total = sum_exp<true>(weights, length, max_score);
-  std::fill(out, out + head_dim, 0.0f);
-  for (int p = 0; p < length; ++p) add_scaled(out, weights[p] / total, value_at(p), head_dim);
+  const float inverse_total = 1.0f / sum_exp<true>(weights, length, max_score);
+  if (!whole_vectors) {
+    std::fill(out, out + head_dim, 0.0f);
+    for (int p = 0; p < length; ++p) add_scaled(out, weights[p] * inverse_total, value_at(p), head_dim);
+    return;
+  }
+  // The sums in blocks of 8 vectors (half of AVX2's 16 registers), then 4, then 1.
+  int offset = 0;
+  for (; offset + 8 * kLanes <= head_dim; offset += 8 * kLanes) {
+    weighted_values<8>(weights, length, inverse_total, value_at, offset, out);
+  }
+  if (offset + 4 * kLanes <= head_dim) {
+    weighted_values<4>(weights, length, inverse_total, value_at, offset, out);
+    offset += 4 * kLanes;
+  }
+  for (; offset < head_dim; offset += kLanes) weighted_values<1>(weights, length, inverse_total, value_at, offset, out);
 }
 
 // Keeps the best `capacity` candidates offered, ranked (ranks_before) best first.
@@ -187,20 +262,31 @@ FASTFORMER_INLINE float max_of(const float* x, int n) {
   return max_lanes(top);
 }
 
-// Offers beam j's tokens of `row` to `candidates`: score = running + ((logit - top) - log_total). The scores of
-// kLanes tokens are computed at once and looked at one by one only when one of them beats the worst kept.
+// Offers beam j's tokens of `row` to `candidates`: score = running + ((logit - top) - log_total). The scores rise
+// with the logits, so a block of 8 vectors whose lane-wise best logits beat none of the worst kept is passed over
+// after one look at its lanes (reading a vector's lanes costs as much as the arithmetic of 8); the vectors of the
+// other blocks are computed at once and their lanes looked at one by one only when one beats the worst kept.
 FASTFORMER_INLINE void offer_row(const BeamStepArgs& a, int step, const float* row, int j, float running,
                                  float top, float log_total, int max_len, TopCandidates& candidates) {
-  for (int first = 0; first < a.vocab; first += kLanes) {
-    const int n = std::min(kLanes, a.vocab - first);
-    const float bar = candidates.bar();
-    const Floats logits = n == kLanes ? load(row + first) : load_first(row + first, n, top);
-    const Floats scores = running + ((logits - top) - log_total);
-    if (!any_lane(scores > bar)) continue;
-    for (int lane = 0; lane < n; ++lane) {
-      const int t = first + lane;
-      if (scores[lane] > -std::numeric_limits<float>::infinity() && token_allowed(a, step, t, max_len)) {
-        candidates.offer({scores[lane], j * a.vocab + t});
+  constexpr int kBlock = 8 * kLanes;
+  for (int block = 0; block < a.vocab; block += kBlock) {
+    const int block_end = std::min(block + kBlock, a.vocab);
+    if (block_end - block == kBlock) {
+      Floats best = load(row + block);
+      for (int v = 1; v < 8; ++v) best = maximum(best, load(row + block + v * kLanes));
+      if (!any_lane(running + ((best - top) - log_total) > candidates.bar())) continue;
+    }
+    for (int first = block; first < block_end; first += kLanes) {
+      const int n = std::min(kLanes, a.vocab - first);
+      const float bar = candidates.bar();
+      const Floats logits = n == kLanes ? load(row + first) : load_first(row + first, n, top);
+      const Floats scores = running + ((logits - top) - log_total);
+      if (!any_lane(scores > bar)) continue;
+      for (int lane = 0; lane < n; ++lane) {
+        const int t = first + lane;
+        if (scores[lane] > -std::numeric_limits<float>::infinity() && token_allowed(a, step, t, max_len)) {
+          candidates.offer({scores[lane], j * a.vocab + t});
+        }
       }
     }
   }
@@ -303,6 +389,26 @@ FASTFORMER_CPU_CLONES void row_absmax_cpu(const float* x, int64_t n_rows, int64_
     }
     absmax[r] = tail_poison == 0.0f ? best : std::numeric_limits<float>::quiet_NaN();
   }
+}
+
+FASTFORMER_CPU_CLONES void clamped_scale_cpu(const float* x, int64_t width, float factor, float* out) {
+  int64_t i = 0;
+  for (; i + kLanes <= width; i += kLanes) {
+    const Floats v = load(x + i) * factor;
+    const Floats clamped = v < -1.0f ? splat(-1.0f) : (v > 1.0f ? splat(1.0f) : v);
+    std::memcpy(out + i, &clamped, sizeof clamped);
+  }
+  for (; i < width; ++i) out[i] = std::clamp(x[i] * factor, -1.0f, 1.0f);
+}
+
+FASTFORMER_CPU_CLONES void scale_and_add_cpu(float* y, int64_t width, float scale, const float* bias) {
+  int64_t i = 0;
+  for (; i + kLanes <= width; i += kLanes) {
+    Floats v = load(y + i) * scale;
+    if (bias) v += load(bias + i);
+    std::memcpy(y + i, &v, sizeof v);
+  }
+  for (; i < width; ++i) y[i] = bias ? y[i] * scale + bias[i] : y[i] * scale;
 }
 
 }  // namespace fastformer

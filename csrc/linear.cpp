@@ -41,15 +41,6 @@ const GemmOps& gemm_ops() {
   return ops;
 }
 
-bool cpu_has_vnni() {
-#if defined(__x86_64__) && defined(__GNUC__)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512vnni") || __builtin_cpu_supports("avxvnni");
-#else
-  return false;
-#endif
-}
-
 // oneDNN's int8 GEMM takes the activations as u8 around this zero point: 64 or 128.
 int64_t activation_zero_point() { return static_cast<int64_t>(int8_activation_max()) + 1; }
 
@@ -108,16 +99,19 @@ std::pair<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x) {
 // [-1, 1], then the rows [+1, 0, ...] and [-1, 0, ...], which make FBGEMM's per-tensor range [-1, 1] at every call.
 std::pair<at::Tensor, at::Tensor> normalize_rows(const at::Tensor& x) {
   const int64_t rows = x.size(0), in = x.size(1);
-  at::Tensor normalized = at::zeros({rows + 2, in}, x.options());
+  at::Tensor normalized = at::empty({rows + 2, in}, x.options());
   float* target = normalized.data_ptr<float>();
   const float levels = int8_activation_max();
   at::Tensor scales = row_scales(x, [&](int64_t r, const float* row, float inverse) {
-    if (inverse == 0.0f) return;  // zeros, as allocated
-    const float to_unit = inverse / levels;
     float* out = target + r * in;
+    if (inverse == 0.0f) {
+      std::fill(out, out + in, 0.0f);
+      return;
+    }
     // Clamped: a row's maximum may round to 1 + 1 ulp, which would move the range, and so every row's rounding.
-    for (int64_t i = 0; i < in; ++i) out[i] = std::clamp(row[i] * to_unit, -1.0f, 1.0f);
+    clamped_scale_cpu(row, in, inverse / levels, out);
   });
+  std::fill(target + rows * in, target + (rows + 2) * in, 0.0f);
   target[rows * in] = 1.0f;
   target[(rows + 1) * in] = -1.0f;
   return {normalized, scales};
@@ -130,15 +124,7 @@ void scale_rows(at::Tensor& y, int64_t rows, const at::Tensor& scales, const std
   const float* row_scale = scales.data_ptr<float>();
   const float* bias = bias_tensor ? bias_tensor->data_ptr<float>() : nullptr;
   at::parallel_for(0, rows, rows_per_task(out), [&](int64_t first_row, int64_t end_row) {
-    for (int64_t r = first_row; r < end_row; ++r) {
-      float* row = values + r * out;
-      const float scale = row_scale[r];
-      if (bias) {
-        for (int64_t j = 0; j < out; ++j) row[j] = row[j] * scale + bias[j];
-      } else {
-        for (int64_t j = 0; j < out; ++j) row[j] *= scale;
-      }
-    }
+    for (int64_t r = first_row; r < end_row; ++r) scale_and_add_cpu(values + r * out, out, row_scale[r], bias);
   });
 }
 
@@ -159,6 +145,15 @@ at::Tensor call(const c10::OperatorHandle& op, std::vector<c10::IValue> argument
 }
 
 }  // namespace
+
+bool cpu_has_vnni() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512vnni") || __builtin_cpu_supports("avxvnni");
+#else
+  return false;
+#endif
+}
 
 float int8_activation_max() {
   static const float levels = cpu_has_vnni() ? 127.0f : 63.0f;

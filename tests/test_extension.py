@@ -14,15 +14,17 @@ _C = pytest.importorskip("fastformer._C", reason="fastformer._C is not built")
 HEADS, HEAD_DIM = 2, 32
 
 
-def self_attention_problem(device: str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0):
-    """A random cache of 3 sentences x beam 2, a random cache indirection, and 4 rows at step 4 (a subset of slots)."""
+def self_attention_problem(device: str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0,
+                           head_dim: int = HEAD_DIM, step: int = 4):
+    """A random cache of 3 sentences x beam 2, a random cache indirection, and 4 rows at `step` (a subset of
+    slots)."""
     generator = torch.Generator().manual_seed(seed)
-    n_slots, beam, cache_len, step = 6, 2, 7, 4
-    k_cache = torch.randn(n_slots, HEADS, cache_len, HEAD_DIM, generator=generator)
-    v_cache = torch.randn(n_slots, HEADS, cache_len, HEAD_DIM, generator=generator)
+    n_slots, beam, cache_len = 6, 2, step + 3
+    k_cache = torch.randn(n_slots, HEADS, cache_len, head_dim, generator=generator)
+    v_cache = torch.randn(n_slots, HEADS, cache_len, head_dim, generator=generator)
     indirection = torch.randint(0, beam, (n_slots, cache_len), generator=generator, dtype=torch.int32)
     row_slots = torch.tensor([5, 0, 3, 2], dtype=torch.int32)
-    qkv = torch.randn(len(row_slots), 3 * HEADS * HEAD_DIM, generator=generator)
+    qkv = torch.randn(len(row_slots), 3 * HEADS * head_dim, generator=generator)
     tensors = [t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device)
                for t in (qkv, k_cache, v_cache, indirection, row_slots)]
     return (*tensors, beam, step)
@@ -32,27 +34,30 @@ def self_attention_expected(qkv, k_cache, v_cache, indirection, row_slots, beam,
                             attend=attention) -> torch.Tensor:
     """`attend` (the reference attention) over each row's keys, gathered through the indirection (own slot at
     `step`)."""
-    d = HEADS * HEAD_DIM
+    heads, head_dim = k_cache.shape[1], k_cache.shape[3]
+    d = heads * head_dim
     outputs = []
     for row, slot in enumerate(row_slots.tolist()):
         sources = [slot - slot % beam + b for b in indirection[slot, :step].tolist()]
         keys = torch.stack([k_cache[source, :, p] for p, source in enumerate(sources)]
-                           + [qkv[row, d:2 * d].view(HEADS, HEAD_DIM)])
+                           + [qkv[row, d:2 * d].view(heads, head_dim)])
         values = torch.stack([v_cache[source, :, p] for p, source in enumerate(sources)]
-                             + [qkv[row, 2 * d:].view(HEADS, HEAD_DIM)])
-        q = qkv[row, :d].view(1, 1, HEADS, HEAD_DIM)
+                             + [qkv[row, 2 * d:].view(heads, head_dim)])
+        q = qkv[row, :d].view(1, 1, heads, head_dim)
         outputs.append(attend(q, keys[None], values[None]).reshape(d))
     return torch.stack(outputs)
 
 
-def cross_attention_problem(device: str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0):
+def cross_attention_problem(device: str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0,
+                            head_dim: int = HEAD_DIM, src_len: int = 5):
+    """3 sentences x beam 2 of keys/values of src_len positions, the first sentence at full length."""
     generator = torch.Generator().manual_seed(seed)
-    n_sentences, beam, src_len = 3, 2, 5
-    k = torch.randn(n_sentences, HEADS, src_len, HEAD_DIM, generator=generator)
-    v = torch.randn(n_sentences, HEADS, src_len, HEAD_DIM, generator=generator)
-    src_lengths = torch.tensor([5, 1, 3], dtype=torch.int32)
+    n_sentences, beam = 3, 2
+    k = torch.randn(n_sentences, HEADS, src_len, head_dim, generator=generator)
+    v = torch.randn(n_sentences, HEADS, src_len, head_dim, generator=generator)
+    src_lengths = torch.tensor([src_len, 1, (src_len + 1) // 2], dtype=torch.int32)
     row_slots = torch.tensor([4, 5, 0, 3], dtype=torch.int32)
-    q = torch.randn(len(row_slots), HEADS * HEAD_DIM, generator=generator)
+    q = torch.randn(len(row_slots), HEADS * head_dim, generator=generator)
     tensors = [t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device)
                for t in (q, k, v, src_lengths, row_slots)]
     return (*tensors, beam)
@@ -61,7 +66,7 @@ def cross_attention_problem(device: str = "cpu", dtype: torch.dtype = torch.floa
 def cross_attention_expected(q, k, v, src_lengths, row_slots, beam, attend=attention) -> torch.Tensor:
     """`attend` (the reference attention) of each row over its sentence's keys."""
     sentences = row_slots.long() // beam
-    out = attend(q.view(-1, 1, HEADS, HEAD_DIM), k[sentences].transpose(1, 2), v[sentences].transpose(1, 2),
+    out = attend(q.view(-1, 1, k.shape[1], k.shape[3]), k[sentences].transpose(1, 2), v[sentences].transpose(1, 2),
                     k_lengths=src_lengths[sentences])
     return out.reshape(q.shape)
 
@@ -81,6 +86,18 @@ def test_cross_attention_op_matches_the_reference():
     problem = cross_attention_problem()
     out = torch.ops.fastformer.cross_attention(*problem)
     torch.testing.assert_close(out, cross_attention_expected(*problem), **FP32)
+
+
+# head_dim 12 is no multiple of the CPU loops' 8 lanes, 40 and 96 take their 4- and 8-vector blocks of values; 19
+# keys are two blocks of 8 and a tail of 3.
+@pytest.mark.parametrize("head_dim", [12, 40, 96])
+def test_attention_ops_at_every_head_size_and_length(head_dim):
+    self_problem = self_attention_problem(head_dim=head_dim, step=18)
+    expected = self_attention_expected(*self_problem)
+    torch.testing.assert_close(torch.ops.fastformer.self_attention_step(*self_problem), expected, **FP32)
+    cross_problem = cross_attention_problem(head_dim=head_dim, src_len=19)
+    torch.testing.assert_close(torch.ops.fastformer.cross_attention(*cross_problem),
+                               cross_attention_expected(*cross_problem), **FP32)
 
 
 def test_ops_pass_torch_library_checks():

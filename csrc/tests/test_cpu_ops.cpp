@@ -287,10 +287,27 @@ void test_row_absmax() {
   }
 }
 
+// clamped_scale_cpu and scale_and_add_cpu against scalar loops, at widths around the vector width.
+void test_row_scaling() {
+  for (int width : {1, 7, 8, 9, 16, 37}) {
+    const std::vector<float> x = random_floats(width), bias = random_floats(width);
+    std::vector<float> clamped(width, 5.0f);
+    fastformer::clamped_scale_cpu(x.data(), width, 3.0f, clamped.data());
+    for (int i = 0; i < width; ++i) EXPECT(clamped[i] == std::clamp(x[i] * 3.0f, -1.0f, 1.0f));
+    for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
+      std::vector<float> y = x;
+      fastformer::scale_and_add_cpu(y.data(), width, 0.75f, b);
+      // A fused multiply-add may round once where the loop rounds twice.
+      for (int i = 0; i < width; ++i) EXPECT(std::abs(y[i] - (x[i] * 0.75f + (b ? b[i] : 0.0f))) <= 1e-6f);
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
   test_row_absmax();
+  test_row_scaling();
   test_self_attention_step();
   test_cross_attention();
   for (int beam : {1, 2, 4, 5}) {
@@ -298,6 +315,7 @@ int main() {
     test_beam_step(beam, 9, 3, 5, 10);   // EOS barred (min_len)
     test_beam_step(beam, 9, 3, 1, 3);    // EOS forced (max_len)
     test_beam_step(beam, 40, 0, 0, 10);  // a larger vocabulary, the first step
+    test_beam_step(beam, 200, 3, 1, 10);  // three blocks of 64 tokens that the search may pass over, and a tail
     test_beam_step(beam, 9, 3, 1, 10, fastformer::LengthPenaltyForm::kLength);
     test_beam_step(beam, 9, 3, 1, 3, fastformer::LengthPenaltyForm::kLength);
   }
