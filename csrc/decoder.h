@@ -212,7 +212,10 @@ class CachedDecoder {
   int64_t n_layers_, d_model_, beam_size_, cache_len_, n_slots_;
   at::Tensor src_lengths_;          // [n_sentences] int32
   at::Tensor cross_keys_values_;    // [layers, 2, n_sentences, heads, src_len, head_dim]
-  at::Tensor k_cache_, v_cache_;    // [layers, n_slots, heads, cache_len, head_dim]
+  // A layer's [n_slots, heads, cache_len, head_dim] each. One tensor a layer: glibc maps blocks over 32 MB afresh
+  // at every search (the base model's at 128 slots are 50 MB), pages the kernel faults in and zeroes one by one;
+  // a layer's (8 MB) come back from the heap that the search before freed them to.
+  std::vector<at::Tensor> k_cache_, v_cache_;
 };
 
 // (tokens without BOS/EOS, score) of a sentence's hypotheses, best first.

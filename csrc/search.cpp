@@ -57,6 +57,21 @@ void decode_step(CachedDecoder& decoder, BeamState& state, const Rows& rows, con
   beam_step(logits, rows.active, max_lens, state, options);
 }
 
+// Step 0 of the search: only beam 0 of each sentence holds a hypothesis (BeamState), so only its rows are decoded
+// (a beam_size-th of the step's work); beam_step skips the other rows for their -inf sums, and reads zeros there.
+void decode_first_step(CachedDecoder& decoder, BeamState& state, const Rows& rows, const at::Tensor& max_lens,
+                       const SearchOptions& options) {
+  const int64_t k = options.beam_size;
+  if (k == 1) return decode_step(decoder, state, rows, max_lens, options);
+  const at::Tensor first_beams = rows.row_slots.view({-1, k}).select(1, 0).contiguous();
+  const at::Tensor first_logits = decoder.step(state.tokens.index_select(0, first_beams.to(at::kLong)), first_beams,
+                                               state.indirection_in(), state.step);
+  const int64_t vocab = first_logits.size(1);
+  at::Tensor logits = at::zeros({rows.row_slots.numel(), vocab}, first_logits.options());
+  logits.view({-1, k, vocab}).select(1, 0).copy_(first_logits);
+  beam_step(logits, rows.active, max_lens, state, options);
+}
+
 std::vector<int32_t> every_sentence(int64_t n_sentences) {
   std::vector<int32_t> sentences(n_sentences);
   std::iota(sentences.begin(), sentences.end(), 0);
@@ -79,7 +94,7 @@ void search_every_step(CachedDecoder& decoder, BeamState& state, const at::Tenso
   std::vector<int32_t> searching = every_sentence(state.finished_count.numel());
   Rows rows(searching, options.beam_size, device);
   for (int64_t step = 0; step < decoder.cache_len() && !searching.empty(); ++step) {
-    decode_step(decoder, state, rows, max_lens, options);
+    (step == 0 ? decode_first_step : decode_step)(decoder, state, rows, max_lens, options);
     state.swap_indirection();
     state.step.add_(1);
     const at::Tensor flags = state.done.cpu();
@@ -214,8 +229,9 @@ void search_in_buckets(CachedDecoder& decoder, BeamState& state, const at::Tenso
   LaggedDoneFlags done(n_sentences, device);
   for (int64_t step = 0; step < decoder.cache_len(); ++step) {
     const Rows& rows = *buckets.back();
+    // Step 0 is the first bucket's first run, which runs eagerly on CUDA too: no graph holds decode_first_step.
     steps.run(static_cast<int64_t>(sentences.size()), [&] {
-      decode_step(decoder, state, rows, max_lens, options);
+      (step == 0 ? decode_first_step : decode_step)(decoder, state, rows, max_lens, options);
       state.copy_indirection_back();
       state.step.add_(1);
     });
