@@ -121,18 +121,24 @@ def gemm_floor_seconds(model: Transformer, compute_type: str, n_sentences: int, 
     group_sentences = -(-n_sentences // groups)
     source_rows, group_source_rows = n_sentences * (SOURCE_TOKENS + 1), group_sentences * (SOURCE_TOKENS + 1)
     step_rows = group_sentences * BEAM_SIZE
-    # (out, in, rows, calls) of every GEMM of one search: the encoder's, then one group's.
+    # (out, in, rows, calls) of every GEMM of one search: the encoder's, then one group's, whose first step decodes
+    # beam 0 of each sentence only.
     encoder = [(out, inp, source_rows, config.n_encoder_layers) for out, inp in ((3 * d, d), (d, d), (ff, d), (d, ff))]
-    per_step = [(3 * d, d), (d, d), (d, d), (d, d), (ff, d), (d, ff)]
-    group = [(2 * d, d, group_source_rows, config.n_decoder_layers), (vocab, d, step_rows, TARGET_TOKENS)]
-    group += [(out, inp, step_rows, config.n_decoder_layers * TARGET_TOKENS) for out, inp in per_step]
+    per_step = [(vocab, d, 1), (3 * d, d, config.n_decoder_layers), (d, d, 3 * config.n_decoder_layers),
+                (ff, d, config.n_decoder_layers), (d, ff, config.n_decoder_layers)]
+    group = [(2 * d, d, group_source_rows, config.n_decoder_layers)]
+    for out, inp, per_step_calls in per_step:
+        group += [(out, inp, group_sentences, per_step_calls),
+                  (out, inp, step_rows, per_step_calls * (TARGET_TOKENS - 1))]
     generator = torch.Generator().manual_seed(0)
 
     def prepared(shapes: list[tuple[int, int, int, int]]) -> list:
         timed = []
         for out, inp, rows, calls in shapes:
             weight = torch.randn(out, inp, generator=generator) * inp ** -0.5
-            linear = extension().PackedLinear(weight, torch.zeros(out), rows, compute_type)
+            # The search's int8 output projection takes oneDNN's GEMM where the CPU has VNNI (csrc/decoder.cpp).
+            fbgemm = not (out == vocab and extension().cpu_has_vnni())
+            linear = extension().PackedLinear(weight, torch.zeros(out), rows, compute_type, fbgemm)
             timed.append((linear, torch.randn(rows, inp, generator=generator), calls))
         return timed
 
