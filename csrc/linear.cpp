@@ -180,11 +180,12 @@ void keep_freed_buffers() {
   std::call_once(once, [] {
     const char* tunables = std::getenv("GLIBC_TUNABLES");
     if (std::getenv("MALLOC_TRIM_THRESHOLD_") || std::getenv("MALLOC_MMAP_THRESHOLD_") ||
-        (tunables && std::strstr(tunables, "glibc.malloc."))) {
+        std::getenv("MALLOC_TOP_PAD_") || (tunables && std::strstr(tunables, "glibc.malloc."))) {
       return;  // the user's own allocator settings stand
     }
     mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest: bigger blocks are always mapped
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    mallopt(M_TOP_PAD, 64 << 20);  // a thread arena's heap size: an emptied heap is kept, not unmapped
   });
 #endif
 }
