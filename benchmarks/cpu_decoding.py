@@ -136,8 +136,7 @@ def gemm_floor_seconds(model: Transformer, compute_type: str, n_sentences: int, 
         timed = []
         for out, inp, rows, calls in shapes:
             weight = torch.randn(out, inp, generator=generator) * inp ** -0.5
-            # The search's int8 output projection takes oneDNN's GEMM where the CPU has VNNI (csrc/decoder.cpp).
-            fbgemm = not (out == vocab and extension().cpu_has_vnni())
+            fbgemm = out != vocab or extension().output_projection_takes_fbgemm()  # as the search's decoder
             linear = extension().PackedLinear(weight, torch.zeros(out), rows, compute_type, fbgemm)
             timed.append((linear, torch.randn(rows, inp, generator=generator), calls))
         return timed

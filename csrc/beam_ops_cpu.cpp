@@ -39,6 +39,8 @@ FASTFORMER_INLINE Floats load(const float* x) {
   return v;
 }
 
+FASTFORMER_INLINE void store(float* x, Floats v) { std::memcpy(x, &v, sizeof v); }
+
 // The first n < kLanes floats of x, the other lanes `fill`.
 FASTFORMER_INLINE Floats load_first(const float* x, int n, float fill) {
   Floats v = splat(fill);
@@ -103,7 +105,7 @@ FASTFORMER_INLINE void add_scaled(float* out, float w, const float* x, int n) {
   int d = 0;
   for (; d + kLanes <= n; d += kLanes) {
     const Floats sum = load(out + d) + w * load(x + d);
-    std::memcpy(out + d, &sum, sizeof sum);
+    store(out + d, sum);
   }
   for (; d < n; ++d) out[d] += w * x[d];
 }
@@ -115,7 +117,7 @@ FASTFORMER_INLINE float sum_exp(std::conditional_t<kInPlace, float*, const float
   int t = 0;
   for (; t + kLanes <= n; t += kLanes) {
     const Floats e = exp_nonpositive(load(x + t) - top);
-    if constexpr (kInPlace) std::memcpy(x + t, &e, sizeof e);
+    if constexpr (kInPlace) store(x + t, e);
     total += e;
   }
   float sum = sum_lanes(total);
@@ -177,10 +179,7 @@ FASTFORMER_INLINE void weighted_values(const float* weights, int length, float s
     const float* value = value_at(p) + offset;
     for (int i = 0; i < kVectors; ++i) sum[i] += weights[p] * load(value + i * kLanes);
   }
-  for (int i = 0; i < kVectors; ++i) {
-    const Floats scaled = sum[i] * scale;
-    std::memcpy(out + offset + i * kLanes, &scaled, sizeof scaled);
-  }
+  for (int i = 0; i < kVectors; ++i) store(out + offset + i * kLanes, sum[i] * scale);
 }
 
 // out[0:head_dim] = softmax(q . k_p / sqrt(head_dim)) @ v over positions p < length; key_at(p)/value_at(p) point
@@ -395,8 +394,7 @@ FASTFORMER_CPU_CLONES void clamped_scale_cpu(const float* x, int64_t width, floa
   int64_t i = 0;
   for (; i + kLanes <= width; i += kLanes) {
     const Floats v = load(x + i) * factor;
-    const Floats clamped = v < -1.0f ? splat(-1.0f) : (v > 1.0f ? splat(1.0f) : v);
-    std::memcpy(out + i, &clamped, sizeof clamped);
+    store(out + i, v < -1.0f ? splat(-1.0f) : (v > 1.0f ? splat(1.0f) : v));
   }
   for (; i < width; ++i) out[i] = std::clamp(x[i] * factor, -1.0f, 1.0f);
 }
@@ -406,7 +404,7 @@ FASTFORMER_CPU_CLONES void scale_and_add_cpu(float* y, int64_t width, float scal
   for (; i + kLanes <= width; i += kLanes) {
     Floats v = load(y + i) * scale;
     if (bias) v += load(bias + i);
-    std::memcpy(y + i, &v, sizeof v);
+    store(y + i, v);
   }
   for (; i < width; ++i) y[i] = bias ? y[i] * scale + bias[i] : y[i] * scale;
 }

@@ -84,7 +84,8 @@ void bind_structs(pybind11::module_& m) {
 void bind_compiled(pybind11::module_& m) {
   namespace py = pybind11;
   auto compute_type = [](const std::string& name) { return parse_compute_type(name); };
-  m.def("cpu_has_vnni", &cpu_has_vnni, "whether the CPU has VNNI (AVX512-VNNI or AVX-VNNI), linear.h");
+  m.def("output_projection_takes_fbgemm", &output_projection_takes_fbgemm,
+        "whether the decoder's int8 output projection may take FBGEMM's GEMM (decoder.h)");
   m.def("int8_activation_max", &int8_activation_max,
         "the int8 activations' steps a side: 127 on CPUs with VNNI, else 63 (linear.h)");
   py::class_<PackedLinear>(m, "PackedLinear", "y = x W^T + b with W converted once for a compute type (linear.h)")

@@ -297,12 +297,13 @@ void check_decoder_weights(const DecoderWeights& weights, const DecoderOptions& 
   }
 }
 
-// An int8 output projection takes oneDNN's GEMM where the CPU has VNNI. At 37k x 512 on the AVX-512 test CPU,
-// single-threaded, oneDNN's is 1.2x FBGEMM's at 64 and 128 rows and 1.9x at 256 (the whole 64-sentence search
-// 1.08-1.3x faster in three paired runs); FBGEMM's is 1.25x faster at 4 rows (one sentence), and on the AVX2 test
-// CPU it was 1.2x faster at 128 rows too.
+// At 37k x 512 on the AVX-512 test CPU, single-threaded, oneDNN's int8 GEMM is 1.2x FBGEMM's at 64 and 128 rows and
+// 1.9x at 256 (the whole 64-sentence search 1.08-1.3x faster in three paired runs); FBGEMM's is 1.25x faster at 4
+// rows (one sentence), and on the AVX2 test CPU it was 1.2x faster at 128 rows too.
+bool output_projection_takes_fbgemm() { return !cpu_has_vnni(); }
+
 DecoderLinears::DecoderLinears(const DecoderWeights& weights, int64_t rows, ComputeType compute_type)
-    : output(weights.output_weight, weights.output_bias, rows, compute_type, /*fbgemm=*/!cpu_has_vnni()),
+    : output(weights.output_weight, weights.output_bias, rows, compute_type, output_projection_takes_fbgemm()),
       compute_type(compute_type) {
   for (const DecoderLayerWeights& w : weights.layers) {
     // cross_kv runs once per search over every source position: a few times a step's rows.

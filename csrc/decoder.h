@@ -95,6 +95,10 @@ struct DecoderLayerLinears {
   PackedLinear self_qkv, self_out, cross_q, cross_kv, cross_out, linear1, linear2;
 };
 
+// Whether an int8 output projection (a vocabulary wide) may take FBGEMM's GEMM (PackedLinear's fbgemm): not where the
+// CPU has VNNI, where oneDNN's is faster at that width (decoder.cpp has the timings). The layers always may.
+bool output_projection_takes_fbgemm();
+
 // Every linear layer of a decoder in one compute type, converted once and shared by searches and their groups of
 // sentences (fastformer/decoding.py keeps it with the model until a parameter changes); rows: the rows a step
 // usually has.
