@@ -117,6 +117,25 @@ def test_a_signal_to_one_torchrun_rank_stops_every_rank_after_the_same_update(da
     _assert_resumed_equals_straight(resumed, reference)
 
 
+@pytest.mark.parametrize("raised, status, stderr", [
+    ("pass", 0, ""),
+    ("raise SystemExit(run_control.EXIT_STOPPED)", run_control.EXIT_STOPPED, ""),
+    ("raise SystemExit('fastformer train: error: out of space')", 1, "fastformer train: error: out of space\n"),
+    ("raise RuntimeError('unexpected')", 1, "RuntimeError: unexpected\n"),
+])
+def test_a_torchrun_worker_exits_with_pythons_status_and_without_finalizing(raised: str, status: int, stderr: str):
+    """_exit_torchrun_worker, called as main() calls it: the status and stderr Python itself would give (a traceback
+    for an unexpected error), stdout flushed, and nothing after it: no atexit handler runs, as the interpreter is not
+    finalized, so no gloo worker thread can meet a finalizing one."""
+    code = "\n".join(["import atexit, sys", "from fastformer import run_control",
+                      "from fastformer.__main__ import _exit_torchrun_worker",
+                      "atexit.register(print, 'finalized')", "print('trained', end='')",
+                      "try:", f"    {raised}", "finally:", "    _exit_torchrun_worker(sys.exc_info()[1])"])
+    done = run(["-c", code], module=False)
+    assert (done.returncode, done.stdout) == (status, "trained")
+    assert done.stderr.endswith(stderr) and ("Traceback" in done.stderr) == ("RuntimeError" in raised), done.stderr
+
+
 def test_the_first_signal_is_recorded_and_a_second_one_kills(tmp_path: Path):
     """In a child process: the first SIGTERM sets `received` and the process lives on; the second ends it at once."""
     code = ("import os, signal, sys, time\n"
