@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from fastformer.__main__ import _exit_torchrun_worker
 from fastformer.train import Trainer, TrainOptions
 
 
@@ -21,6 +22,8 @@ def main() -> None:
     torch.save({"parameters": parameters, "checkpoint": str(result.checkpoint)},
                Path(options.out_dir) / f"rank{trainer.env.rank}.pt")
     dist.destroy_process_group()
+    # As the CLI's workers end: after DDP, a normal exit can abort in gloo's threads (__main__.py says why).
+    _exit_torchrun_worker(None)
 
 
 if __name__ == "__main__":
