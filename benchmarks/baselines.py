@@ -272,7 +272,8 @@ def cached_beam_search(model: Transformer, src_tokens: torch.Tensor, beam_size: 
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# The engines people deploy: CTranslate2 (through fastformer.export) and Hugging Face's MarianMTModel.generate
+# The engines people deploy: CTranslate2 (through fastformer.translation.export) and Hugging Face's
+# MarianMTModel.generate
 
 
 def placeholder_vocabulary(config: TransformerConfig) -> list[str]:

@@ -44,8 +44,8 @@ import torch
 import bench_utils as bu
 from baselines import placeholder_vocabulary
 from fastformer import Transformer, TransformerConfig
-from fastformer.compiled import compiled_model, extension
-from fastformer.export import to_ctranslate2
+from fastformer.decoding.compiled import compiled_model, extension
+from fastformer.translation.export import to_ctranslate2
 
 SOURCE_TOKENS, TARGET_TOKENS, BEAM_SIZE, LENGTH_PENALTY = 20, 31, 4, 0.6
 SYSTEMS = ("fastformer-float32", "fastformer-int8", "fastformer-bfloat16", "ctranslate2-float32", "ctranslate2-int8",

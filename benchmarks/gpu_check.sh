@@ -7,7 +7,8 @@
 # 2. installs fastformer (compiling the CUDA extension for this GPU's architecture only) with the python3 in PATH;
 # 3. runs every `gpu`-marked test, then the GPU-relevant test files in full, each with a junit XML and a log;
 # 4. runs benchmarks/kernels.py and benchmarks/throughput.py, their JSON, PNG and log into OUT_DIR;
-# 5. prints the README's "GPU status" rows that the steps run can fill (benchmarks/gpu_status.py), into gpu_status.md.
+# 5. prints the GPU status rows (docs/gpu.md) that the steps run can fill (benchmarks/gpu_status.py), into
+#    gpu_status.md.
 # Each step is time-limited so that the whole run ends within TOTAL_S seconds (default 540, under a 10-minute
 # limit; --quick: 420 and the benchmarks' quick modes). A failing step does not stop the later ones; the exit status
 # is non-zero if any failed. OUT_DIR/summary.txt lists each step's status and duration.
@@ -162,7 +163,7 @@ echo
 echo "=== summary ($(( $(date +%s) - START )) s, commit $COMMIT)"
 cat "$OUT_DIR/summary.txt"
 echo
-echo "=== README \"GPU status\" rows this run can fill (also in gpu_status.md)"
+echo "=== docs/gpu.md \"GPU status\" rows this run can fill (also in gpu_status.md)"
 python3 "$REPO/benchmarks/gpu_status.py" "$OUT_DIR" "$COMMIT" | tee "$OUT_DIR/gpu_status.md"
 if (( ${#FAILED[@]} )); then
     echo "FAILED: ${FAILED[*]}"

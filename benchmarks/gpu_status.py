@@ -1,16 +1,17 @@
-"""The README's "GPU status" rows that a GPU check run can fill: for each GPU path, how its tests did in the junit XML
-files (and the memcheck step in summary.txt) that `benchmarks/gpu_check.sh OUT_DIR` left there.
+"""The GPU status rows (docs/gpu.md) that a GPU check run can fill: for each GPU path, how its tests did in the junit
+XML files (and the memcheck step in summary.txt) that `benchmarks/gpu_check.sh OUT_DIR` left there.
 
     python3 benchmarks/gpu_status.py OUT_DIR COMMIT
 
 prints one Markdown row per path: the path, the tests that cover it, this run's count of passed / failed / skipped
-tests (or "not run"), and COMMIT where every test of the path ran and passed (else the README's last pass stays).
+tests (or "not run"), and COMMIT where every test of the path ran and passed (else the last pass in docs/gpu.md stays).
 A path passes only if at least one of its tests ran and none failed, and only where OUT_DIR/environment.txt shows
 that the run saw a CUDA device (without one the same tests run on the CPU, which says nothing about the GPU).
 """
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 import xml.etree.ElementTree as ElementTree
@@ -20,7 +21,7 @@ from typing import NamedTuple
 
 class StatusRow(NamedTuple):
     path: str
-    tests: str  # as the README names them
+    tests: str  # as docs/gpu.md names them
     module: str  # test module (file stem) whose test cases cover the path
     name_pattern: str  # regular expression searched in the test case's name (parameters included)
     excluded_pattern: str = r"^$"  # test cases whose name matches this are not the path's
@@ -115,16 +116,15 @@ def status_rows(out_dir: Path, commit: str) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: gpu_status.py OUT_DIR COMMIT", file=sys.stderr)
-        return 2
-    out_dir = Path(argv[0])
-    if not out_dir.is_dir():
-        print(f"gpu_status.py: {out_dir} is not a directory", file=sys.stderr)
-        return 2
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out_dir", type=Path, help="the OUT_DIR of a benchmarks/gpu_check.sh run")
+    parser.add_argument("commit", help="the commit that run checked")
+    args = parser.parse_args(argv)
+    if not args.out_dir.is_dir():
+        parser.error(f"{args.out_dir} is not a directory")
     print("| GPU path | tests | this run | last passed on a GPU |")
     print("| --- | --- | --- | --- |")
-    print("\n".join(status_rows(out_dir, argv[1])))
+    print("\n".join(status_rows(args.out_dir, args.commit)))
     return 0
 
 

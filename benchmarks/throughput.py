@@ -64,11 +64,11 @@ import bench_utils as bu
 import fastformer
 from baselines import TorchTransformer, cached_beam_search, marian_model, placeholder_vocabulary
 from fastformer import Transformer, TransformerConfig
-from fastformer.captured_step import WARMUP_RUNS as CAPTURE_WARMUP_RUNS
-from fastformer.compiled import COMPUTE_TYPES
-from fastformer.export import to_ctranslate2
+from fastformer.decoding.compiled import COMPUTE_TYPES
 from fastformer.reference.beam_search import beam_search as reference_beam_search
-from fastformer.train import captured_training
+from fastformer.training.captured_step import WARMUP_RUNS as CAPTURE_WARMUP_RUNS
+from fastformer.training.trainer import captured_training
+from fastformer.translation.export import to_ctranslate2
 
 TRAIN_SYSTEMS = ("fastformer", "fastformer-captured", "reference", "reference-compile", "torch-nn",
                  "fastformer-compile")
@@ -266,7 +266,7 @@ def measure_training_with_fallback(system: str, preset: str, max_tokens: int, se
     system this device cannot run a "skipped" row saying why."""
     if system in CUDA_ONLY_SYSTEMS and device.type != "cuda":
         return {"status": "skipped", "error": f"not runnable on {device.type}: CUDA only (it replays CUDA graphs, "
-                                              f"fastformer.captured_step)"}
+                                              f"fastformer.training.captured_step)"}
     config = model_config(preset)
     make_batches = bu.wmt_bucket_batches if settings.batching == "buckets" else bu.wmt_batches
     while True:

@@ -80,7 +80,7 @@ void bind_structs(pybind11::module_& m) {
       .def_readwrite("shrink", &SearchOptions::shrink);
 }
 
-// The converted linear layers (linear.h, encoder.h, decoder.h): made once, kept by fastformer/decoding.py.
+// The converted linear layers (linear.h, encoder.h, decoder.h): made once, kept by fastformer/decoding/search.py.
 void bind_compiled(pybind11::module_& m) {
   namespace py = pybind11;
   auto compute_type = [](const std::string& name) { return parse_compute_type(name); };

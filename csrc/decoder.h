@@ -3,8 +3,8 @@
 // the search's state and the wrappers are defined in decoder.cpp, the loop over the steps (beam_search) in search.cpp.
 //
 // The Python side hands the decoder over as named structs (DecoderWeights, DecoderOptions, SearchOptions), bound
-// field by field in bindings.cpp and filled by name in fastformer/decoding.py: a new model feature is one field here
-// and one keyword there.
+// field by field in bindings.cpp and filled by name in fastformer/decoding/search.py: a new model feature is one field
+// here and one keyword there.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -100,7 +100,7 @@ struct DecoderLayerLinears {
 bool output_projection_takes_fbgemm();
 
 // Every linear layer of a decoder in one compute type, converted once and shared by searches and their groups of
-// sentences (fastformer/decoding.py keeps it with the model until a parameter changes); rows: the rows a step
+// sentences (fastformer/decoding/search.py keeps it with the model until a parameter changes); rows: the rows a step
 // usually has.
 struct DecoderLinears {
   DecoderLinears(const DecoderWeights& weights, int64_t rows, ComputeType compute_type = ComputeType::kFloat32);
@@ -141,7 +141,7 @@ struct SearchOptions {
   // - "buckets": the rows come in power-of-two buckets of sentences; finished ones stay (skipped by beam_step) until
   //   the next smaller bucket holds the rest; the host reads the done flags a step late, so it never waits for the
   //   step it queued, and on CUDA each bucket's step is captured once as a CUDA graph and replayed;
-  // - "auto": every_step, on CUDA too until buckets pass the GPU tests on a GPU (README, "GPU status").
+  // - "auto": every_step, on CUDA too until buckets pass the GPU tests on a GPU (docs/gpu.md).
   std::string shrink = "auto";
 };
 

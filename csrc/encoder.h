@@ -1,6 +1,6 @@
 // The encoder of fastformer.Transformer in C++, for translation: its linear layers in a CPU compute type
 // (linear.h), its self-attention the decoder's fused cross-attention op over the layer's own keys and values (one
-// "beam" per sentence, every position a row). fastformer/decoding.py embeds the tokens and hands the rest over.
+// "beam" per sentence, every position a row). fastformer/decoding/search.py embeds the tokens and hands the rest over.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -43,7 +43,7 @@ struct EncoderLayerLinears {
 };
 
 // The encoder's weights with its linear layers converted once into a compute type (kept with the model by
-// fastformer/decoding.py until a parameter changes); rows: the source positions a batch usually has.
+// fastformer/decoding/search.py until a parameter changes); rows: the source positions a batch usually has.
 class CompiledEncoder {
  public:
   CompiledEncoder(EncoderWeights weights, DecoderOptions options, int64_t rows,

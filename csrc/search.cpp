@@ -289,7 +289,7 @@ std::vector<Hypotheses> backtrack(const BeamState& state, int64_t beam_size, int
 bool shrinks_in_buckets(const SearchOptions& options) {
   TORCH_CHECK(options.shrink == "auto" || options.shrink == "every_step" || options.shrink == "buckets",
               "shrink must be \"auto\", \"every_step\" or \"buckets\", got \"", options.shrink, "\"");
-  // "auto" is every_step on CUDA too until the bucketed search passes the GPU tests on a GPU (README, "GPU status").
+  // "auto" is every_step on CUDA too until the bucketed search passes the GPU tests on a GPU (docs/gpu.md).
   return options.shrink == "buckets";
 }
 

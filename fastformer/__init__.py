@@ -7,10 +7,10 @@ from fastformer.torch_version import check_torch_version
 check_torch_version(torch.__version__)
 
 from fastformer import nn
-from fastformer.dispatch import backend, get_backend, set_backend
 from fastformer.config import TransformerConfig
+from fastformer.dispatch import backend, get_backend, set_backend
 from fastformer.model import EncoderOutput, Transformer
-from fastformer.translator import Translator, load_translator
+from fastformer.translation.translator import Translator, load_translator
 
 __version__ = "0.1.0"
 

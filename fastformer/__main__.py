@@ -22,13 +22,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from fastformer import checkpoint, evaluate, export, run_control
-from fastformer.compiled import COMPUTE_TYPES
+from fastformer import checkpoint
 from fastformer.data import decode_sentences, find_split, read_parallel
-from fastformer.search_rules import LENGTH_PENALTY_FORMS
-from fastformer.run_data import prepare_run_corpus
-from fastformer.train import TrainOptions, TrainResult, check_run, process_rank, train
-from fastformer.translator import OnTruncated, load_checkpoint_model, load_translator
+from fastformer.decoding.compiled import COMPUTE_TYPES
+from fastformer.decoding.rules import LENGTH_PENALTY_FORMS
+from fastformer.training import run_control
+from fastformer.training.run_corpus import prepare_run_corpus
+from fastformer.training.options import TrainOptions
+from fastformer.training.trainer import TrainResult, check_run, process_rank, train
+from fastformer.translation import evaluate, export
+from fastformer.translation.translator import OnTruncated, load_checkpoint_model, load_translator
 
 # The demo fits the bundled corpus and a few CPU minutes: small updates, so that it takes many steps, with a short
 # warmup and a raised peak learning rate. Its length is a fixed number of updates, not a time, so that its result is

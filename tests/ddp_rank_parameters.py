@@ -11,7 +11,8 @@ import torch
 import torch.distributed as dist
 
 from fastformer.__main__ import _exit_torchrun_worker
-from fastformer.train import Trainer, TrainOptions
+from fastformer.training.options import TrainOptions
+from fastformer.training.trainer import Trainer
 
 
 def main() -> None:

@@ -137,8 +137,8 @@ def assert_translate_matches_reference(model: Transformer, src: torch.Tensor, **
     assert_same_hypotheses(got, expected)
 
 
-# How the batch shrinks as sentences finish (fastformer/decoding.py): "buckets" is CUDA's default, run here on the
-# CPU without graphs. Six sentences of different lengths go through buckets of 6, 4, 2 and 1, some padded with
+# How the batch shrinks as sentences finish (fastformer/decoding/search.py): "buckets" is CUDA's default, run here on
+# the CPU without graphs. Six sentences of different lengths go through buckets of 6, 4, 2 and 1, some padded with
 # finished sentences.
 SHRINKS = ["every_step", "buckets"]
 
@@ -330,7 +330,7 @@ def test_translate_rejects_bad_sources(src, match):
 @pytest.mark.parametrize("norm_first,options", [(False, dict(activation="relu")), (True, dict(activation="gelu")),
                                                 *MODEL_OPTIONS])
 def test_cached_decoder_logits_match_full_recompute(norm_first, options):
-    from fastformer.decoding import cached_decoder
+    from fastformer.decoding.search import cached_decoder
     from tolerances import FP32
 
     model = make_model(norm_first, **options)
@@ -437,7 +437,7 @@ def test_cuda_translate_rejects_a_beam_over_the_kernel_limit():
 @pytest.mark.gpu
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_cuda_cached_decoder_logits_match_full_recompute(norm_first):
-    from fastformer.decoding import cached_decoder
+    from fastformer.decoding.search import cached_decoder
     from tolerances import FP32
 
     model = cuda_model(norm_first)

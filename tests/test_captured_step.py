@@ -11,8 +11,8 @@ import fastformer
 from fastformer import Transformer, TransformerConfig
 from fastformer.data import BucketBatchSampler, LengthFilter, TokenizedCorpus, find_split, read_parallel, \
     train_tokenizer
-from fastformer.mixed_precision import MasterWeights
-from fastformer.train import _LossModule
+from fastformer.training.mixed_precision import MasterWeights
+from fastformer.training.trainer import _LossModule
 from tolerances import assert_close_lowp
 
 pytestmark = pytest.mark.gpu
@@ -37,7 +37,7 @@ def _config(dropout: float = 0.0) -> TransformerConfig:
 
 def _train(batches, precision: str, captured: bool, backend: str = "auto") -> tuple[list[float], Transformer]:
     """Trains a fresh model one update per batch -> (per-token losses, the fp32 model)."""
-    from fastformer.captured_step import CapturedStep
+    from fastformer.training.captured_step import CapturedStep
     torch.manual_seed(0)
     model = Transformer(_config()).cuda()
     master = MasterWeights(model) if precision == "bf16-master" else None
@@ -83,7 +83,7 @@ def test_captured_losses_track_eager_for_50_steps(batches):
 def test_one_captured_step_has_the_eager_gradients(batches):
     """After the warm-up runs the shape is captured; the replayed step's master gradients match the eager step's on
     the same weights and batch (the 2x rule against fp32 gradients)."""
-    from fastformer.captured_step import WARMUP_RUNS, CapturedStep
+    from fastformer.training.captured_step import WARMUP_RUNS, CapturedStep
     torch.manual_seed(0)
     model = Transformer(_config()).cuda()
     master = MasterWeights(model)
@@ -111,7 +111,7 @@ def test_one_captured_step_has_the_eager_gradients(batches):
 
 
 def test_every_replay_draws_new_dropout_masks_and_never_syncs(batches):
-    from fastformer.captured_step import CapturedStep
+    from fastformer.training.captured_step import CapturedStep
     torch.manual_seed(0)
     model = Transformer(_config(dropout=0.1)).cuda()
     master = MasterWeights(model)

@@ -9,10 +9,11 @@ import pytest
 import sacrebleu
 import torch
 
-from fastformer import checkpoint, evaluate
+from fastformer import checkpoint
 from fastformer.__main__ import build_parser
 from fastformer.data import BUNDLED_CORPUS, EOS_ID, read_lines
-from fastformer.translator import load_checkpoint_model, load_translator
+from fastformer.translation import evaluate
+from fastformer.translation.translator import load_checkpoint_model, load_translator
 from fastformer_process import run
 
 SENTENCES = ["The dog sees a cat.", "My friend reads the new book today.", "Do you play in the garden?",

@@ -1,5 +1,5 @@
-"""CPU compute types (fastformer/compiled.py): the converted linear layers against float64 products, the compiled
-encoder against model.encode, and beam search in int8 and bfloat16 against brute force, greedy decoding and itself
+"""CPU compute types (fastformer/decoding/compiled.py): the converted linear layers against float64 products, the
+compiled encoder against model.encode, and beam search in int8 and bfloat16 against brute force, greedy decoding and itself
 on other batches. float32 translation is tested against the reference search in test_beam_search.py."""
 
 import copy
@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from fastformer import Transformer, TransformerConfig
-from fastformer.compiled import compiled_model, extension, resolve_compute_type
-from fastformer.decoding import cached_decoder, encode
+from fastformer.decoding.compiled import compiled_model, extension, resolve_compute_type
+from fastformer.decoding.search import cached_decoder, encode
 from fastformer.model import EncoderOutput
 from fastformer.reference.beam_search import Hypothesis
 from test_beam_search import assert_same_hypotheses, make_model, padded_sources, real_token_ids
@@ -121,7 +121,7 @@ def test_a_bad_compute_type_is_named_with_the_valid_ones():
 
 
 def test_auto_is_int8_where_torch_has_onednn_int8_and_float32_with_a_warning_elsewhere(monkeypatch):
-    import fastformer.compiled as compiled
+    import fastformer.decoding.compiled as compiled
 
     assert resolve_compute_type(None, CPU, torch.float32) == "float32"
     assert resolve_compute_type(None, CPU, torch.float16) == "float32"  # the CPU kernels widen float16

@@ -1,5 +1,5 @@
-"""fastformer.export.to_ctranslate2: CTranslate2 running the exported model gives fastformer's log-probabilities and
-its greedy and beam-search outputs, for post-LN and pre-LN, relu/gelu/swish, scaled or unscaled embeddings, tied or
+"""fastformer.translation.export.to_ctranslate2: CTranslate2 running the exported model gives fastformer's
+log-probabilities and its greedy and beam-search outputs, for post-LN and pre-LN, relu/gelu/swish, scaled or unscaled embeddings, tied or
 separate output weights, an output bias and either position layout."""
 
 
@@ -10,8 +10,8 @@ import torch.nn.functional as F
 import fastformer
 from fastformer import Transformer, TransformerConfig
 from fastformer.data.tokenizer import Tokenizer, train_tokenizer
-from fastformer.export import to_ctranslate2, vocabulary
 from fastformer.reference.beam_search import beam_search
+from fastformer.translation.export import to_ctranslate2, vocabulary
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_status.py: the README's GPU status rows from a GPU check's junit XML and summary."""
+"""benchmarks/gpu_status.py: the GPU status rows of docs/gpu.md from a GPU check's junit XML and summary."""
 
 import sys
 import xml.etree.ElementTree as ElementTree

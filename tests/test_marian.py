@@ -11,9 +11,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 import fastformer
-from fastformer import marian
 from fastformer.data import BUNDLED_CORPUS, read_lines
 from fastformer.reference.beam_search import beam_search
+from fastformer.translation import marian
 from marian_models import CALIBRATION, GREEDY_MAX_TOKENS, built, greedy  # noqa: F401 (fixtures)
 
 # transformers' generate is ~50x slower with two threads on a shared 2-core machine.

@@ -1,5 +1,5 @@
-"""bf16 training with fp32 master weights (fastformer.mixed_precision) and the optimizer state that checkpoints hold
-whatever the optimizer's implementation (fastformer.train.portable_optimizer_state), on the CPU."""
+"""bf16 training with fp32 master weights (fastformer.training.mixed_precision) and the optimizer state that
+checkpoints hold whatever the optimizer's implementation (fastformer.training.trainer.portable_optimizer_state), on the CPU."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from fastformer import Transformer, TransformerConfig
-from fastformer.mixed_precision import MasterWeights
-from fastformer.train import load_optimizer_state, portable_optimizer_state
+from fastformer.training.mixed_precision import MasterWeights
+from fastformer.training.trainer import load_optimizer_state, portable_optimizer_state
 from tolerances import FP32
 
 

@@ -242,4 +242,4 @@ def test_under_torchrun_a_failed_preparation_is_one_line_from_every_rank(tmp_pat
     assert f"fastformer train: error: {mismatch}" in done.stderr
     assert f"fastformer train: error: rank 0 could not prepare the corpus: {mismatch}" in done.stderr
     # The only traceback is torchrun's own, reporting failed children: none passes through fastformer.
-    assert "fastformer/run_data.py" not in done.stderr and "fastformer/data/" not in done.stderr
+    assert "fastformer/training/run_corpus.py" not in done.stderr and "fastformer/data/" not in done.stderr

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fastformer import checkpoint, run_control
+from fastformer import checkpoint
+from fastformer.training import run_control
 from fastformer_process import run, start
 from test_train import TRAIN_FLAGS, _assert_same_tensors, _fail, _resumed_and_straight, _run, data_dir  # noqa: F401
 
@@ -139,7 +140,7 @@ def test_a_torchrun_worker_exits_with_pythons_status_and_without_finalizing(rais
 def test_the_first_signal_is_recorded_and_a_second_one_kills(tmp_path: Path):
     """In a child process: the first SIGTERM sets `received` and the process lives on; the second ends it at once."""
     code = ("import os, signal, sys, time\n"
-            "from fastformer.run_control import StopSignals\n"
+            "from fastformer.training.run_control import StopSignals\n"
             "with StopSignals() as signals:\n"
             "    os.kill(os.getpid(), signal.SIGTERM)\n"
             "    time.sleep(0.1)\n"

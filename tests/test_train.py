@@ -15,7 +15,8 @@ import torch
 
 from fastformer import Transformer, TransformerConfig, checkpoint
 from fastformer.data import BUNDLED_CORPUS
-from fastformer.train import TrainOptions, inverse_sqrt_schedule
+from fastformer.training.options import TrainOptions
+from fastformer.training.trainer import inverse_sqrt_schedule
 from fastformer_process import run
 from tolerances import FP32
 

@@ -8,9 +8,10 @@ import sacrebleu
 import torch
 
 import fastformer
-from fastformer import checkpoint, compiled
+from fastformer import checkpoint
 from fastformer.__main__ import main
 from fastformer.data import BUNDLED_CORPUS, EOS_ID, Tokenizer, read_lines, train_tokenizer
+from fastformer.decoding import compiled
 from fastformer_process import DEMO_TEST_SENTENCES
 from marian_models import CALIBRATION, GREEDY_MAX_TOKENS, built, greedy  # noqa: F401 (fixtures)
 

@@ -18,7 +18,7 @@ holds all of its keys and values. The forward's softmax sees every key at once (
 backward recomputes each query block's probabilities once, computes delta on the spot, and writes that block's dq
 and, at the end, dk and dv (no preprocess, no second recompute, no atomics). At WMT lengths the flash tiles were
 mostly padding and the backward recomputed the probabilities twice. The short path has not yet run on a GPU
-(README, "GPU status"), so compiled launches take it only with FASTFORMER_ATTENTION_SHORT_PATH=1 in the
+(docs/gpu.md), so compiled launches take it only with FASTFORMER_ATTENTION_SHORT_PATH=1 in the
 environment (SHORT_PATH_ON_GPU); the interpreter always does, so that the CPU tests cover both paths.
 Gradients are written through their strides, so the packed forms (flash_attention(qkv), flash_attention(q, kv))
 get the gradient of the packed projection as one buffer.

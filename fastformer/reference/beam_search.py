@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fastformer.search_rules import Hypothesis, check_search_arguments, length_penalty_divisor, max_target_lengths
+from fastformer.decoding.rules import Hypothesis, check_search_arguments, length_penalty_divisor, max_target_lengths
 
 
 def beam_search(model, src_tokens: torch.Tensor, beam_size: int = 4, length_penalty: float = 0.6,

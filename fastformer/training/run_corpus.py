@@ -10,16 +10,12 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 import torch.distributed as dist
 
 from fastformer.data import LengthFilter, SplitFiles, find_split
 from fastformer.data.prepared import (PreparedCorpus, PrepareSettings, default_prepared_dir, default_vocab_size,
                                       ensure_prepared)
-
-if TYPE_CHECKING:
-    from fastformer.train import TrainOptions
+from fastformer.training.options import TrainOptions
 
 PREPARE_TIMEOUT = timedelta(hours=24)
 

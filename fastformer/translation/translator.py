@@ -13,10 +13,12 @@ from typing import Protocol
 
 import torch
 
-from fastformer import checkpoint, compiled, marian
+from fastformer import checkpoint
 from fastformer.config import TransformerConfig
 from fastformer.data import Tokenizer, token_budget_batches
+from fastformer.decoding import compiled
 from fastformer.model import Transformer
+from fastformer.translation import marian
 
 # (index of the sentence, its source tokens, the model's limit) -> reports that only the first `limit` are translated.
 OnTruncated = Callable[[int, int, int], None]

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from fastformer.data import Batch, BucketShape
-from fastformer.mixed_precision import MasterWeights
+from fastformer.training.mixed_precision import MasterWeights
 
 # Eager runs of a shape (on a side stream) before its capture: Triton compiles and autotunes, cuBLAS picks its
 # algorithms and allocates its workspace, the optimizer creates its states.

@@ -2,7 +2,7 @@
 
 The whole loop runs in C++ (csrc/decoder.cpp): a KV cache preallocated once per call, the encoder's keys/values
 computed once per layer, fused single-query attention and beam-step ops, and sentences dropped from the batch as
-they finish. The rules are those of fastformer/search_rules.py, shared with the reference search (the oracle this
+they finish. The rules are those of fastformer/decoding/rules.py, shared with the reference search (the oracle this
 is tested against). Translation is inference whatever the model's mode: the encoder runs in eval mode (no dropout),
 and the model's modes are restored afterwards.
 
@@ -11,7 +11,7 @@ sentences after each step, which the host learns by waiting for that step; "buck
 sentences, skipping finished ones until the next smaller bucket holds the rest, with the host reading the done flags
 a step late, and on CUDA replays each bucket's step as a CUDA graph, so that the host neither waits for the GPU nor
 launches a step's hundred kernels one by one. "auto" picks every_step, on CUDA too until the bucketed search has
-passed the GPU tests on a GPU (README, "GPU status"); "buckets" runs it by name.
+passed the GPU tests on a GPU (docs/gpu.md); "buckets" runs it by name.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from contextlib import contextmanager
 
 import torch
 
-from fastformer.compiled import (COMPUTE_TYPES, CompiledModel, named_struct, compiled_model, decoder_options, extension,
-                                 resolve_compute_type)
-from fastformer.search_rules import Hypothesis, check_search_arguments, max_target_lengths
+from fastformer.decoding.compiled import (COMPUTE_TYPES, CompiledModel, compiled_model, decoder_options, extension,
+                                          named_struct, resolve_compute_type)
+from fastformer.decoding.rules import Hypothesis, check_search_arguments, max_target_lengths
 
 __all__ = ["COMPUTE_TYPES", "Hypothesis", "SHRINK_MODES", "translate", "cached_decoder", "encode"]
 

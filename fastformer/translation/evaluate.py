@@ -8,7 +8,7 @@ import torch
 
 from fastformer.data import TokenBatchSampler, TokenizedCorpus, Tokenizer
 from fastformer.model import Transformer
-from fastformer.translator import OnTruncated, Translator
+from fastformer.translation.translator import OnTruncated, Translator
 
 
 def resolve_device(option: str, local_rank: int = 0) -> torch.device:

@@ -1,0 +1,110 @@
+"""The options of a training run (`fastformer train`'s flags) and which of them a resumed run must keep."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fastformer.config import TransformerConfig
+from fastformer.data.prepared import DEFAULT_BUNDLED_VOCAB
+from fastformer.dispatch import BACKENDS
+
+PRESETS = {"tiny": TransformerConfig.tiny, "base": TransformerConfig.base, "big": TransformerConfig.big}
+BATCHINGS = ("tokens", "buckets")
+PRECISIONS = ("auto", "bf16-master")
+STEPS = ("eager", "captured")
+
+
+def _option(default: object, help: str) -> object:
+    """A TrainOptions field with the help text its command-line flag shows."""
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class TrainOptions:
+    out_dir: str = _option("runs/demo", "the run's directory: checkpoints (each holds the vocabulary)")
+    data_dir: str | None = _option(None, "corpus directory (train.*, valid.* or newstest2013.*, or .gz); default: "
+                                         "the bundled toy corpus")
+    prepared_dir: str | None = _option(None, "the prepared (tokenized) corpus, made if missing or out of date; "
+                                             "default: a directory under ~/.cache/fastformer/prepared")
+    src_lang: str = _option("en", "source language: the files' suffix")
+    tgt_lang: str = _option("de", "target language: the files' suffix")
+    preset: str | None = _option(None, f"model size, one of {tuple(PRESETS)}; default: base (the paper) with "
+                                       f"--data-dir, tiny on the bundled corpus")
+    vocab_size: int | None = _option(None, f"shared BPE vocabulary size; default: 37000 (the paper) with --data-dir, "
+                                           f"{DEFAULT_BUNDLED_VOCAB} on the bundled corpus")
+    dropout: float | None = _option(None, "dropout; default: the preset's")
+    batch_tokens: int = _option(4096, "padded tokens per micro-batch and rank (each side)")
+    update_tokens: int = _option(25000, "tokens per update over all ranks, reached by gradient accumulation")
+    lr_scale: float = _option(1.0, "peak learning rate factor: lr = lr_scale * d_model^-0.5 * schedule")
+    warmup: int = _option(4000, "warmup updates of the inverse-square-root schedule")
+    label_smoothing: float = _option(0.1, "label smoothing of the training loss")
+    max_steps: int = _option(100_000, "updates to train (in all, counting those a resumed run already did)")
+    max_minutes: float = _option(0.0, "also stop after this many minutes of wall-clock time (0: no time limit)")
+    log_every: int = _option(100, "updates between log lines")
+    valid_every: int = _option(1000, "updates between validations (0: none)")
+    valid_bleu_sentences: int = _option(200, "validation sentences translated (greedy) for a BLEU score (0: none)")
+    save_every: int = _option(1000, "updates between checkpoints (0: only at the end)")
+    keep_last: int = _option(5, "step checkpoints kept")
+    seed: int = _option(1, "seed of the initial weights, dropout and data order")
+    device: str = _option("auto", "auto (cuda when available, else cpu), cpu, cuda or cuda:N")
+    backend: str = _option("auto", f"kernels, one of {BACKENDS}: auto is Triton on a GPU, plain PyTorch elsewhere")
+    resume: bool = _option(False, "continue the run in --out-dir from its newest readable checkpoint")
+    min_len: int = _option(3, "training pairs need at least this many tokens on each side")
+    max_len: int = _option(150, "training pairs may have at most this many tokens on each side")
+    max_ratio: float = _option(2.0, "training pairs may have at most this length ratio")
+    batching: str = _option("tokens", f"one of {BATCHINGS}: batches of free shapes within the token budget, or of a "
+                                      f"small fixed set of shapes (what --step captured needs)")
+    precision: str = _option("auto", f"one of {PRECISIONS}: auto is bf16 autocast on a GPU and fp32 on the CPU; "
+                                     f"bf16-master trains a bf16 copy of the model and updates fp32 master weights")
+    step: str = _option("eager", f"one of {STEPS}: captured replays each bucket's step as a CUDA graph (needs a GPU, "
+                                 f"--batching buckets and --precision bf16-master)")
+    quiet: bool = _option(False, "no progress bar and no log lines")
+
+    def __post_init__(self) -> None:
+        if self.preset is None:
+            self.preset = "tiny" if self.data_dir is None else "base"
+        if self.preset not in PRESETS:
+            raise ValueError(f"preset must be one of {tuple(PRESETS)}, got {self.preset!r}")
+        for name, choices in (("backend", BACKENDS), ("batching", BATCHINGS), ("precision", PRECISIONS),
+                              ("step", STEPS)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
+        if self.step == "captured" and (self.batching, self.precision) != ("buckets", "bf16-master"):
+            raise ValueError("--step captured needs --batching buckets (static shapes) and --precision bf16-master "
+                             "(no autocast in the graph)")
+        for name in ("batch_tokens", "update_tokens", "warmup", "max_steps", "log_every", "keep_last"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("valid_every", "save_every", "valid_bleu_sentences", "max_minutes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.vocab_size is not None and self.vocab_size < 8:
+            raise ValueError(f"vocab_size must be at least 8, got {self.vocab_size}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+
+
+# What a resumed run must share with its checkpoint: these fix the model, the data and its order, and the update
+# rule. The others (budget, logging, checkpointing, device, backend) may change from one session to the next.
+RESUME_FIXED_OPTIONS = ("data_dir", "src_lang", "tgt_lang", "preset", "vocab_size", "dropout", "batch_tokens",
+                        "update_tokens", "lr_scale", "warmup", "label_smoothing", "seed", "min_len", "max_len",
+                        "max_ratio", "batching")
+# Options added after checkpoints were first written: a checkpoint without one was trained with this value.
+OPTIONS_ADDED_LATER = {"batching": "tokens"}
+
+
+def changed_resume_options(saved: dict, options: TrainOptions) -> list[str]:
+    """The RESUME_FIXED_OPTIONS whose value differs from the saved run's, as "--flag NEW (checkpoint: OLD)"; options
+    a checkpoint did not record are not compared."""
+    changed = []
+    saved = {**OPTIONS_ADDED_LATER, **saved}
+    for name in RESUME_FIXED_OPTIONS:
+        if name not in saved:
+            continue
+        old, new = saved[name], getattr(options, name)
+        if name == "data_dir" and old is not None and new is not None:
+            old, new = str(Path(old).resolve()), str(Path(new).resolve())
+        if old != new:
+            changed.append(f"--{name.replace('_', '-')} {new} (checkpoint: {old})")
+    return changed
