@@ -1,25 +1,36 @@
-"""CPU beam-search decoding in every compute type: fastformer against CTranslate2 on the same random weights.
+"""CPU decoding in every compute type: fastformer against CTranslate2 at its best, on the same random weights.
 
     OMP_NUM_THREADS=2 python benchmarks/cpu_decoding.py --shape b --vocab 37000 --rounds 3
+    python benchmarks/cpu_decoding.py --sweep --rounds 1 --out runs/benchmarks/cpu_sweep.json
 
 Shapes: "a" is the tiny preset (d_model 64, 2 + 2 layers), "b" the paper's base model (d_model 512, 6 + 6 layers,
-d_ff 2048, 8 heads); --vocab sets the shared vocabulary (WMT14's is 37,000). Each batch is N sentences of 20 source
-tokens plus EOS, beam 4, and every hypothesis is decoded to exactly 31 target tokens (EOS barred until then in
-fastformer, the decoding length fixed in CTranslate2), so every system does the same work. The systems run in
-interleaved rounds (each round times every system once at every batch size, after a warm-up), so that a change in
-the machine's load hits them alike; a row reports the median over the rounds. Each system runs in a process of its
-own, as it would be deployed: CTranslate2 brings its own OpenMP runtime, and once it has run in a process, the
-short parallel regions of fastformer's one-sentence search there took 2-3x as long on the AVX2 test CPU. A system
-that cannot run (CTranslate2 refuses bfloat16 on a CPU without its instructions) is a row with status "error" and
-the reason its process gave.
+d_ff 2048, 8 heads); --vocab sets the shared vocabulary (WMT14's is 37,000). A point is a number of threads, a beam
+size and a source length L: each batch is N sentences of L source tokens plus EOS, and every hypothesis is decoded
+to exactly 1.5 L + 1 target tokens (EOS barred until then in fastformer, the decoding length fixed in CTranslate2),
+so that every system does the same work. --sweep times the points around the headline (64 sentences, beam 4,
+20 tokens) on 1 and 2 threads: 1, 8, 64 and 256 sentences; beams 1 and 5; sources of 10 and 50 tokens.
 
-Each fastformer row also gives its share of the GEMM floor: the time of the same GEMMs (the encoder's, the
-cross-attention keys/values', and 31 steps of the decoder's and the output projection's, at the rows the search
-has) run alone through the same converted linear layers, divided by the row's time. CTranslate2's rows carry no
-floor: its GEMMs are its own.
+CTranslate2 runs in both of its threading modes wherever there is more than one thread, and every ratio is taken
+against the better of them at that point: "intra" is one batch on intra-op threads (inter_threads=1,
+intra_threads=T); "inter" is its documented throughput mode, batches translated in parallel (inter_threads=T,
+intra_threads=1, max_batch_size=ceil(N / T)). fastformer has one mode: each thread searches its own group of
+sentences.
+
+Each (system, mode, point) runs in a process of its own, as it would be deployed: CTranslate2 brings its own OpenMP
+runtime, and once it has run in a process, the short parallel regions of fastformer's one-sentence search there
+took 2-3x as long on the AVX2 test CPU. The processes run in interleaved rounds (each round times every system
+once at every point), so that a change in the machine's load hits them alike; a row reports the median over the
+rounds. Steady state: before it times a batch size, a process repeats that search until a call is no faster than
+the best before it by more than 3% (at least 2 calls, at most MAX_WARMUP_CALLS), and the row says how many it took
+(warmup_calls): fastformer's first calls convert the weights and grow glibc's arenas. A system that cannot run
+(CTranslate2 refuses bfloat16 on a CPU without its instructions) is a row with status "error" and its reason.
+
+Each fastformer row (in a sweep, at the headline shape only) also gives its share of the GEMM floor: the time of the same GEMMs (the
+encoder's, the cross-attention keys/values', and every step's decoder and output projection, at the rows the search
+has) run alone through the same converted linear layers, divided by the row's time. CTranslate2's GEMMs are its own.
 
 The checksums differ between the systems by construction (fastformer's last token is the forced EOS, scored,
-CTranslate2's a 31st real token) and between compute types (random weights give near-uniform log-probabilities,
+CTranslate2's a last real token) and between compute types (random weights give near-uniform log-probabilities,
 which any rounding reorders); that the systems return the same best hypothesis under the same rules is tested in
 tests/test_export.py, and the compute types' agreement on a trained model in tests/test_translator.py.
 """
@@ -28,8 +39,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -37,6 +48,7 @@ import tempfile
 import time
 import zlib
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -47,10 +59,36 @@ from fastformer import Transformer, TransformerConfig
 from fastformer.decoding.compiled import compiled_model, extension
 from fastformer.translation.export import to_ctranslate2
 
-SOURCE_TOKENS, TARGET_TOKENS, BEAM_SIZE, LENGTH_PENALTY = 20, 31, 4, 0.6
+LENGTH_PENALTY = 0.6
 SYSTEMS = ("fastformer-float32", "fastformer-int8", "fastformer-bfloat16", "ctranslate2-float32", "ctranslate2-int8",
            "ctranslate2-bfloat16")
 DEFAULT_SYSTEMS = ("fastformer-float32", "fastformer-int8", "ctranslate2-float32", "ctranslate2-int8")
+THREADINGS = ("intra", "inter")  # CTranslate2's two ways of using several threads (module docstring)
+MAX_WARMUP_CALLS = 8
+STEADY_TOLERANCE = 0.03
+HEADLINE = dict(beam=4, source_tokens=20, sentences=64)
+
+
+@dataclass(frozen=True)
+class Point:
+    """Where a row is timed: threads, beam size, source tokens (without EOS) and the batch sizes."""
+    threads: int
+    beam: int
+    source_tokens: int
+    sentences: tuple[int, ...]
+
+    @property
+    def target_tokens(self) -> int:
+        return self.source_tokens * 3 // 2 + 1
+
+
+def sweep_points() -> list[Point]:
+    """The sweep (module docstring): every axis varied around the headline, on 1 and 2 threads."""
+    points = []
+    for threads in (1, 2):
+        points += [Point(threads, 4, 20, (1, 8, 64, 256)), Point(threads, 1, 20, (64,)), Point(threads, 5, 20, (64,)),
+                   Point(threads, 4, 10, (64,)), Point(threads, 4, 50, (64,))]
+    return points
 
 
 def shape_config(shape: str, vocab: int) -> TransformerConfig:
@@ -59,10 +97,10 @@ def shape_config(shape: str, vocab: int) -> TransformerConfig:
     return TransformerConfig.base(vocab, dropout=0.0)
 
 
-def sources(config: TransformerConfig, n_sentences: int, seed: int) -> torch.Tensor:
-    """[n_sentences, SOURCE_TOKENS + 1] random ids, each row ending in EOS."""
+def sources(config: TransformerConfig, n_sentences: int, source_tokens: int, seed: int) -> torch.Tensor:
+    """[n_sentences, source_tokens + 1] random ids, each row ending in EOS."""
     generator = torch.Generator().manual_seed(seed)
-    src = torch.randint(3, config.vocab_size, (n_sentences, SOURCE_TOKENS + 1), generator=generator)
+    src = torch.randint(3, config.vocab_size, (n_sentences, source_tokens + 1), generator=generator)
     src[:, -1] = config.eos_id
     return src
 
@@ -70,57 +108,55 @@ def sources(config: TransformerConfig, n_sentences: int, seed: int) -> torch.Ten
 Translate = Callable[[torch.Tensor], list[list[int]]]
 
 
-def fastformer_translator(model: Transformer, compute_type: str) -> Translate:
+def fastformer_translator(model: Transformer, compute_type: str, point: Point) -> Translate:
     def translate(src: torch.Tensor) -> list[list[int]]:
-        # max_len_b so that EOS is forced at step TARGET_TOKENS - 1, after which hypotheses have TARGET_TOKENS tokens.
-        results = model.translate(src, beam_size=BEAM_SIZE, length_penalty=LENGTH_PENALTY, max_len_a=1.0,
-                                  max_len_b=TARGET_TOKENS - 1 - src.shape[1], min_len=model.config.max_positions,
-                                  compute_type=compute_type)
+        # max_len_b so that EOS is forced at step target_tokens - 1, after which hypotheses have target_tokens tokens.
+        results = model.translate(src, beam_size=point.beam, length_penalty=LENGTH_PENALTY, max_len_a=1.0,
+                                  max_len_b=point.target_tokens - 1 - src.shape[1],
+                                  min_len=model.config.max_positions, compute_type=compute_type)
         return [sentence[0].tokens + [model.config.eos_id] for sentence in results]
 
     return translate
 
 
-def ctranslate2_translator(model: Transformer, threads: int, compute_type: str) -> Translate:
+def ctranslate2_translator(model: Transformer, compute_type: str, threading: str, point: Point) -> Translate:
     import ctranslate2
 
     vocabulary = placeholder_vocabulary(model.config)
     out_dir = Path(tempfile.mkdtemp(prefix="fastformer-ct2-"))
     to_ctranslate2(model, vocabulary, out_dir, quantization=compute_type)
-    engine = ctranslate2.Translator(str(out_dir), device="cpu", compute_type=compute_type, inter_threads=1,
-                                    intra_threads=threads)
+    inter = threading == "inter"
+    engine = ctranslate2.Translator(str(out_dir), device="cpu", compute_type=compute_type,
+                                    inter_threads=point.threads if inter else 1,
+                                    intra_threads=1 if inter else point.threads)
     index = {token: i for i, token in enumerate(vocabulary)}
 
     def translate(src: torch.Tensor) -> list[list[int]]:
         pieces = [[vocabulary[i] for i in row[:-1]] for row in src.tolist()]
-        results = engine.translate_batch(pieces, beam_size=BEAM_SIZE, length_penalty=LENGTH_PENALTY,
-                                         min_decoding_length=TARGET_TOKENS, max_decoding_length=TARGET_TOKENS,
-                                         max_batch_size=0)
+        max_batch_size = math.ceil(len(pieces) / point.threads) if inter else 0
+        results = engine.translate_batch(pieces, beam_size=point.beam, length_penalty=LENGTH_PENALTY,
+                                         min_decoding_length=point.target_tokens,
+                                         max_decoding_length=point.target_tokens, max_batch_size=max_batch_size)
         return [[index[p] for p in result.hypotheses[0]] for result in results]
 
     return translate
 
 
-def translator(system: str, model: Transformer) -> Translate:
-    name, compute_type = system.split("-", 1)
-    if name == "fastformer":
-        return fastformer_translator(model, compute_type)
-    return ctranslate2_translator(model, torch.get_num_threads(), compute_type)
-
-
-def gemm_floor_seconds(model: Transformer, compute_type: str, n_sentences: int, repeats: int = 5) -> float:
+def gemm_floor_seconds(model: Transformer, compute_type: str, point: Point, n_sentences: int,
+                       repeats: int = 5) -> float:
     """The time of one search's GEMMs alone (module docstring), each shape timed through a linear layer converted
     as the search converts it: the minimum over `repeats` runs of the whole sequence. The encoder's run on every
     thread; the rest as the search runs them (csrc/search.cpp): each thread decodes its own group of at least 4
     sentences with single-threaded GEMMs, so they are timed for one group on one thread, the floor were the groups
     not to slow each other down."""
     config = model.config
-    d, ff, vocab = config.d_model, config.d_ff, config.vocab_size
-    threads = torch.get_num_threads()
+    d, ff, vocab, k = config.d_model, config.d_ff, config.vocab_size, point.beam
+    threads = point.threads
     groups = max(1, min(threads, n_sentences // 4))
     group_sentences = -(-n_sentences // groups)
-    source_rows, group_source_rows = n_sentences * (SOURCE_TOKENS + 1), group_sentences * (SOURCE_TOKENS + 1)
-    step_rows = group_sentences * BEAM_SIZE
+    source_len = point.source_tokens + 1
+    source_rows, group_source_rows = n_sentences * source_len, group_sentences * source_len
+    step_rows = group_sentences * k
     # (out, in, rows, calls) of every GEMM of one search: the encoder's, then one group's, whose first step decodes
     # beam 0 of each sentence only.
     encoder = [(out, inp, source_rows, config.n_encoder_layers) for out, inp in ((3 * d, d), (d, d), (ff, d), (d, ff))]
@@ -129,7 +165,7 @@ def gemm_floor_seconds(model: Transformer, compute_type: str, n_sentences: int, 
     group = [(2 * d, d, group_source_rows, config.n_decoder_layers)]
     for out, inp, per_step_calls in per_step:
         group += [(out, inp, group_sentences, per_step_calls),
-                  (out, inp, step_rows, per_step_calls * (TARGET_TOKENS - 1))]
+                  (out, inp, step_rows, per_step_calls * (point.target_tokens - 1))]
     generator = torch.Generator().manual_seed(0)
 
     def prepared(shapes: list[tuple[int, int, int, int]]) -> list:
@@ -142,6 +178,7 @@ def gemm_floor_seconds(model: Transformer, compute_type: str, n_sentences: int, 
         return timed
 
     def best_time(timed: list, n_threads: int) -> float:
+        previous = torch.get_num_threads()
         torch.set_num_threads(n_threads)
         try:
             best = float("inf")
@@ -153,14 +190,13 @@ def gemm_floor_seconds(model: Transformer, compute_type: str, n_sentences: int, 
                 best = min(best, time.perf_counter() - start)
             return best
         finally:
-            torch.set_num_threads(threads)
+            torch.set_num_threads(previous)
 
     return best_time(prepared(encoder), threads) + best_time(prepared(group), 1 if groups > 1 else threads)
 
 
 def cpu_description() -> str:
-    name = platform.processor() or "cpu"
-    flags: set[str] = set()
+    name, flags = "cpu", set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -175,90 +211,188 @@ def cpu_description() -> str:
     return f"{name}, {os.cpu_count()} cores ({' '.join(features) or 'no AVX2'})"
 
 
-def run_worker(system: str, args: argparse.Namespace) -> None:
-    """Times `system` once at each batch size after a warm-up; prints {"n": [seconds, checksum]} as one JSON line."""
+def steady_call(translate: Translate, src: torch.Tensor) -> int:
+    """Repeats the search until a call is no faster than the best before it by more than STEADY_TOLERANCE -> calls."""
+    best = float("inf")
+    for calls in range(1, MAX_WARMUP_CALLS + 1):
+        start = time.perf_counter()
+        translate(src)
+        seconds = time.perf_counter() - start
+        if calls >= 2 and seconds >= best * (1 - STEADY_TOLERANCE):
+            return calls
+        best = min(best, seconds)
+    return MAX_WARMUP_CALLS
+
+
+def run_worker(system: str, threading: str, point: Point, args: argparse.Namespace) -> None:
+    """Times `system` once at each batch size of `point` after reaching steady state; prints
+    {"n": [seconds, checksum, warm-up calls]} as one JSON line."""
+    torch.set_num_threads(point.threads)
     torch.manual_seed(args.seed)  # the same random weights in every process
     config = shape_config(args.shape, args.vocab)
     model = Transformer(config).eval()
-    translate = translator(system, model)
-    batches = {n: sources(config, n, args.seed) for n in args.sentences}
-    for src in batches.values():
-        translate(src)  # warm-up: conversion, allocations
+    name, compute_type = system.split("-", 1)
+    translate = (fastformer_translator(model, compute_type, point) if name == "fastformer"
+                 else ctranslate2_translator(model, compute_type, threading, point))
     timings = {}
-    for n, src in batches.items():
+    for n in point.sentences:
+        src = sources(config, n, point.source_tokens, args.seed)
+        warmup_calls = steady_call(translate, src)
         start = time.perf_counter()
         outputs = translate(src)
         seconds = time.perf_counter() - start
-        if sum(len(tokens) for tokens in outputs) != n * TARGET_TOKENS:
-            sys.exit(f"{system} decoded {sum(map(len, outputs))} tokens, expected {n * TARGET_TOKENS}")
-        timings[n] = [seconds, f"{zlib.crc32(str(outputs).encode()):08x}"]
+        if sum(len(tokens) for tokens in outputs) != n * point.target_tokens:
+            sys.exit(f"{system} decoded {sum(map(len, outputs))} tokens, expected {n * point.target_tokens}")
+        timings[n] = [seconds, f"{zlib.crc32(str(outputs).encode()):08x}", warmup_calls]
     print(json.dumps(timings))
 
 
-def time_in_rounds(args: argparse.Namespace) -> tuple[dict[tuple[str, int], tuple[list[float], str]], dict[str, str]]:
-    """-> ((system, sentences) -> (seconds of each round, checksum), system -> why it could not run), every system in
-    a process of its own. A system that fails (CTranslate2 refusing a compute type this CPU lacks) is not run again."""
-    times: dict[tuple[str, int], list[float]] = {}
-    checksums: dict[tuple[str, int], str] = {}
+def runs(systems: list[str], points: list[Point]) -> list[tuple[str, str, Point]]:
+    """(system, threading, point) of every process a round starts: CTranslate2 in both modes where threads > 1."""
+    return [(system, threading, point) for point in points for system in systems
+            for threading in (THREADINGS if system.startswith("ctranslate2") and point.threads > 1 else ("intra",))]
+
+
+def _worker_command(system: str, threading: str, point: Point, args: argparse.Namespace) -> list[str]:
+    return [sys.executable, __file__, "--worker", system, "--threading", threading, "--shape", args.shape,
+            "--vocab", str(args.vocab), "--seed", str(args.seed), "--threads", str(point.threads),
+            "--beam", str(point.beam), "--source-tokens", str(point.source_tokens),
+            "--sentences", *map(str, point.sentences)]
+
+
+Key = tuple[str, str, Point, int]  # system, threading, point, sentences
+
+
+def time_in_rounds(args: argparse.Namespace, points: list[Point]) -> tuple[dict[Key, list], dict[str, str]]:
+    """-> ((system, threading, point, sentences) -> [seconds of each round, checksum, warm-up calls of each round],
+    system -> why it could not run). A system that fails (CTranslate2 refusing a compute type this CPU lacks) is not
+    run again."""
+    timed: dict[Key, list] = {}
     failed: dict[str, str] = {}
-    common = ["--shape", args.shape, "--vocab", str(args.vocab), "--seed", str(args.seed),
-              "--sentences", *map(str, args.sentences)]
-    for _ in range(args.rounds):
-        for system in [s for s in args.systems if s not in failed]:
-            done = subprocess.run([sys.executable, __file__, "--worker", system, *common], capture_output=True,
-                                  text=True)
+    for round_index in range(args.rounds):
+        for system, threading, point in runs(args.systems, points):
+            if system in failed:
+                continue
+            env = {**os.environ, "OMP_NUM_THREADS": str(point.threads)}
+            done = subprocess.run(_worker_command(system, threading, point, args), capture_output=True, text=True,
+                                  env=env)
             if done.returncode != 0:
                 failed[system] = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
                 print(f"{system} failed: {failed[system]}", flush=True)
                 continue
-            for n, (seconds, checksum) in json.loads(done.stdout.splitlines()[-1]).items():
-                times.setdefault((system, int(n)), []).append(seconds)
-                checksums[system, int(n)] = checksum
-    return {key: (samples, checksums[key]) for key, samples in times.items() if key[0] not in failed}, failed
+            for n, (seconds, checksum, warmup_calls) in json.loads(done.stdout.splitlines()[-1]).items():
+                samples = timed.setdefault((system, threading, point, int(n)), [[], checksum, []])
+                samples[0].append(seconds)
+                samples[2].append(warmup_calls)
+            print(f"round {round_index + 1}/{args.rounds}: {system} ({threading}) {point.threads} threads, beam "
+                  f"{point.beam}, {point.source_tokens} tokens done", flush=True)
+    return {key: value for key, value in timed.items() if key[0] not in failed}, failed
 
 
-def main() -> None:
+def is_headline(point: Point, n_sentences: int) -> bool:
+    return (point.beam, point.source_tokens, n_sentences) == tuple(HEADLINE.values())
+
+
+def comparisons(rows: list[dict]) -> list[dict]:
+    """Per point: fastformer's fastest against CTranslate2's best (any compute type, either threading), float32
+    against CTranslate2's best float32, and the same against CTranslate2's intra-op mode alone (the older
+    comparison)."""
+    by_point: dict[tuple, list[dict]] = {}
+    for row in rows:
+        if row["status"] == "ok":
+            by_point.setdefault((row["threads"], row["beam"], row["source_tokens"], row["sentences"]), []).append(row)
+    table = []
+    for (threads, beam, source_tokens, sentences), point_rows in sorted(by_point.items()):
+        def best(keep: Callable[[dict], bool]) -> dict | None:
+            kept = [row for row in point_rows if keep(row)]
+            return max(kept, key=lambda row: row["tokens_per_s"]) if kept else None
+
+        ours = best(lambda row: row["system"].startswith("fastformer"))
+        ours_float32 = best(lambda row: row["system"] == "fastformer-float32")
+        theirs = best(lambda row: row["system"].startswith("ctranslate2"))
+        theirs_float32 = best(lambda row: row["system"] == "ctranslate2-float32")
+        theirs_intra = best(lambda row: row["system"].startswith("ctranslate2") and row["threading"] == "intra")
+        entry = {"threads": threads, "beam": beam, "source_tokens": source_tokens, "sentences": sentences}
+        for label, mine, other in (("fastest", ours, theirs), ("float32", ours_float32, theirs_float32),
+                                   ("fastest_vs_intra_only", ours, theirs_intra)):
+            if mine and other:
+                entry[label] = {"fastformer": _label(mine), "ctranslate2": _label(other),
+                                "ratio": round(mine["tokens_per_s"] / other["tokens_per_s"], 3)}
+        table.append(entry)
+    return table
+
+
+def _label(row: dict) -> str:
+    mode = f" {row['threading']}" if row["system"].startswith("ctranslate2") and row["threads"] > 1 else ""
+    return f"{row['system']}{mode} {row['tokens_per_s']} tok/s"
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=("a", "b"), default="b")
     parser.add_argument("--vocab", type=int, default=37000, help="shared vocabulary size")
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(DEFAULT_SYSTEMS),
                         help="fastformer-<compute type> and ctranslate2-<compute type> rows")
     parser.add_argument("--sentences", type=int, nargs="+", default=[64, 1], help="batch sizes to time")
+    parser.add_argument("--threads", type=int, nargs="+", help="thread counts (default: torch's, OMP_NUM_THREADS)")
+    parser.add_argument("--beam", type=int, nargs="+", default=[HEADLINE["beam"]], help="beam sizes (1: greedy)")
+    parser.add_argument("--source-tokens", type=int, nargs="+", default=[HEADLINE["source_tokens"]],
+                        help="source lengths without EOS; the target is 1.5x as long, plus one token")
+    parser.add_argument("--sweep", action="store_true", help="the sweep's points (module docstring) instead of "
+                        "--sentences/--threads/--beam/--source-tokens")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="JSON to write (default: print only)")
     parser.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)  # one system's timings, for main
-    args = parser.parse_args()
+    parser.add_argument("--threading", choices=THREADINGS, default="intra", help=argparse.SUPPRESS)
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     if args.worker:
-        run_worker(args.worker, args)
+        point = Point(args.threads[0], args.beam[0], args.source_tokens[0], tuple(args.sentences))
+        run_worker(args.worker, args.threading, point, args)
         return
+    if args.sweep:
+        points = sweep_points()
+    else:
+        points = [Point(threads, beam, source_tokens, tuple(args.sentences))
+                  for threads in args.threads or [torch.get_num_threads()] for beam in args.beam
+                  for source_tokens in args.source_tokens]
 
     rows = []
     model = None
-    timed, failed = time_in_rounds(args)
-    for (system, n), (samples, checksum) in timed.items():
+    timed, failed = time_in_rounds(args, points)
+    for (system, threading, point, n), (samples, checksum, warmup_calls) in timed.items():
         seconds = statistics.median(samples)
-        row = {"system": system, "status": "ok", "sentences": n, "seconds": round(seconds, 4),
-               "tokens_per_s": round(n * TARGET_TOKENS / seconds, 1),
-               "min_tokens_per_s": round(n * TARGET_TOKENS / max(samples), 1),
-               "max_tokens_per_s": round(n * TARGET_TOKENS / min(samples), 1), "checksum": checksum}
-        if system.startswith("fastformer"):
+        tokens = n * point.target_tokens
+        row = {"system": system, "threading": threading, "status": "ok", "threads": point.threads,
+               "beam": point.beam, "source_tokens": point.source_tokens, "target_tokens": point.target_tokens,
+               "sentences": n, "seconds": round(seconds, 4), "tokens_per_s": round(tokens / seconds, 1),
+               "min_tokens_per_s": round(tokens / max(samples), 1),
+               "max_tokens_per_s": round(tokens / min(samples), 1), "warmup_calls": warmup_calls,
+               "checksum": checksum}
+        if system.startswith("fastformer") and (not args.sweep or is_headline(point, n)):
             if model is None:
                 torch.manual_seed(args.seed)
                 model = Transformer(shape_config(args.shape, args.vocab)).eval()
             compute_type = system.split("-", 1)[1]
-            floor = gemm_floor_seconds(model, compute_type, n)
+            floor = gemm_floor_seconds(model, compute_type, point, n)
             row.update(gemm_floor_seconds=round(floor, 4), share_of_gemm_floor=round(floor / seconds, 3),
                        converted_weights_mib=round(compiled_model(model, compute_type).nbytes / 2 ** 20, 1))
         rows.append(row)
         print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
     rows += [{"system": system, "status": "error", "error": why} for system, why in failed.items()]
+    table = comparisons(rows)
+    for entry in table:
+        print(json.dumps(entry), flush=True)
     if args.out:
         payload = {"command": " ".join([f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')}", "python",
                                         *sys.argv]),
-                   "cpu": cpu_description(), "threads": torch.get_num_threads(), "shape": args.shape,
-                   "vocab": args.vocab, "rounds": args.rounds, **bu.environment(torch.device("cpu")),
-                   "ctranslate2": _ctranslate2_version(), "rows": rows}
+                   "cpu": cpu_description(), "shape": args.shape, "vocab": args.vocab, "rounds": args.rounds,
+                   "points": [asdict(point) for point in points], **bu.environment(torch.device("cpu")),
+                   "ctranslate2": _ctranslate2_version(), "comparisons": table, "rows": rows}
         bu.write_json(args.out, payload)
         print(f"wrote {args.out}")
 

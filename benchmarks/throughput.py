@@ -33,7 +33,11 @@ barring it), so every system decodes exactly sum(source length + 1) target token
 "fastformer-every-step" (model.translate(shrink="every_step"), translate's default: the host waits for every step),
 "cached-pytorch"
 (baselines.cached_beam_search), "reference" (fastformer.reference.beam_search, full recompute, on fewer sentences),
-"ctranslate2", "ctranslate2-int8" and "transformers" where installed.
+"ctranslate2", "ctranslate2-int8" (one batch on intra-op threads: inter_threads=1, intra_threads=T) and, on the CPU,
+"ctranslate2-inter", "ctranslate2-int8-inter" (CTranslate2's throughput mode: inter_threads=T, intra_threads=1,
+max_batch_size=ceil(batch / T), the batch's parts translated in parallel), and "transformers", where installed.
+Each inference row's "x best CTranslate2" is its rate over the best CTranslate2 row (either compute type, either
+threading mode) at the same batch size.
 
 Model FLOPs of an update (MFU = FLOPs / time / the device's dense bf16 peak), over the real (unpadded) tokens, with
 S/T the source/target lengths per sentence, d = d_model, f = d_ff, V = vocab:
@@ -47,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import statistics
 import sys
@@ -80,7 +85,8 @@ CPU_SLOW_SYSTEMS = ("reference-compile", "transformers", "fastformer-every-step"
 CUDA_ONLY_SYSTEMS = ("fastformer-captured",)
 BATCHINGS = ("buckets", "tokens")
 INFER_SYSTEMS = ("fastformer", "fastformer-every-step", "cached-pytorch", "reference", "ctranslate2", "ctranslate2-int8",
-                 "transformers")
+                 "ctranslate2-inter", "ctranslate2-int8-inter", "transformers")
+CPU_ONLY_SYSTEMS = ("ctranslate2-inter", "ctranslate2-int8-inter")  # inter_threads splits the CPU's threads
 PRESETS = ("tiny", "base", "big")
 TINY_VOCAB = 1000
 
@@ -339,7 +345,8 @@ def translator(system: str, model: Transformer, settings: Settings) -> Callable[
     if system == "cached-pytorch":
         return lambda src: cached_beam_search(model, src, **options)
     if system.startswith("ctranslate2"):
-        return ctranslate2_translator(model, settings, quantization="int8" if system.endswith("int8") else "float32")
+        return ctranslate2_translator(model, settings, quantization="int8" if "-int8" in system else "float32",
+                                      inter=system.endswith("-inter"))
     if system == "transformers":
         return transformers_translator(model, settings)
 
@@ -360,25 +367,28 @@ def source_pieces(src: torch.Tensor, config: TransformerConfig, vocabulary: list
     return [[vocabulary[i] for i in row if i != config.pad_id][:-1] for row in src.tolist()]
 
 
-def ctranslate2_translator(model: Transformer, settings: Settings,
-                           quantization: str) -> Callable[[torch.Tensor], list]:
+def ctranslate2_translator(model: Transformer, settings: Settings, quantization: str,
+                           inter: bool) -> Callable[[torch.Tensor], list]:
     """CTranslate2 on the exported weights, decoding as many steps as fastformer's forced length (the batch's
-    longest source with EOS): EOS is barred until then by min_decoding_length and the cut is max_decoding_length."""
+    longest source with EOS): EOS is barred until then by min_decoding_length and the cut is max_decoding_length.
+    inter: the CPU's threads translate parts of the batch in parallel (module docstring)."""
     import ctranslate2
 
     out_dir = Path(tempfile.mkdtemp(prefix="fastformer-ct2-"))
     vocabulary = placeholder_vocabulary(model.config)
     to_ctranslate2(model, vocabulary, out_dir, quantization=quantization)
     device = "cuda" if settings.device.startswith("cuda") else "cpu"
-    engine = ctranslate2.Translator(str(out_dir), device=device, inter_threads=1,
-                                    intra_threads=torch.get_num_threads() if device == "cpu" else 0)
+    threads = torch.get_num_threads()
+    engine = ctranslate2.Translator(str(out_dir), device=device, inter_threads=threads if inter else 1,
+                                    intra_threads=0 if device != "cpu" else 1 if inter else threads)
     index = {token: i for i, token in enumerate(vocabulary)}
 
     def translate(src: torch.Tensor) -> list:
         steps = int((src != model.config.pad_id).sum(dim=1).max()) + 1  # + fastformer's forced EOS step
         results = engine.translate_batch(source_pieces(src, model.config, vocabulary), beam_size=settings.beam_size,
                                          length_penalty=settings.length_penalty, min_decoding_length=steps,
-                                         max_decoding_length=steps, max_batch_size=0)
+                                         max_decoding_length=steps,
+                                         max_batch_size=math.ceil(len(src) / threads) if inter else 0)
         return [[Best([index[p] for p in result.hypotheses[0]])] for result in results]
 
     return translate
@@ -485,7 +495,8 @@ def runs_on(system: str, section: str, device: torch.device) -> str:
             return "not on CPU (CUDA graphs)" if cpu else "Triton kernels, bf16 + fp32 masters, CUDA graphs"
         return "Triton interpreter (not a speed figure)" if cpu else "Triton kernels"
     if system.startswith("ctranslate2"):
-        return f"CTranslate2 {'int8' if system.endswith('int8') else 'fp32'} on {device.type}"
+        threading = "inter_threads" if system.endswith("-inter") else "intra_threads"
+        return f"CTranslate2 {'int8' if '-int8' in system else 'fp32'} on {device.type}, {threading}"
     return {"transformers": "MarianMTModel.generate", "torch-nn": "torch.nn layers + SDPA",
             "cached-pytorch": "PyTorch KV-cache loop", "reference": "plain PyTorch, no cache" if section == "infer"
             else "plain PyTorch"}.get(system, "plain PyTorch (torch.compile)" if system.endswith("-compile") else "")
@@ -585,12 +596,16 @@ def tables(results: dict) -> str:
         ok = row["status"] == "ok"
         cached = find(results["inference"], preset=row["preset"], system="cached-pytorch",
                       batch_size=row.get("batch_size"))
+        peers = [median_of(peer) for peer in results["inference"]
+                 if peer["system"].startswith("ctranslate2") and peer["status"] == "ok"
+                 and (peer["preset"], peer.get("batch_size")) == (row["preset"], row.get("batch_size"))]
         infer_rows.append({
             **row, "tok_s": median_of(row) if ok else None,
             "spread": bu.spread_percent(row["tokens_per_s"]) if ok else None,
             "sent_s": median_of(row, "sentences_per_s") if ok else None,
             "latency": row["latency_ms"]["median"] if ok and row.get("latency_ms") else None,
             "vs_cached": ratio(median_of(row), median_of(cached)) if ok else None,
+            "vs_ctranslate2": ratio(median_of(row), max(peers)) if ok and peers else None,
             "same": row.get("same_tokens_as_fastformer"),
             "status_note": row["status"] if ok else f"{row['status']}: {row.get('error', '')[:60]}",
         })
@@ -608,6 +623,7 @@ def tables(results: dict) -> str:
                                      ("compute_type", "compute type"), ("batch_size", "batch"),
                                      ("sentences", "sentences"), ("tok_s", "tokens/s"), ("spread", "spread %"),
                                      ("sent_s", "sentences/s"), ("latency", "latency ms"), ("vs_cached", "x cached"),
+                                     ("vs_ctranslate2", "x best CTranslate2"),
                                      ("same", "same as fastformer"), ("tokens_match", "tokens ok"),
                                      ("status_note", "status")]),
         "",
@@ -742,7 +758,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, Path]:
     settings = Settings(
         device=args.device, presets=args.preset or (["tiny"] if cpu else ["base"] if args.quick else ["base", "big"]),
         train_systems=[s for s in chosen or DEFAULT_TRAIN_SYSTEMS if s in TRAIN_SYSTEMS] if args.train or both else [],
-        infer_systems=[s for s in chosen or INFER_SYSTEMS if s in INFER_SYSTEMS] if args.infer or both else [],
+        infer_systems=[s for s in chosen or INFER_SYSTEMS if s in INFER_SYSTEMS and (cpu or s not in CPU_ONLY_SYSTEMS)]
+        if args.infer or both else [],
         batching=args.batching, compile_backend=compile_backend, compile_mode=args.compile_mode,
         source_len=args.source_len,
         beam_size=args.beam, length_penalty=args.length_penalty,

@@ -153,21 +153,23 @@ def test_the_cpu_run_leaves_out_its_slow_systems_unless_named():
     settings, _ = parse_args(["--device", "cpu"])
     assert settings.train_systems == ["fastformer", "reference", "torch-nn"]
     assert settings.batching == "buckets"
-    assert settings.infer_systems == ["fastformer", "cached-pytorch", "reference", "ctranslate2", "ctranslate2-int8"]
+    assert settings.infer_systems == ["fastformer", "cached-pytorch", "reference", "ctranslate2", "ctranslate2-int8",
+                                      "ctranslate2-inter", "ctranslate2-int8-inter"]
     settings, _ = parse_args(["--device", "cpu", "--systems", "transformers,reference-compile"])
     assert (settings.train_systems, settings.infer_systems) == (["reference-compile"], ["transformers"])
+    settings, _ = parse_args(["--device", "cuda", "--infer", "--out-dir", "unused"])  # inter_threads: a CPU thing
+    assert not {"ctranslate2-inter", "ctranslate2-int8-inter"} & set(settings.infer_systems)
 
 
 def test_throughput_smoke_run_on_cpu(tmp_path):
-    every_system = "fastformer,reference,reference-compile,torch-nn,cached-pytorch,ctranslate2,ctranslate2-int8," \
-                   "transformers"
+    engines = ("ctranslate2", "ctranslate2-int8", "ctranslate2-inter", "ctranslate2-int8-inter", "transformers")
+    every_system = ",".join(("fastformer", "reference", "reference-compile", "torch-nn", "cached-pytorch", *engines))
     results = run_script("throughput.py", tmp_path, "--preset", "tiny", "--max-tokens", "128", "--batches", "1",
                          "--warmup", "0", "--repeats", "1", "--sentences", "6", "--reference-sentences", "2",
                          "--latency-sentences", "1", "--systems", every_system)
     assert {row["system"] for row in results["training"]} == {"fastformer", "reference", "reference-compile",
                                                               "torch-nn"}
-    assert {row["system"] for row in results["inference"]} == {"fastformer", "cached-pytorch", "reference",
-                                                               "ctranslate2", "ctranslate2-int8", "transformers"}
+    assert {row["system"] for row in results["inference"]} == {"fastformer", "cached-pytorch", "reference", *engines}
     for row in results["training"] + results["inference"]:
         if row["status"] == "ok":
             assert row["tokens_per_s"]["median"] > 0
@@ -177,7 +179,7 @@ def test_throughput_smoke_run_on_cpu(tmp_path):
     for row in results["inference"]:
         if row["status"] == "ok":
             # The engines take one length limit per call, so they decode each batch's longest forced length.
-            assert row["tokens_match"] or row["system"] in ("ctranslate2", "ctranslate2-int8", "transformers"), row
+            assert row["tokens_match"] or row["system"] in engines, row
     cached = next(row for row in results["inference"] if row["system"] == "cached-pytorch")
     assert cached["status"] != "ok" or cached["same_tokens_as_fastformer"] == 1.0, cached
     assert [t["target"] for t in results["targets"]]
@@ -201,8 +203,9 @@ def test_kernels_smoke_run_on_cpu(tmp_path):
 
 
 def test_cpu_decoding_smoke_run(tmp_path):
-    """The CPU decoding comparison decodes every hypothesis to its fixed length in every system and compute type it
-    is given, and reports rates, checksums and, for fastformer, the share of the GEMM floor."""
+    """The CPU decoding comparison decodes every hypothesis to its fixed length in every system, compute type and
+    CTranslate2 threading mode it is given, reports rates, checksums, warm-up calls and, for fastformer, the share of
+    the GEMM floor, and takes each point's ratios against CTranslate2's best row there."""
     systems = ["fastformer-float32", "fastformer-int8"]
     try:
         import ctranslate2  # noqa: F401
@@ -211,17 +214,32 @@ def test_cpu_decoding_smoke_run(tmp_path):
         pass
     out = tmp_path / "cpu_decoding.json"
     command = [sys.executable, str(BENCHMARKS / "cpu_decoding.py"), "--shape", "a", "--vocab", "300", "--rounds", "1",
-               "--sentences", "8", "1", "--systems", *systems, "--out", str(out)]
+               "--sentences", "8", "1", "--threads", "1", "2", "--beam", "2", "--source-tokens", "6",
+               "--systems", *systems, "--out", str(out)]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=BENCHMARKS.parent)
     assert completed.returncode == 0, completed.stdout + completed.stderr
-    rows = json.loads(out.read_text())["rows"]
-    assert sorted((row["system"], row["sentences"]) for row in rows) == sorted(
-        (system, n) for system in systems for n in (8, 1))
+    results = json.loads(out.read_text())
+    rows = results["rows"]
+    expected = [(system, threading, threads, n) for system in systems for threads in (1, 2) for n in (8, 1)
+                for threading in (("intra", "inter") if system.startswith("ctranslate2") and threads == 2
+                                  else ("intra",))]
+    assert sorted((row["system"], row["threading"], row["threads"], row["sentences"]) for row in rows) == sorted(
+        expected)
     for row in rows:
-        assert row["tokens_per_s"] > 0 and len(row["checksum"]) == 8
-        assert row["tokens_per_s"] == pytest.approx(row["sentences"] * 31 / row["seconds"], rel=1e-2)
+        assert row["tokens_per_s"] > 0 and len(row["checksum"]) == 8 and 2 <= row["warmup_calls"][0] <= 8
+        assert (row["beam"], row["source_tokens"], row["target_tokens"]) == (2, 6, 10)
+        tokens, seconds = row["sentences"] * 10, row["seconds"]  # seconds rounded to 4 decimals in the JSON
+        assert tokens / (seconds + 5e-5) <= row["tokens_per_s"] <= tokens / (seconds - 5e-5)
         if row["system"].startswith("fastformer"):
             assert 0 < row["gemm_floor_seconds"] and row["share_of_gemm_floor"] > 0
+    assert len(results["comparisons"]) == 4  # (threads, sentences)
+    for entry in results["comparisons"]:
+        at_point = [row for row in rows
+                    if (row["threads"], row["sentences"]) == (entry["threads"], entry["sentences"])]
+        fastest = max(row["tokens_per_s"] for row in at_point if row["system"].startswith("fastformer"))
+        if "ctranslate2-int8" in systems:
+            best_peer = max(row["tokens_per_s"] for row in at_point if row["system"].startswith("ctranslate2"))
+            assert entry["fastest"]["ratio"] == pytest.approx(fastest / best_peer, rel=1e-2, abs=1e-3)
 
 
 def test_real_token_ratios_count_the_unpadded_tokens():
