@@ -29,6 +29,12 @@ Each fastformer row (in a sweep, at the headline shape only) also gives its shar
 encoder's, the cross-attention keys/values', and every step's decoder and output projection, at the rows the search
 has) run alone through the same converted linear layers, divided by the row's time. CTranslate2's GEMMs are its own.
 
+--cap-isa avx2 runs an AVX-512 CPU as an AVX2 one as far as the libraries let it: oneDNN (ONEDNN_MAX_CPU_ISA),
+ATen's kernels (ATEN_CPU_CAPABILITY), CTranslate2 (CT2_FORCE_CPU_ISA) and fastformer's own loops and its choice of
+8-bit int8 activations (FASTFORMER_CPU_ISA) are capped; FBGEMM, which runs most of fastformer's int8 GEMMs, picks
+its kernels by the CPU's own flags and has no cap, so capped int8 figures are faster than a real AVX2 CPU's. The
+JSON names the caps; the figures are capped ones, not an AVX2 machine's.
+
 The checksums differ between the systems by construction (fastformer's last token is the forced EOS, scored,
 CTranslate2's a last real token) and between compute types (random weights give near-uniform log-probabilities,
 which any rounding reorders); that the systems return the same best hypothesis under the same rules is tested in
@@ -67,6 +73,9 @@ THREADINGS = ("intra", "inter")  # CTranslate2's two ways of using several threa
 MAX_WARMUP_CALLS = 8
 STEADY_TOLERANCE = 0.03
 HEADLINE = dict(beam=4, source_tokens=20, sentences=64)
+# --cap-isa: every library's own cap, so that a newer CPU runs as an older one would (module docstring).
+ISA_CAPS = {"avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "CT2_FORCE_CPU_ISA": "AVX2",
+                     "FASTFORMER_CPU_ISA": "avx2"}}
 
 
 @dataclass(frozen=True)
@@ -232,6 +241,9 @@ def run_worker(system: str, threading: str, point: Point, args: argparse.Namespa
     config = shape_config(args.shape, args.vocab)
     model = Transformer(config).eval()
     name, compute_type = system.split("-", 1)
+    cap = os.environ.get("FASTFORMER_CPU_ISA")
+    if name == "fastformer" and cap and extension().cpu_isa() != cap:
+        sys.exit(f"fastformer's loops run {extension().cpu_isa()}, not the {cap} FASTFORMER_CPU_ISA asks for")
     translate = (fastformer_translator(model, compute_type, point) if name == "fastformer"
                  else ctranslate2_translator(model, compute_type, threading, point))
     timings = {}
@@ -340,6 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="source lengths without EOS; the target is 1.5x as long, plus one token")
     parser.add_argument("--sweep", action="store_true", help="the sweep's points (module docstring) instead of "
                         "--sentences/--threads/--beam/--source-tokens")
+    parser.add_argument("--cap-isa", choices=tuple(ISA_CAPS), help="run this CPU as one with this instruction set at "
+                        "most (module docstring: FBGEMM is not capped)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="JSON to write (default: print only)")
@@ -350,6 +364,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = build_parser().parse_args()
+    caps = ISA_CAPS.get(args.cap_isa, {})
+    if any(os.environ.get(name) != value for name, value in caps.items()):
+        # The libraries read their caps when they first run: the whole run starts again with them set.
+        os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], {**os.environ, **caps})
     if args.worker:
         point = Point(args.threads[0], args.beam[0], args.source_tokens[0], tuple(args.sentences))
         run_worker(args.worker, args.threading, point, args)
@@ -390,7 +408,8 @@ def main() -> None:
     if args.out:
         payload = {"command": " ".join([f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')}", "python",
                                         *sys.argv]),
-                   "cpu": cpu_description(), "shape": args.shape, "vocab": args.vocab, "rounds": args.rounds,
+                   "cpu": cpu_description(), "isa_caps": caps, "fastformer_cpu_isa": extension().cpu_isa(),
+                   "shape": args.shape, "vocab": args.vocab, "rounds": args.rounds,
                    "points": [asdict(point) for point in points], **bu.environment(torch.device("cpu")),
                    "ctranslate2": _ctranslate2_version(), "comparisons": table, "rows": rows}
         bu.write_json(args.out, payload)

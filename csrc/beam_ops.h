@@ -17,6 +17,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #if defined(__CUDACC__)
 #define FASTFORMER_HOST_DEVICE __host__ __device__
@@ -167,7 +168,24 @@ FASTFORMER_HOST_DEVICE inline void write_next_beam(const BeamStepArgs& args, int
   if (first_position == 0 && step + 1 < args.cache_len) to[step + 1] = j;
 }
 
-// fp32 CPU implementations.
+// The fp32 CPU loops of one instruction set (beam_ops_cpu.cpp): "avx512" (16-float vectors), "avx2" (8-float
+// vectors with FMA) or "baseline" (the build's own target: SSE2 on x86-64).
+struct CpuLoops {
+  const char* isa;
+  void (*self_attention_step)(const SelfAttentionArgs& args);
+  void (*cross_attention)(const CrossAttentionArgs& args);
+  void (*beam_step)(const BeamStepArgs& args);
+  void (*row_absmax)(const float* x, int64_t n_rows, int64_t width, float* absmax);
+  void (*clamped_scale)(const float* x, int64_t width, float factor, float* out);
+  void (*scale_and_add)(float* y, int64_t width, float scale, const float* bias);
+};
+// The instruction sets this build has and this CPU runs, widest first (the tests run each).
+std::vector<const CpuLoops*> cpu_isas();
+// The loops the ops below use, chosen at the first call: the widest this CPU runs, or the one the environment
+// variable FASTFORMER_CPU_ISA names (one of cpu_isas(); another name throws std::invalid_argument saying which).
+const CpuLoops& cpu_loops();
+
+// fp32 CPU implementations, in cpu_loops().
 void self_attention_step_cpu(const SelfAttentionArgs& args);
 void cross_attention_cpu(const CrossAttentionArgs& args);
 void beam_step_cpu(const BeamStepArgs& args);

@@ -5,6 +5,7 @@
 
 #include <set>
 #include <string>
+#include <vector>
 
 #include "beam_ops.h"
 #include "decoder.h"
@@ -88,6 +89,13 @@ void bind_compiled(pybind11::module_& m) {
         "whether the decoder's int8 output projection may take FBGEMM's GEMM (decoder.h)");
   m.def("int8_activation_max", &int8_activation_max,
         "the int8 activations' steps a side: 127 on CPUs with VNNI, else 63 (linear.h)");
+  m.def("cpu_isa", [] { return std::string(cpu_loops().isa); },
+        "the instruction set of the CPU ops' hand-written loops: the widest this CPU runs, or FASTFORMER_CPU_ISA's");
+  m.def("cpu_isas", [] {
+        std::vector<std::string> names;
+        for (const CpuLoops* loops : cpu_isas()) names.emplace_back(loops->isa);
+        return names;
+      }, "the instruction sets this build has loops for and this CPU runs, widest first (beam_ops.h)");
   py::class_<PackedLinear>(m, "PackedLinear", "y = x W^T + b with W converted once for a compute type (linear.h)")
       .def(py::init([=](const at::Tensor& weight, const std::optional<at::Tensor>& bias, int64_t rows,
                         const std::string& type, bool fbgemm) {

@@ -149,7 +149,10 @@ at::Tensor call(const c10::OperatorHandle& op, std::vector<c10::IValue> argument
 bool cpu_has_vnni() {
 #if defined(__x86_64__) && defined(__GNUC__)
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512vnni") || __builtin_cpu_supports("avxvnni");
+  // Under FASTFORMER_CPU_ISA the VNNI of the instruction sets above the cap does not count, as on a CPU without it.
+  const std::string isa = cpu_loops().isa;
+  return (isa == "avx512" && __builtin_cpu_supports("avx512vnni")) ||
+         (isa != "baseline" && __builtin_cpu_supports("avxvnni"));
 #else
   return false;
 #endif

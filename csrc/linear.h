@@ -35,7 +35,8 @@ Activation parse_activation(const std::string& name);
 // GLIBC_TUNABLES): those stand.
 void keep_freed_buffers();
 
-// Whether the CPU has VNNI (AVX512-VNNI or AVX-VNNI): int8 dot products summed in int32.
+// Whether the CPU has VNNI (AVX512-VNNI or AVX-VNNI): int8 dot products summed in int32. Only that of the
+// instruction sets FASTFORMER_CPU_ISA leaves counts (beam_ops.h's cpu_loops()).
 bool cpu_has_vnni();
 
 // The int8 activations' steps a side: 127 where the CPU has VNNI (AVX512-VNNI or AVX-VNNI), else 63. Without VNNI,

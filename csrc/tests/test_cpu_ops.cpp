@@ -1,10 +1,12 @@
-// ctest: the CPU beam-search ops against brute-force loops in double precision (no torch).
+// ctest: the CPU beam-search ops against brute-force loops in double precision (no torch), in every instruction set
+// this CPU runs (each set's loops are separate code: a fault in one would not show in another).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "beam_ops.h"
@@ -22,6 +24,7 @@ void expect(bool condition, const char* what, int line) {
 #define EXPECT(condition) expect((condition), #condition, __LINE__)
 
 std::mt19937 rng(1234);
+const fastformer::CpuLoops* loops = nullptr;  // the instruction set under test
 
 std::vector<float> random_floats(size_t n, float scale = 1.0f) {
   std::normal_distribution<float> normal(0.0f, scale);
@@ -49,8 +52,9 @@ std::vector<double> naive_attention(const float* q, const std::vector<const floa
   return out;
 }
 
-void test_self_attention_step() {
-  const int n_sentences = 2, beam = 3, heads = 2, head_dim = 8, cache_len = 6, step = 4;
+// head_dim: one that is a multiple of neither vector width, one of 8 floats only, one of both (whole vectors).
+void test_self_attention_step(int head_dim) {
+  const int n_sentences = 2, beam = 3, heads = 2, cache_len = 21, step = 19;
   const int n_slots = n_sentences * beam, d_model = heads * head_dim;
   const size_t cache_size = size_t(n_slots) * heads * cache_len * head_dim;
   std::vector<float> k_cache = random_floats(cache_size), v_cache = random_floats(cache_size);
@@ -63,7 +67,7 @@ void test_self_attention_step() {
   const std::vector<float> qkv = random_floats(size_t(n_rows) * 3 * d_model);
   const std::vector<float> k_before = k_cache, v_before = v_cache;
   std::vector<float> out(size_t(n_rows) * d_model);
-  fastformer::self_attention_step_cpu({qkv.data(), k_cache.data(), v_cache.data(), indirection.data(),
+  loops->self_attention_step({qkv.data(), k_cache.data(), v_cache.data(), indirection.data(),
                                        row_slots.data(), out.data(), &step, n_rows, heads, head_dim, cache_len,
                                        beam});
   auto at = [&](int slot, int h, int p) { return (size_t(slot * heads + h) * cache_len + p) * head_dim; };
@@ -92,17 +96,17 @@ void test_self_attention_step() {
   EXPECT(changed == size_t(n_rows) * heads * head_dim);  // only the appended position moved
 }
 
-void test_cross_attention() {
-  const int n_sentences = 3, beam = 2, heads = 2, head_dim = 4, src_len = 5;
+void test_cross_attention(int head_dim) {
+  const int n_sentences = 3, beam = 2, heads = 2, src_len = 20;
   const int d_model = heads * head_dim;
   const size_t size = size_t(n_sentences) * heads * src_len * head_dim;
   const std::vector<float> k = random_floats(size), v = random_floats(size);
-  const std::vector<int32_t> src_lengths = {5, 1, 3};
+  const std::vector<int32_t> src_lengths = {20, 1, 17};  // one key block and more, with a tail
   const std::vector<int32_t> row_slots = {0, 1, 2, 3, 4, 5};
   const int n_rows = int(row_slots.size());
   const std::vector<float> q = random_floats(size_t(n_rows) * d_model);
   std::vector<float> out(size_t(n_rows) * d_model);
-  fastformer::cross_attention_cpu({q.data(), k.data(), v.data(), src_lengths.data(), row_slots.data(), out.data(),
+  loops->cross_attention({q.data(), k.data(), v.data(), src_lengths.data(), row_slots.data(), out.data(),
                                    n_rows, heads, head_dim, src_len, beam});
   for (int row = 0; row < n_rows; ++row) {
     const int sentence = row_slots[row] / beam;
@@ -214,7 +218,7 @@ void test_beam_step(int beam, int vocab, int step, int min_len, int max_len,
   args.eos_id = eos;
   args.length_penalty = length_penalty;
   args.length_penalty_form = form;
-  fastformer::beam_step_cpu(args);
+  loops->beam_step(args);
 
   for (int untouched : {1, 3}) {
     EXPECT(finished_count[untouched] == (untouched == 1 ? 2 : 0) && done[untouched] == (untouched == 1));
@@ -261,7 +265,7 @@ void test_beam_step(int beam, int vocab, int step, int min_len, int max_len,
 // holding NaN or inf (anywhere: in a vector or in the tail) or only zeros.
 void test_row_absmax() {
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
-  for (int width : {1, 7, 8, 9, 16, 37}) {
+  for (int width : {1, 7, 8, 9, 15, 16, 17, 37}) {
     const int rows = 6;
     std::vector<float> x = random_floats(static_cast<size_t>(rows) * width);
     x[0 * width + width - 1] = -50.0f;      // row 0: its maximum is negative, and in the tail when width % 8 != 0
@@ -269,7 +273,7 @@ void test_row_absmax() {
     x[2 * width + width - 1] = -inf;        // row 2: -inf, last
     std::fill(x.begin() + 3 * width, x.begin() + 4 * width, 0.0f);  // row 3: zeros
     std::vector<float> absmax(rows, -1.0f);
-    fastformer::row_absmax_cpu(x.data(), rows, width, absmax.data());
+    loops->row_absmax(x.data(), rows, width, absmax.data());
     for (int r = 0; r < rows; ++r) {
       float expected = 0.0f;
       bool finite = true;
@@ -289,14 +293,14 @@ void test_row_absmax() {
 
 // clamped_scale_cpu and scale_and_add_cpu against scalar loops, at widths around the vector width.
 void test_row_scaling() {
-  for (int width : {1, 7, 8, 9, 16, 37}) {
+  for (int width : {1, 7, 8, 9, 15, 16, 17, 37}) {
     const std::vector<float> x = random_floats(width), bias = random_floats(width);
     std::vector<float> clamped(width, 5.0f);
-    fastformer::clamped_scale_cpu(x.data(), width, 3.0f, clamped.data());
+    loops->clamped_scale(x.data(), width, 3.0f, clamped.data());
     for (int i = 0; i < width; ++i) EXPECT(clamped[i] == std::clamp(x[i] * 3.0f, -1.0f, 1.0f));
     for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
       std::vector<float> y = x;
-      fastformer::scale_and_add_cpu(y.data(), width, 0.75f, b);
+      loops->scale_and_add(y.data(), width, 0.75f, b);
       // A fused multiply-add may round once where the loop rounds twice.
       for (int i = 0; i < width; ++i) EXPECT(std::abs(y[i] - (x[i] * 0.75f + (b ? b[i] : 0.0f))) <= 1e-6f);
     }
@@ -306,23 +310,35 @@ void test_row_scaling() {
 }  // namespace
 
 int main() {
-  test_row_absmax();
-  test_row_scaling();
-  test_self_attention_step();
-  test_cross_attention();
-  for (int beam : {1, 2, 4, 5}) {
-    test_beam_step(beam, 9, 3, 1, 10);   // EOS allowed
-    test_beam_step(beam, 9, 3, 5, 10);   // EOS barred (min_len)
-    test_beam_step(beam, 9, 3, 1, 3);    // EOS forced (max_len)
-    test_beam_step(beam, 40, 0, 0, 10);  // a larger vocabulary, the first step
-    test_beam_step(beam, 200, 3, 1, 10);  // three blocks of 64 tokens that the search may pass over, and a tail
-    test_beam_step(beam, 9, 3, 1, 10, fastformer::LengthPenaltyForm::kLength);
-    test_beam_step(beam, 9, 3, 1, 3, fastformer::LengthPenaltyForm::kLength);
+  std::string tested;
+  for (const fastformer::CpuLoops* isa : fastformer::cpu_isas()) {
+    loops = isa;
+    const int failures_before = failures;
+    test_row_absmax();
+    test_row_scaling();
+    for (int head_dim : {4, 8, 64}) {
+      test_self_attention_step(head_dim);
+      test_cross_attention(head_dim);
+    }
+    for (int beam : {1, 2, 4, 5}) {
+      test_beam_step(beam, 9, 3, 1, 10);   // EOS allowed
+      test_beam_step(beam, 9, 3, 5, 10);   // EOS barred (min_len)
+      test_beam_step(beam, 9, 3, 1, 3);    // EOS forced (max_len)
+      test_beam_step(beam, 40, 0, 0, 10);  // a larger vocabulary, the first step
+      test_beam_step(beam, 300, 3, 1, 10);  // blocks of 8 vectors that the search may pass over, and a tail
+      test_beam_step(beam, 9, 3, 1, 10, fastformer::LengthPenaltyForm::kLength);
+      test_beam_step(beam, 9, 3, 1, 3, fastformer::LengthPenaltyForm::kLength);
+    }
+    if (failures > failures_before) {
+      std::fprintf(stderr, "in the %s loops: %d failed\n", isa->isa, failures - failures_before);
+    }
+    tested += std::string(tested.empty() ? "" : ", ") + isa->isa;
   }
   if (failures) {
     std::fprintf(stderr, "%d check(s) failed\n", failures);
     return EXIT_FAILURE;
   }
-  std::printf("all CPU op checks passed\n");
+  std::printf("all CPU op checks passed, in the loops of: %s (the chosen ones: %s)\n", tested.c_str(),
+              fastformer::cpu_loops().isa);
   return EXIT_SUCCESS;
 }

@@ -1,0 +1,64 @@
+"""The instruction sets of the CPU ops' hand-written loops (csrc/beam_ops_cpu.cpp) and FASTFORMER_CPU_ISA, the switch
+that caps them: every set this CPU runs passes the ops' and the search's tests against their oracles, not only the
+widest one that the rest of the suite runs. (ctest runs each set's loops against brute force as well.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fastformer.decoding.compiled import extension
+
+TESTS = Path(__file__).resolve().parent
+ISAS = extension().cpu_isas()
+# The oracles' tests of everything the loops compute: the ops against the reference attention, the search against
+# the reference search and brute force, and int8 (its row scales) against float64 products.
+ORACLE_TESTS = ["test_extension.py", "test_beam_search.py", "test_compute_types.py"]
+
+
+def run_python(code: str, isa: str) -> subprocess.CompletedProcess:
+    # From tests/, so that the installed package is imported, not the source tree (which has no extension).
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=TESTS,
+                          env={**os.environ, "FASTFORMER_CPU_ISA": isa})
+
+
+def test_the_widest_instruction_set_is_chosen_and_the_baseline_is_always_there():
+    assert ISAS[-1] == "baseline" and len(set(ISAS)) == len(ISAS)
+    assert set(ISAS) <= {"avx512", "avx2", "baseline"}
+    assert extension().cpu_isa() == os.environ.get("FASTFORMER_CPU_ISA", ISAS[0])
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_fastformer_cpu_isa_picks_the_loops_and_caps_vnni(isa):
+    done = run_python("from fastformer.decoding.compiled import extension\n"
+                      "print(extension().cpu_isa(), extension().int8_activation_max())", isa)
+    assert done.returncode == 0, done.stderr
+    chosen, activation_max = done.stdout.split()
+    assert chosen == isa
+    if isa == "baseline":  # VNNI belongs to the instruction sets above the cap: 7-bit activations
+        assert float(activation_max) == 63.0
+
+
+def test_an_unknown_or_unrunnable_instruction_set_is_a_one_line_error_naming_the_valid_ones():
+    code = ("import torch, fastformer\n"
+            "model = fastformer.Transformer(fastformer.TransformerConfig.tiny(vocab_size=50)).eval()\n"
+            "model.translate(torch.tensor([[5, 6, 2]]), beam_size=2)")
+    for isa in ("sse9", *[name for name in ("avx512", "avx2") if name not in ISAS]):
+        done = run_python(code, isa)
+        assert done.returncode != 0
+        last_line = done.stderr.strip().splitlines()[-1]
+        assert f"FASTFORMER_CPU_ISA={isa} is not an instruction set" in last_line
+        assert "use one of: " + ", ".join(ISAS) in last_line
+
+
+@pytest.mark.parametrize("isa", ISAS[1:])  # the widest is the one every other test runs
+def test_the_oracle_tests_pass_in_the_loops_of(isa):
+    done = subprocess.run([sys.executable, "-m", "pytest", *ORACLE_TESTS, "-q", "-x", "-p", "no:cacheprovider"],
+                          capture_output=True, text=True, timeout=900, cwd=TESTS,
+                          env={**os.environ, "FASTFORMER_CPU_ISA": isa})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout.strip().splitlines()[-1]
