@@ -83,6 +83,9 @@ struct BeamStepArgs {
   int32_t* candidate_ids;       // [n_active * beam_size, 2 * beam_size] workspace (CUDA only)
   const int32_t* step;          // [1]: the step, in [0, cache_len)
   int n_sentences, n_active, vocab, beam_size, cache_len, min_len, pad_id, bos_id, eos_id;
+  // 0 with beam_size 1: each row's allowed argmax, without a log-softmax; the sums and finished scores are then
+  // not computed (0 and NaN). The CPU loops take it; CUDA's beam_step computes the scores whatever it says.
+  int with_scores;
   double length_penalty;
   LengthPenaltyForm length_penalty_form;
 };

@@ -78,7 +78,8 @@ void bind_structs(pybind11::module_& m) {
       .def_readwrite("pad_id", &SearchOptions::pad_id)
       .def_readwrite("bos_id", &SearchOptions::bos_id)
       .def_readwrite("eos_id", &SearchOptions::eos_id)
-      .def_readwrite("shrink", &SearchOptions::shrink);
+      .def_readwrite("shrink", &SearchOptions::shrink)
+      .def_readwrite("return_scores", &SearchOptions::return_scores);
 }
 
 // The converted linear layers (linear.h, encoder.h, decoder.h): made once, kept by fastformer/decoding/search.py.

@@ -168,6 +168,7 @@ BeamStepArgs beam_step_args(const at::Tensor& logits, const at::Tensor& active, 
   args.pad_id = static_cast<int>(options.pad_id);
   args.bos_id = static_cast<int>(options.bos_id);
   args.eos_id = static_cast<int>(options.eos_id);
+  args.with_scores = options.return_scores || options.beam_size > 1;
   args.length_penalty = options.length_penalty;
   args.length_penalty_form = parse_length_penalty_form(options.length_penalty_form);
   return args;

@@ -143,6 +143,9 @@ struct SearchOptions {
   //   step it queued, and on CUDA each bucket's step is captured once as a CUDA graph and replayed;
   // - "auto": every_step, on CUDA too until buckets pass the GPU tests on a GPU (docs/gpu.md).
   std::string shrink = "auto";
+  // false: the caller wants the hypotheses' tokens only, and greedy search (beam_size 1) on the CPU takes each
+  // step's argmax without a log-softmax (beam_ops.h's BeamStepArgs::with_scores).
+  bool return_scores = true;
 };
 
 // The search's per-sentence state, n_slots = n_sentences * beam_size slots (see beam_ops.h for each field's

@@ -91,14 +91,15 @@ def test_reference_finds_the_exact_optimum_with_a_large_beam(min_len, length_pen
     assert_same_hypotheses(got, [expected])
 
 
-@pytest.mark.parametrize("search", ["reference", "translate"])
+@pytest.mark.parametrize("search", ["reference", "translate", "translate without scores"])
 def test_beam_one_is_greedy_search(search):
     model = make_model()
     src = padded_sources(model, [7, 4, 9])
     encoder_out = model.encode(src)
     config = model.config
     kwargs = dict(beam_size=1, max_len_a=0.0, max_len_b=12, min_len=2, length_penalty=0.6)
-    got = beam_search(model, src, **kwargs) if search == "reference" else model.translate(src, **kwargs)
+    got = (beam_search(model, src, **kwargs) if search == "reference"
+           else model.translate(src, return_scores=search == "translate", **kwargs))
     for sentence in range(src.shape[0]):
         tokens, total = [], 0.0
         one = encoder_out._replace(memory=encoder_out.memory[sentence:sentence + 1],
@@ -114,8 +115,30 @@ def test_beam_one_is_greedy_search(search):
                 break
             tokens.append(token)
         assert got[sentence][0].tokens == tokens
-        assert got[sentence][0].score == pytest.approx(total / length_penalty_divisor(len(tokens) + 1, 0.6),
-                                                       abs=1e-5)
+        if search == "translate without scores":  # the argmax alone, without a log-softmax
+            assert got[sentence][0].score is None
+        else:
+            assert got[sentence][0].score == pytest.approx(total / length_penalty_divisor(len(tokens) + 1, 0.6),
+                                                           abs=1e-5)
+
+
+@pytest.mark.parametrize("shrink", ["every_step", "buckets"])
+@pytest.mark.parametrize("compute_type", ["float32", "int8"])
+def test_greedy_search_without_scores_takes_the_tokens_of_the_scored_search_in_any_batch(shrink, compute_type):
+    """Greedy search's own path (the argmax, no log-softmax) against beam 1 with scores, in a batch of sentences of
+    several lengths and for each sentence alone, with EOS barred for a while (min_len) and forced (max_len)."""
+    model = make_model(vocab=300)  # a vocabulary past a few vector widths, with a tail
+    src = padded_sources(model, [7, 4, 9, 1, 12])
+    kwargs = dict(beam_size=1, max_len_a=0.5, max_len_b=3, min_len=3, shrink=shrink, compute_type=compute_type)
+    scored = model.translate(src, **kwargs)
+    unscored = model.translate(src, return_scores=False, **kwargs)
+    tokens = [[[h.tokens for h in sentence] for sentence in search] for search in (scored, unscored)]
+    assert tokens[0] == tokens[1]
+    assert all(h.score is None for sentence in unscored for h in sentence)
+    for i in range(src.shape[0]):
+        length = int((src[i] != model.config.pad_id).sum())
+        alone = model.translate(src[i:i + 1, :length], return_scores=False, **kwargs)
+        assert alone[0][0].tokens == scored[i][0].tokens
 
 
 # translate: the compiled decoder against the reference (full recompute each step).

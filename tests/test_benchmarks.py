@@ -228,8 +228,8 @@ def test_cpu_decoding_smoke_run(tmp_path):
     for row in rows:
         assert row["tokens_per_s"] > 0 and len(row["checksum"]) == 8 and 2 <= row["warmup_calls"][0] <= 8
         assert (row["beam"], row["source_tokens"], row["target_tokens"]) == (2, 6, 10)
-        tokens, seconds = row["sentences"] * 10, row["seconds"]  # seconds rounded to 4 decimals in the JSON
-        assert tokens / (seconds + 5e-5) <= row["tokens_per_s"] <= tokens / (seconds - 5e-5)
+        tokens, seconds = row["sentences"] * 10, row["seconds"]  # the JSON rounds seconds to 4 decimals, rates to 1
+        assert tokens / (seconds + 5e-5) - 0.05 <= row["tokens_per_s"] <= tokens / (seconds - 5e-5) + 0.05
         if row["system"].startswith("fastformer"):
             assert 0 < row["gemm_floor_seconds"] and row["share_of_gemm_floor"] > 0
     assert len(results["comparisons"]) == 4  # (threads, sentences)

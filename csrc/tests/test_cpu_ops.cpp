@@ -7,6 +7,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "beam_ops.h"
@@ -169,8 +170,10 @@ Expected brute_force_step(const float* logits, const float* sums, int beam, int 
   return e;
 }
 
+// with_scores false (beam 1 only): the greedy path, which takes the same tokens and leaves the scores uncomputed.
 void test_beam_step(int beam, int vocab, int step, int min_len, int max_len,
-                    fastformer::LengthPenaltyForm form = fastformer::LengthPenaltyForm::kGnmt) {
+                    fastformer::LengthPenaltyForm form = fastformer::LengthPenaltyForm::kGnmt,
+                    bool with_scores = true) {
   const int n_sentences = 4, pad = 0, bos = 1, eos = 2, cache_len = step + 2;
   const int n_slots = n_sentences * beam;
   const double length_penalty = 0.6;
@@ -180,7 +183,11 @@ void test_beam_step(int beam, int vocab, int step, int min_len, int max_len,
   // A few large logits make EOS and repeated beams likely, so that finishing and reordering both happen.
   std::vector<float> logits = random_floats(size_t(n_active) * beam * vocab, 2.0f);
   std::vector<float> sums = random_floats(n_slots, 3.0f);
-  sums[2 * beam + beam - 1] = -std::numeric_limits<float>::infinity();  // an empty slot
+  if (with_scores) {
+    sums[2 * beam + beam - 1] = -std::numeric_limits<float>::infinity();  // an empty slot
+  } else {
+    logits[pad] = 10.0f;  // sentence 2's best token is one it may not take: the greedy path looks further
+  }
   const std::vector<float> sums_before = sums;
   std::vector<int32_t> tokens(n_slots, -7), indirection_in(n_slots * cache_len), indirection_out(n_slots * cache_len);
   for (int slot = 0; slot < n_slots; ++slot) {
@@ -218,6 +225,7 @@ void test_beam_step(int beam, int vocab, int step, int min_len, int max_len,
   args.eos_id = eos;
   args.length_penalty = length_penalty;
   args.length_penalty_form = form;
+  args.with_scores = with_scores;
   loops->beam_step(args);
 
   for (int untouched : {1, 3}) {
@@ -234,11 +242,14 @@ void test_beam_step(int beam, int vocab, int step, int min_len, int max_len,
     const Expected e = brute_force_step(logits.data() + size_t(a) * beam * vocab, sums_before.data() + s * beam,
                                         beam, vocab, step, min_len, max_len, pad, bos, eos, length_penalty,
                                         form == fastformer::LengthPenaltyForm::kGnmt);
-    const int n_alive = int(e.parents.size()), n_finished = int(e.finished_scores.size());
+    const int n_finished = int(e.finished_scores.size());
+    // The greedy path takes the best candidate only: a sentence that finishes keeps no beam (it is done either way).
+    const int n_alive = with_scores ? int(e.parents.size()) : n_finished > 0 ? 0 : std::min<int>(1, e.parents.size());
     EXPECT(finished_count[s] == already + n_finished);
     EXPECT(done[s] == (already + n_finished >= beam || n_alive == 0));
     for (int i = 0; i < n_finished; ++i) {
-      EXPECT(std::fabs(finished_scores[s * 2 * beam + already + i] - e.finished_scores[i]) < 1e-4);
+      const double score = finished_scores[s * 2 * beam + already + i];
+      EXPECT(with_scores ? std::fabs(score - e.finished_scores[i]) < 1e-4 : std::isnan(score));
       EXPECT(finished_beams[s * 2 * beam + already + i] == e.finished_beams[i]);
       EXPECT(finished_steps[s * 2 * beam + already + i] == step);
     }
@@ -247,17 +258,56 @@ void test_beam_step(int beam, int vocab, int step, int min_len, int max_len,
       const int32_t* indirection = indirection_out.data() + slot * cache_len;
       if (j < n_alive) {
         EXPECT(tokens[slot] == e.tokens[j]);
-        EXPECT(std::fabs(sums[slot] - e.sums[j]) < 1e-4);
+        EXPECT(!with_scores || std::fabs(sums[slot] - e.sums[j]) < 1e-4);
         EXPECT(history_tokens[step * n_slots + slot] == e.tokens[j]);
         EXPECT(history_beams[step * n_slots + slot] == e.parents[j]);
         const int parent = s * beam + e.parents[j];
         for (int p = 0; p <= step; ++p) EXPECT(indirection[p] == indirection_in[parent * cache_len + p]);
       } else {
-        EXPECT(std::isinf(sums[slot]) && sums[slot] < 0);
+        EXPECT(!with_scores || (std::isinf(sums[slot]) && sums[slot] < 0));
         EXPECT(history_tokens[step * n_slots + slot] == -1);
       }
       EXPECT(indirection[step + 1] == j);
     }
+  }
+}
+
+// The greedy path on a row holding NaN or inf: no hypothesis (the search then says the scores are not finite).
+void test_greedy_step_on_a_non_finite_row() {
+  for (float poison : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    const int vocab = 37, step = 2, cache_len = 4;
+    std::vector<float> logits = random_floats(vocab), sums(1, 0.0f);
+    logits[vocab - 3] = poison;
+    std::vector<int32_t> tokens(1, -7), indirection_in(cache_len, 0), indirection_out(cache_len, 0);
+    std::vector<int32_t> history_tokens(cache_len, -7), history_beams(cache_len, -7), finished_count(1, 0);
+    std::vector<int32_t> finished_steps(2, -7), finished_beams(2, -7), done(1, 0);
+    std::vector<double> finished_scores(2, 0.0);
+    const std::vector<int32_t> active = {0}, max_lens = {10};
+    fastformer::BeamStepArgs args{};
+    args.logits = logits.data();
+    args.active = active.data();
+    args.max_lens = max_lens.data();
+    args.sums = sums.data();
+    args.tokens = tokens.data();
+    args.indirection_in = indirection_in.data();
+    args.indirection_out = indirection_out.data();
+    args.history_tokens = history_tokens.data();
+    args.history_beams = history_beams.data();
+    args.finished_count = finished_count.data();
+    args.finished_scores = finished_scores.data();
+    args.finished_steps = finished_steps.data();
+    args.finished_beams = finished_beams.data();
+    args.done = done.data();
+    args.n_sentences = 1;
+    args.n_active = 1;
+    args.vocab = vocab;
+    args.beam_size = 1;
+    args.cache_len = cache_len;
+    args.step = &step;
+    args.eos_id = 2;
+    args.bos_id = 1;
+    loops->beam_step(args);
+    EXPECT(done[0] == 1 && finished_count[0] == 0 && history_tokens[step] == -1);
   }
 }
 
@@ -329,6 +379,12 @@ int main() {
       test_beam_step(beam, 9, 3, 1, 10, fastformer::LengthPenaltyForm::kLength);
       test_beam_step(beam, 9, 3, 1, 3, fastformer::LengthPenaltyForm::kLength);
     }
+    for (int vocab : {9, 40, 300}) {  // the greedy path, around the vector width
+      for (auto [min_len, max_len] : {std::pair{1, 10}, std::pair{5, 10}, std::pair{1, 3}}) {
+        test_beam_step(1, vocab, 3, min_len, max_len, fastformer::LengthPenaltyForm::kGnmt, /*with_scores=*/false);
+      }
+    }
+    test_greedy_step_on_a_non_finite_row();
     if (failures > failures_before) {
       std::fprintf(stderr, "in the %s loops: %d failed\n", isa->isa, failures - failures_before);
     }

@@ -25,7 +25,7 @@ def length_penalty_divisor(length: int, length_penalty: float, form: str = "gnmt
 
 class Hypothesis(NamedTuple):
     tokens: list[int]  # without BOS/EOS
-    score: float  # sum of log-probabilities (EOS included) / length_penalty_divisor(len(tokens) + 1, ...)
+    score: float | None  # sum of log-probabilities (EOS included) / length_penalty_divisor(len(tokens) + 1, ...)
 
 
 def check_search_arguments(beam_size: int, length_penalty: float, max_len_a: float, max_len_b: int, min_len: int,

@@ -79,7 +79,8 @@ class Translator:
                                                   padding_value=config.pad_id).to(self.model.output_weight.device)
             hypotheses = self.model.translate(src, beam_size=beam_size, length_penalty=length_penalty,
                                               max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len,
-                                              length_penalty_form=length_penalty_form, compute_type=self.compute_type)
+                                              length_penalty_form=length_penalty_form, compute_type=self.compute_type,
+                                              return_scores=False)
             for i, text in zip(indices, self.target_tokenizer.decode([best[0].tokens for best in hypotheses])):
                 translations[i] = text
         return translations
