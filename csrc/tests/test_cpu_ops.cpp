@@ -170,6 +170,35 @@ Expected brute_force_step(const float* logits, const float* sums, int beam, int 
   return e;
 }
 
+// The buffers of a beam_step call, and its args pointing at them (the sizes and options are the caller's to set).
+struct StepBuffers {
+  std::vector<float> logits, sums;
+  std::vector<int32_t> active, max_lens, tokens, indirection_in, indirection_out, history_tokens, history_beams;
+  std::vector<int32_t> finished_count, finished_steps, finished_beams, done;
+  std::vector<double> finished_scores;
+
+  fastformer::BeamStepArgs args() {
+    fastformer::BeamStepArgs a{};
+    a.logits = logits.data();
+    a.active = active.data();
+    a.max_lens = max_lens.data();
+    a.sums = sums.data();
+    a.tokens = tokens.data();
+    a.indirection_in = indirection_in.data();
+    a.indirection_out = indirection_out.data();
+    a.history_tokens = history_tokens.data();
+    a.history_beams = history_beams.data();
+    a.finished_count = finished_count.data();
+    a.finished_scores = finished_scores.data();
+    a.finished_steps = finished_steps.data();
+    a.finished_beams = finished_beams.data();
+    a.done = done.data();
+    a.n_sentences = static_cast<int>(finished_count.size());
+    a.n_active = static_cast<int>(active.size());
+    return a;
+  }
+};
+
 // with_scores false (beam 1 only): the greedy path, which takes the same tokens and leaves the scores uncomputed.
 void test_beam_step(int beam, int vocab, int step, int min_len, int max_len,
                     fastformer::LengthPenaltyForm form = fastformer::LengthPenaltyForm::kGnmt,
@@ -178,43 +207,33 @@ void test_beam_step(int beam, int vocab, int step, int min_len, int max_len,
   const int n_slots = n_sentences * beam;
   const double length_penalty = 0.6;
   // Sentence 3 is not in the rows; sentence 1 is, but done (a bucketed search's padding): both stay untouched.
-  const std::vector<int32_t> active = {2, 1, 0};
-  const int n_active = int(active.size());
+  StepBuffers b;
+  b.active = {2, 1, 0};
+  const int n_active = int(b.active.size());
   // A few large logits make EOS and repeated beams likely, so that finishing and reordering both happen.
-  std::vector<float> logits = random_floats(size_t(n_active) * beam * vocab, 2.0f);
-  std::vector<float> sums = random_floats(n_slots, 3.0f);
+  b.logits = random_floats(size_t(n_active) * beam * vocab, 2.0f);
+  b.sums = random_floats(n_slots, 3.0f);
   if (with_scores) {
-    sums[2 * beam + beam - 1] = -std::numeric_limits<float>::infinity();  // an empty slot
+    b.sums[2 * beam + beam - 1] = -std::numeric_limits<float>::infinity();  // an empty slot
   } else {
-    logits[pad] = 10.0f;  // sentence 2's best token is one it may not take: the greedy path looks further
+    b.logits[pad] = 10.0f;  // sentence 2's best token is one it may not take: the greedy path looks further
   }
-  const std::vector<float> sums_before = sums;
-  std::vector<int32_t> tokens(n_slots, -7), indirection_in(n_slots * cache_len), indirection_out(n_slots * cache_len);
+  const std::vector<float> sums_before = b.sums;
+  b.tokens.assign(n_slots, -7);
+  b.indirection_in.resize(n_slots * cache_len);
+  b.indirection_out.resize(n_slots * cache_len);
   for (int slot = 0; slot < n_slots; ++slot) {
-    for (int p = 0; p < cache_len; ++p) indirection_in[slot * cache_len + p] = (slot + p) % beam;
+    for (int p = 0; p < cache_len; ++p) b.indirection_in[slot * cache_len + p] = (slot + p) % beam;
   }
-  std::vector<int32_t> history_tokens(cache_len * n_slots, -7), history_beams(cache_len * n_slots, -7);
-  std::vector<int32_t> finished_count = {1, 2, 0, 0}, finished_steps(n_sentences * 2 * beam, -7);
-  std::vector<int32_t> finished_beams(n_sentences * 2 * beam, -7), done = {0, 1, 0, 0};
-  std::vector<double> finished_scores(n_sentences * 2 * beam, 0.0);
-  const std::vector<int32_t> max_lens = {max_len, max_len, max_len, max_len};
-  fastformer::BeamStepArgs args{};
-  args.logits = logits.data();
-  args.active = active.data();
-  args.max_lens = max_lens.data();
-  args.sums = sums.data();
-  args.tokens = tokens.data();
-  args.indirection_in = indirection_in.data();
-  args.indirection_out = indirection_out.data();
-  args.history_tokens = history_tokens.data();
-  args.history_beams = history_beams.data();
-  args.finished_count = finished_count.data();
-  args.finished_scores = finished_scores.data();
-  args.finished_steps = finished_steps.data();
-  args.finished_beams = finished_beams.data();
-  args.done = done.data();
-  args.n_sentences = n_sentences;
-  args.n_active = n_active;
+  b.history_tokens.assign(cache_len * n_slots, -7);
+  b.history_beams.assign(cache_len * n_slots, -7);
+  b.finished_count = {1, 2, 0, 0};
+  b.finished_steps.assign(n_sentences * 2 * beam, -7);
+  b.finished_beams.assign(n_sentences * 2 * beam, -7);
+  b.done = {0, 1, 0, 0};
+  b.finished_scores.assign(n_sentences * 2 * beam, 0.0);
+  b.max_lens = {max_len, max_len, max_len, max_len};
+  fastformer::BeamStepArgs args = b.args();
   args.vocab = vocab;
   args.beam_size = beam;
   args.cache_len = cache_len;
@@ -229,43 +248,44 @@ void test_beam_step(int beam, int vocab, int step, int min_len, int max_len,
   loops->beam_step(args);
 
   for (int untouched : {1, 3}) {
-    EXPECT(finished_count[untouched] == (untouched == 1 ? 2 : 0) && done[untouched] == (untouched == 1));
+    EXPECT(b.finished_count[untouched] == (untouched == 1 ? 2 : 0) && b.done[untouched] == (untouched == 1));
     for (int j = 0; j < beam; ++j) {
       const int slot = untouched * beam + j;
-      EXPECT(tokens[slot] == -7 && sums[slot] == sums_before[slot] && history_tokens[step * n_slots + slot] == -7);
+      EXPECT(b.tokens[slot] == -7 && b.sums[slot] == sums_before[slot]);
+      EXPECT(b.history_tokens[step * n_slots + slot] == -7);
     }
   }
   for (int a = 0; a < n_active; ++a) {
-    const int s = active[a];
+    const int s = b.active[a];
     if (s == 1) continue;
     const int already = s == 0 ? 1 : 0;
-    const Expected e = brute_force_step(logits.data() + size_t(a) * beam * vocab, sums_before.data() + s * beam,
+    const Expected e = brute_force_step(b.logits.data() + size_t(a) * beam * vocab, sums_before.data() + s * beam,
                                         beam, vocab, step, min_len, max_len, pad, bos, eos, length_penalty,
                                         form == fastformer::LengthPenaltyForm::kGnmt);
     const int n_finished = int(e.finished_scores.size());
     // The greedy path takes the best candidate only: a sentence that finishes keeps no beam (it is done either way).
     const int n_alive = with_scores ? int(e.parents.size()) : n_finished > 0 ? 0 : std::min<int>(1, e.parents.size());
-    EXPECT(finished_count[s] == already + n_finished);
-    EXPECT(done[s] == (already + n_finished >= beam || n_alive == 0));
+    EXPECT(b.finished_count[s] == already + n_finished);
+    EXPECT(b.done[s] == (already + n_finished >= beam || n_alive == 0));
     for (int i = 0; i < n_finished; ++i) {
-      const double score = finished_scores[s * 2 * beam + already + i];
+      const double score = b.finished_scores[s * 2 * beam + already + i];
       EXPECT(with_scores ? std::fabs(score - e.finished_scores[i]) < 1e-4 : std::isnan(score));
-      EXPECT(finished_beams[s * 2 * beam + already + i] == e.finished_beams[i]);
-      EXPECT(finished_steps[s * 2 * beam + already + i] == step);
+      EXPECT(b.finished_beams[s * 2 * beam + already + i] == e.finished_beams[i]);
+      EXPECT(b.finished_steps[s * 2 * beam + already + i] == step);
     }
     for (int j = 0; j < beam; ++j) {
       const int slot = s * beam + j;
-      const int32_t* indirection = indirection_out.data() + slot * cache_len;
+      const int32_t* indirection = b.indirection_out.data() + slot * cache_len;
       if (j < n_alive) {
-        EXPECT(tokens[slot] == e.tokens[j]);
-        EXPECT(!with_scores || std::fabs(sums[slot] - e.sums[j]) < 1e-4);
-        EXPECT(history_tokens[step * n_slots + slot] == e.tokens[j]);
-        EXPECT(history_beams[step * n_slots + slot] == e.parents[j]);
+        EXPECT(b.tokens[slot] == e.tokens[j]);
+        EXPECT(!with_scores || std::fabs(b.sums[slot] - e.sums[j]) < 1e-4);
+        EXPECT(b.history_tokens[step * n_slots + slot] == e.tokens[j]);
+        EXPECT(b.history_beams[step * n_slots + slot] == e.parents[j]);
         const int parent = s * beam + e.parents[j];
-        for (int p = 0; p <= step; ++p) EXPECT(indirection[p] == indirection_in[parent * cache_len + p]);
+        for (int p = 0; p <= step; ++p) EXPECT(indirection[p] == b.indirection_in[parent * cache_len + p]);
       } else {
-        EXPECT(!with_scores || (std::isinf(sums[slot]) && sums[slot] < 0));
-        EXPECT(history_tokens[step * n_slots + slot] == -1);
+        EXPECT(!with_scores || (std::isinf(b.sums[slot]) && b.sums[slot] < 0));
+        EXPECT(b.history_tokens[step * n_slots + slot] == -1);
       }
       EXPECT(indirection[step + 1] == j);
     }
@@ -276,30 +296,23 @@ void test_beam_step(int beam, int vocab, int step, int min_len, int max_len,
 void test_greedy_step_on_a_non_finite_row() {
   for (float poison : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
     const int vocab = 37, step = 2, cache_len = 4;
-    std::vector<float> logits = random_floats(vocab), sums(1, 0.0f);
-    logits[vocab - 3] = poison;
-    std::vector<int32_t> tokens(1, -7), indirection_in(cache_len, 0), indirection_out(cache_len, 0);
-    std::vector<int32_t> history_tokens(cache_len, -7), history_beams(cache_len, -7), finished_count(1, 0);
-    std::vector<int32_t> finished_steps(2, -7), finished_beams(2, -7), done(1, 0);
-    std::vector<double> finished_scores(2, 0.0);
-    const std::vector<int32_t> active = {0}, max_lens = {10};
-    fastformer::BeamStepArgs args{};
-    args.logits = logits.data();
-    args.active = active.data();
-    args.max_lens = max_lens.data();
-    args.sums = sums.data();
-    args.tokens = tokens.data();
-    args.indirection_in = indirection_in.data();
-    args.indirection_out = indirection_out.data();
-    args.history_tokens = history_tokens.data();
-    args.history_beams = history_beams.data();
-    args.finished_count = finished_count.data();
-    args.finished_scores = finished_scores.data();
-    args.finished_steps = finished_steps.data();
-    args.finished_beams = finished_beams.data();
-    args.done = done.data();
-    args.n_sentences = 1;
-    args.n_active = 1;
+    StepBuffers b;
+    b.logits = random_floats(vocab);
+    b.logits[vocab - 3] = poison;
+    b.sums = {0.0f};
+    b.active = {0};
+    b.max_lens = {10};
+    b.tokens = {-7};
+    b.indirection_in.assign(cache_len, 0);
+    b.indirection_out.assign(cache_len, 0);
+    b.history_tokens.assign(cache_len, -7);
+    b.history_beams.assign(cache_len, -7);
+    b.finished_count = {0};
+    b.finished_steps = {-7, -7};
+    b.finished_beams = {-7, -7};
+    b.done = {0};
+    b.finished_scores = {0.0, 0.0};
+    fastformer::BeamStepArgs args = b.args();
     args.vocab = vocab;
     args.beam_size = 1;
     args.cache_len = cache_len;
@@ -307,7 +320,7 @@ void test_greedy_step_on_a_non_finite_row() {
     args.eos_id = 2;
     args.bos_id = 1;
     loops->beam_step(args);
-    EXPECT(done[0] == 1 && finished_count[0] == 0 && history_tokens[step] == -1);
+    EXPECT(b.done[0] == 1 && b.finished_count[0] == 0 && b.history_tokens[step] == -1);
   }
 }
 
