@@ -5,14 +5,18 @@ on other batches. float32 translation is tested against the reference search in 
 import copy
 import io
 import itertools
+import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from fastformer import Transformer, TransformerConfig
-from fastformer.decoding.compiled import compiled_model, extension, resolve_compute_type
+from fastformer.decoding.compiled import BFLOAT16_FALLBACK_WARNING, compiled_model, extension, resolve_compute_type
 from fastformer.decoding.search import cached_decoder, encode
 from fastformer.model import EncoderOutput
 from fastformer.reference.beam_search import Hypothesis
@@ -129,6 +133,25 @@ def test_auto_is_int8_where_torch_has_onednn_int8_and_float32_with_a_warning_els
     monkeypatch.setattr(compiled, "has_int8_linear", lambda: False)
     with pytest.warns(UserWarning, match="compute_type='auto' runs float32: this torch has no oneDNN int8 linear"):
         assert resolve_compute_type("auto", CPU, torch.float32) == "float32"
+
+
+def test_bfloat16_without_the_cpus_instructions_warns_how_much_slower_and_what_to_use_instead():
+    """oneDNN capped to AVX2 (as a CPU without AVX512-BF16, AMX or AVX-NE-CONVERT): bfloat16 still translates, and
+    the warning gives the expected slowdown and the types to use instead."""
+    code = ("import warnings, torch, fastformer\n"
+            "torch.manual_seed(0)\n"
+            "model = fastformer.Transformer(fastformer.TransformerConfig.tiny(vocab_size=50)).eval()\n"
+            "src = torch.tensor([[5, 6, 7, 2]])\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            "    warnings.simplefilter('always')\n"
+            "    hypothesis = model.translate(src, beam_size=2, compute_type='bfloat16')[0][0]\n"
+            "print(len(hypothesis.tokens) > 0, [str(w.message) for w in caught])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).parent, env={**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("True") and BFLOAT16_FALLBACK_WARNING in done.stdout
+    assert "4-7x the time of float32" in BFLOAT16_FALLBACK_WARNING
+    assert "use compute_type='int8'" in BFLOAT16_FALLBACK_WARNING
 
 
 def test_cuda_compute_types_resolve_without_a_gpu(monkeypatch):
