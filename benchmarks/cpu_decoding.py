@@ -25,9 +25,11 @@ the best before it by more than 3% (at least 2 calls, at most MAX_WARMUP_CALLS),
 (warmup_calls): fastformer's first calls convert the weights and grow glibc's arenas. A system that cannot run
 (CTranslate2 refuses bfloat16 on a CPU without its instructions) is a row with status "error" and its reason.
 
-Each fastformer row (in a sweep, at the headline shape only) also gives its share of the GEMM floor: the time of the same GEMMs (the
-encoder's, the cross-attention keys/values', and every step's decoder and output projection, at the rows the search
-has) run alone through the same converted linear layers, divided by the row's time. CTranslate2's GEMMs are its own.
+Each fastformer row (in a sweep, at the headline shape only) also gives its share of the GEMM floor: the time of
+the same GEMMs (the encoder's, the cross-attention keys/values', and every step's decoder and output projection, at
+the rows the search has) run alone through the same converted linear layers, divided by the row's time.
+CTranslate2's GEMMs are its own. The JSON ends with the point of the lowest ratio ("worst"), for the fastest modes
+and for float32.
 
 --cap-isa avx2 runs an AVX-512 CPU as an AVX2 one as far as the libraries let it: oneDNN (ONEDNN_MAX_CPU_ISA),
 ATen's kernels (ATEN_CPU_CAPABILITY), CTranslate2 (CT2_FORCE_CPU_ISA) and fastformer's own loops and its choice of
@@ -334,6 +336,16 @@ def comparisons(rows: list[dict]) -> list[dict]:
     return table
 
 
+def worst_points(table: list[dict]) -> dict:
+    """The point of the lowest ratio, for the fastest modes and for float32 (the sweep's headline figures)."""
+    worst = {}
+    for label in ("fastest", "float32"):
+        measured = [entry for entry in table if label in entry]
+        if measured:
+            worst[label] = min(measured, key=lambda entry: entry[label]["ratio"])
+    return worst
+
+
 def _label(row: dict) -> str:
     mode = f" {row['threading']}" if row["system"].startswith("ctranslate2") and row["threads"] > 1 else ""
     return f"{row['system']}{mode} {row['tokens_per_s']} tok/s"
@@ -405,13 +417,16 @@ def main() -> None:
     table = comparisons(rows)
     for entry in table:
         print(json.dumps(entry), flush=True)
+    worst = worst_points(table)
+    print("worst points:", json.dumps(worst), flush=True)
     if args.out:
         payload = {"command": " ".join([f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')}", "python",
                                         *sys.argv]),
                    "cpu": cpu_description(), "isa_caps": caps, "fastformer_cpu_isa": extension().cpu_isa(),
                    "shape": args.shape, "vocab": args.vocab, "rounds": args.rounds,
                    "points": [asdict(point) for point in points], **bu.environment(torch.device("cpu")),
-                   "ctranslate2": _ctranslate2_version(), "comparisons": table, "rows": rows}
+                   "ctranslate2": _ctranslate2_version(), "comparisons": table, "worst": worst,
+                   "rows": rows}
         bu.write_json(args.out, payload)
         print(f"wrote {args.out}")
 

@@ -240,6 +240,9 @@ def test_cpu_decoding_smoke_run(tmp_path):
         if "ctranslate2-int8" in systems:
             best_peer = max(row["tokens_per_s"] for row in at_point if row["system"].startswith("ctranslate2"))
             assert entry["fastest"]["ratio"] == pytest.approx(fastest / best_peer, rel=1e-2, abs=1e-3)
+    if "ctranslate2-int8" in systems:
+        lowest = min(entry["fastest"]["ratio"] for entry in results["comparisons"])
+        assert results["worst"]["fastest"]["fastest"]["ratio"] == lowest
 
 
 def test_real_token_ratios_count_the_unpadded_tokens():
