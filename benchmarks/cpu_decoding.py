@@ -28,8 +28,11 @@ the best before it by more than 3% (at least 2 calls, at most MAX_WARMUP_CALLS),
 Each fastformer row (in a sweep, at the headline shape only) also gives its share of the GEMM floor: the time of
 the same GEMMs (the encoder's, the cross-attention keys/values', and every step's decoder and output projection, at
 the rows the search has) run alone through the same converted linear layers, divided by the row's time.
-CTranslate2's GEMMs are its own. The JSON ends with the point of the lowest ratio ("worst"), for the fastest modes
-and for float32.
+CTranslate2's GEMMs are its own. Beside it: the weights a decoding step reads (step_weight_mib, once per thread's
+group of sentences) and the rate the row read them at (weight_read_gb_s), against the copy bandwidth of the
+machine at that many threads (copy_bandwidth_gb_s in the JSON): a small batch whose rate nears that bandwidth is
+bound by reading its weights, which only fewer bytes (int8, a vocabulary shortlist) can speed up. The JSON ends
+with the point of the lowest ratio ("worst"), for the fastest modes and for float32.
 
 --cap-isa avx2 runs an AVX-512 CPU as an AVX2 one as far as the libraries let it: oneDNN (ONEDNN_MAX_CPU_ISA),
 ATen's kernels (ATEN_CPU_CAPABILITY), CTranslate2 (CT2_FORCE_CPU_ISA) and fastformer's own loops and its choice of
@@ -204,6 +207,36 @@ def gemm_floor_seconds(model: Transformer, compute_type: str, point: Point, n_se
             torch.set_num_threads(previous)
 
     return best_time(prepared(encoder), threads) + best_time(prepared(group), 1 if groups > 1 else threads)
+
+
+BYTES_PER_WEIGHT = {"float32": 4, "bfloat16": 2, "int8": 1}
+
+
+def step_weight_bytes(config: TransformerConfig, compute_type: str) -> int:
+    """The weights every decoding step reads once per group of sentences: each decoder layer's self-attention
+    (q, k, v, out), cross-attention query and output (its keys/values are made once per search) and feed-forward,
+    and the output projection, in the compute type (int8's per-row scales left out)."""
+    d, ff = config.d_model, config.d_ff
+    per_layer = 4 * d * d + 2 * d * d + 2 * d * ff
+    return (config.n_decoder_layers * per_layer + config.vocab_size * d) * BYTES_PER_WEIGHT[compute_type]
+
+
+def copy_bandwidth_gb_s(threads: int, mib: int = 512) -> float:
+    """The memory bandwidth a copy of `mib` MiB reaches on `threads` threads (bytes read + written per second),
+    the best of three: the bound on a step that reads weights larger than the caches."""
+    source = torch.ones(mib * 2 ** 18)
+    target = torch.empty_like(source)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            target.copy_(source)
+            best = min(best, time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(previous)
+    return round(2 * source.numel() * 4 / best / 1e9, 1)
 
 
 def cpu_description() -> str:
@@ -409,8 +442,12 @@ def main() -> None:
                 model = Transformer(shape_config(args.shape, args.vocab)).eval()
             compute_type = system.split("-", 1)[1]
             floor = gemm_floor_seconds(model, compute_type, point, n)
+            groups = max(1, min(point.threads, n // 4))  # as the search splits sentences (gemm_floor_seconds)
+            step_bytes = step_weight_bytes(model.config, compute_type)
             row.update(gemm_floor_seconds=round(floor, 4), share_of_gemm_floor=round(floor / seconds, 3),
-                       converted_weights_mib=round(compiled_model(model, compute_type).nbytes / 2 ** 20, 1))
+                       converted_weights_mib=round(compiled_model(model, compute_type).nbytes / 2 ** 20, 1),
+                       step_weight_mib=round(step_bytes / 2 ** 20, 1),
+                       weight_read_gb_s=round(groups * step_bytes * point.target_tokens / seconds / 1e9, 1))
         rows.append(row)
         print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
     rows += [{"system": system, "status": "error", "error": why} for system, why in failed.items()]
@@ -425,6 +462,8 @@ def main() -> None:
                    "cpu": cpu_description(), "isa_caps": caps, "fastformer_cpu_isa": extension().cpu_isa(),
                    "shape": args.shape, "vocab": args.vocab, "rounds": args.rounds,
                    "points": [asdict(point) for point in points], **bu.environment(torch.device("cpu")),
+                   "copy_bandwidth_gb_s": {threads: copy_bandwidth_gb_s(threads)
+                                           for threads in sorted({point.threads for point in points})},
                    "ctranslate2": _ctranslate2_version(), "comparisons": table, "worst": worst,
                    "rows": rows}
         bu.write_json(args.out, payload)

@@ -232,7 +232,11 @@ def test_cpu_decoding_smoke_run(tmp_path):
         assert tokens / (seconds + 5e-5) - 0.05 <= row["tokens_per_s"] <= tokens / (seconds - 5e-5) + 0.05
         if row["system"].startswith("fastformer"):
             assert 0 < row["gemm_floor_seconds"] and row["share_of_gemm_floor"] > 0
+            groups = max(1, min(row["threads"], row["sentences"] // 4))
+            assert row["weight_read_gb_s"] == pytest.approx(
+                groups * row["step_weight_mib"] * 2 ** 20 * 10 / row["seconds"] / 1e9, rel=0.05, abs=0.1)
     assert len(results["comparisons"]) == 4  # (threads, sentences)
+    assert set(results["copy_bandwidth_gb_s"]) == {"1", "2"} and min(results["copy_bandwidth_gb_s"].values()) > 0
     for entry in results["comparisons"]:
         at_point = [row for row in rows
                     if (row["threads"], row["sentences"]) == (entry["threads"], entry["sentences"])]
@@ -243,6 +247,18 @@ def test_cpu_decoding_smoke_run(tmp_path):
     if "ctranslate2-int8" in systems:
         lowest = min(entry["fastest"]["ratio"] for entry in results["comparisons"])
         assert results["worst"]["fastest"]["fastest"]["ratio"] == lowest
+
+
+def test_a_decoding_steps_weights_are_the_decoders_matrices_but_the_cross_attention_keys_and_values():
+    from cpu_decoding import step_weight_bytes
+
+    model = Transformer(TransformerConfig.tiny(300))
+    d = model.config.d_model
+    matrices = [p for p in model.decoder.parameters() if p.dim() == 2]
+    cross_keys_values = model.config.n_decoder_layers * 2 * d * d  # made once per search, not per step
+    elements = sum(p.numel() for p in matrices) - cross_keys_values + model.output_weight.numel()
+    assert step_weight_bytes(model.config, "float32") == 4 * elements
+    assert step_weight_bytes(model.config, "int8") == elements
 
 
 def test_real_token_ratios_count_the_unpadded_tokens():
