@@ -90,7 +90,8 @@ def _train_options(args: argparse.Namespace) -> TrainOptions:
 def _check_out_dir(options: TrainOptions, overwrite: bool) -> None:
     """A fresh run must not mix with an old one's checkpoints: resume it, or overwrite it explicitly."""
     out_dir = Path(options.out_dir)
-    old = checkpoint.list_checkpoints(out_dir)
+    best = checkpoint.best_checkpoint_path(out_dir)
+    old = checkpoint.list_checkpoints(out_dir) + ([best] if best.is_file() else [])
     if options.resume or not old:
         return
     if not overwrite:
@@ -116,9 +117,19 @@ def _run_train(args: argparse.Namespace) -> TrainResult:
                                               dist.get_world_size() if dist.is_initialized() else 1), file=sys.stderr)
         raise SystemExit(run_control.EXIT_STOPPED)
     if process_rank() == 0:
+        if result.out_of_patience:
+            print(_patience_message(args.command, options, result))
         print(f"trained {result.step} steps: {result.tokens_per_second:,.0f} target tokens/s, final train loss "
               f"{result.train_loss:.3f}; checkpoint {result.checkpoint}")
     return result
+
+
+def _patience_message(command: str, options: TrainOptions, result: TrainResult) -> str:
+    """The line of a run that --patience ended: why, where, and its best step and score."""
+    best = result.best
+    return (f"fastformer {command}: stopped at step {result.step}: {options.patience} validations in a row without a "
+            f"better valid {best['metric']} (--patience {options.patience}); best: step {best['step']}, valid "
+            f"{best['metric']} {best['score']:.4f}, {checkpoint.best_checkpoint_path(Path(options.out_dir))}")
 
 
 def _run_prepare(args: argparse.Namespace) -> None:

@@ -22,8 +22,10 @@ import torch
 FORMAT = "fastformer-checkpoint"
 VERSION = 1
 _NAME = re.compile(r"checkpoint_(\d+)\.pt")
-# save_checkpoint's temp files for step checkpoints; one left behind was a save killed before its rename.
-_STEP_TEMP_NAME = re.compile(r"\.checkpoint_\d+\.pt\..+\.tmp")
+# The checkpoint of the best validation score so far: never a step checkpoint, so never rotated out.
+BEST_NAME = "checkpoint_best.pt"
+# save_checkpoint's temp files for step and best checkpoints; one left behind was a save killed before its rename.
+_RUN_TEMP_NAME = re.compile(r"\.checkpoint_(\d+|best)\.pt\..+\.tmp")
 
 
 class DataPosition(TypedDict):
@@ -34,6 +36,15 @@ class DataPosition(TypedDict):
     seed: int
     batch_tokens: int
     world_size: int
+
+
+class BestScore(TypedDict):
+    """The best validation score of a run so far (`--best-metric`), and what --patience counts."""
+
+    metric: str  # "bleu" (higher is better) or "loss" (lower is better)
+    score: float
+    step: int  # the step that scored it: the step of checkpoint_best.pt
+    stale: int  # validations since, none of them better
 
 
 @dataclass
@@ -50,6 +61,7 @@ class Checkpoint:
     rng: list[dict] | None = None  # every rank's generator states, by rank
     data: DataPosition | None = None
     options: dict | None = None  # the TrainOptions of the run, as a dict
+    best: BestScore | None = None  # the run's best validation score and the validations since
     averaged_from: list[str] | None = None  # the files an averaged checkpoint is the mean of
 
     RESUME_FIELDS = ("step", "optimizer", "schedule", "rng", "data", "tokenizer")
@@ -90,6 +102,10 @@ class UnreadableCheckpointError(ValueError):
 
 def checkpoint_path(directory: Path, step: int) -> Path:
     return Path(directory) / f"checkpoint_{step:08d}.pt"
+
+
+def best_checkpoint_path(directory: Path) -> Path:
+    return Path(directory) / BEST_NAME
 
 
 class CheckpointWriteError(OSError):
@@ -218,12 +234,12 @@ def load_newest_readable(directory: Path) -> tuple[Path, Checkpoint, list[str]]:
 
 
 def remove_stale_temp_files(directory: Path) -> list[Path]:
-    """Deletes the temp files of step-checkpoint saves that were killed before their rename -> the deleted paths.
+    """Deletes the temp files of step- and best-checkpoint saves killed before their rename -> the deleted paths.
     Call this only in the run that holds the directory's lock (run_control.out_dir_lock), where it is not saving."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    stale = [path for path in directory.iterdir() if _STEP_TEMP_NAME.fullmatch(path.name)]
+    stale = [path for path in directory.iterdir() if _RUN_TEMP_NAME.fullmatch(path.name)]
     for path in stale:
         path.unlink(missing_ok=True)
     return stale

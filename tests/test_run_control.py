@@ -60,6 +60,7 @@ def _rank_pid(launcher: int, rank: int) -> int:
 
 def _assert_resumed_equals_straight(resumed: checkpoint.Checkpoint, straight: checkpoint.Checkpoint) -> None:
     assert resumed.data == straight.data and resumed.schedule == straight.schedule
+    assert resumed.best == straight.best, "the best score and the validations since it (--patience's count)"
     _assert_same_tensors(resumed.model, straight.model, "resumed vs straight")
     for index, state in straight.optimizer["state"].items():
         _assert_same_tensors(resumed.optimizer["state"][index], state, f"Adam state of parameter {index}")

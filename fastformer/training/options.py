@@ -13,6 +13,7 @@ PRESETS = {"tiny": TransformerConfig.tiny, "base": TransformerConfig.base, "big"
 BATCHINGS = ("tokens", "buckets")
 PRECISIONS = ("auto", "bf16-master")
 STEPS = ("eager", "captured")
+BEST_METRICS = ("bleu", "loss")
 
 
 def _option(default: object, help: str) -> object:
@@ -43,7 +44,13 @@ class TrainOptions:
     max_minutes: float = _option(0.0, "also stop after this many minutes of wall-clock time (0: no time limit)")
     log_every: int = _option(100, "updates between log lines")
     valid_every: int = _option(1000, "updates between validations (0: none)")
-    valid_bleu_sentences: int = _option(200, "validation sentences translated (greedy) for a BLEU score (0: none)")
+    valid_bleu_sentences: int = _option(200, "validation sentences translated for a BLEU score (0: none, -1: all)")
+    valid_beam: int = _option(4, "beam size of the validation BLEU's translations (with translate's length penalty)")
+    best_metric: str | None = _option(None, f"one of {BEST_METRICS}: the validation score that picks "
+                                            f"checkpoint_best.pt and that --patience watches; default: bleu when "
+                                            f"--valid-bleu-sentences is not 0, else loss")
+    patience: int = _option(0, "end the run after this many validations in a row without a better --best-metric "
+                               "(0: never)")
     save_every: int = _option(1000, "updates between checkpoints (0: only at the end)")
     keep_last: int = _option(5, "step checkpoints kept")
     seed: int = _option(1, "seed of the initial weights, dropout and data order")
@@ -76,20 +83,38 @@ class TrainOptions:
         for name in ("batch_tokens", "update_tokens", "warmup", "max_steps", "log_every", "keep_last"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("valid_every", "save_every", "valid_bleu_sentences", "max_minutes"):
+        for name in ("valid_every", "save_every", "max_minutes", "patience"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        self._check_validation()
         if self.vocab_size is not None and self.vocab_size < 8:
             raise ValueError(f"vocab_size must be at least 8, got {self.vocab_size}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+
+    def _check_validation(self) -> None:
+        """Resolves best_metric's default; what the best checkpoint and --patience need of validation."""
+        if self.valid_bleu_sentences < -1:
+            raise ValueError(f"valid_bleu_sentences must be >= -1 (-1: all), got {self.valid_bleu_sentences}")
+        if self.valid_beam < 1:
+            raise ValueError(f"valid_beam must be >= 1, got {self.valid_beam}")
+        if self.best_metric is None:
+            self.best_metric = "loss" if self.valid_bleu_sentences == 0 else "bleu"
+        if self.best_metric not in BEST_METRICS:
+            raise ValueError(f"best_metric must be one of {BEST_METRICS}, got {self.best_metric!r}")
+        if self.best_metric == "bleu" and self.valid_bleu_sentences == 0:
+            raise ValueError("--best-metric bleu needs a validation BLEU, and --valid-bleu-sentences 0 computes none: "
+                             "translate some (-1: all) or use --best-metric loss")
+        if self.patience and not self.valid_every:
+            raise ValueError(f"--patience {self.patience} counts validations, and --valid-every 0 runs none: set "
+                             f"--valid-every")
 
 
 # What a resumed run must share with its checkpoint: these fix the model, the data and its order, and the update
 # rule. The others (budget, logging, checkpointing, device, backend) may change from one session to the next.
 RESUME_FIXED_OPTIONS = ("data_dir", "src_lang", "tgt_lang", "preset", "vocab_size", "dropout", "batch_tokens",
                         "update_tokens", "lr_scale", "warmup", "label_smoothing", "seed", "min_len", "max_len",
-                        "max_ratio", "batching")
+                        "max_ratio", "batching", "best_metric")
 # Options added after checkpoints were first written: a checkpoint without one was trained with this value.
 OPTIONS_ADDED_LATER = {"batching": "tokens"}
 

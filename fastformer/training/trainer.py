@@ -28,6 +28,7 @@ from fastformer.data import Batch, BucketBatch, BucketBatchSampler, TokenBatchSa
 from fastformer.model import Transformer
 from fastformer.training import run_control
 from fastformer.training.captured_step import CapturedStep
+from fastformer.training.early_stopping import BestTracker
 from fastformer.training.mixed_precision import MasterWeights
 from fastformer.training.options import PRESETS, TrainOptions, changed_resume_options
 from fastformer.training.run_corpus import corpus_files, open_run_corpus
@@ -42,6 +43,8 @@ class TrainResult:
     train_loss: float
     valid: dict = field(default_factory=dict)
     stopped_by: str | None = None  # what stopped the run before max_steps: a signal's name
+    best: checkpoint.BestScore | None = None  # the best validation score, the step of checkpoint_best.pt
+    out_of_patience: bool = False  # --patience ended the run: that many validations without a better score
 
 
 def inverse_sqrt_schedule(optimizer: torch.optim.Optimizer, warmup: int) -> torch.optim.lr_scheduler.LambdaLR:
@@ -238,6 +241,7 @@ class Trainer:
         if resumed is not None:
             position = self._restore(*resumed)
         self.newest_checkpoint = None if resumed is None else resumed[0]
+        self.best = BestTracker(options.best_metric, None if resumed is None else resumed[1].best)
         self.signals = run_control.StopSignals()
         self.stop_requested = self.out_of_time = False
         self.start = time.perf_counter()
@@ -371,13 +375,15 @@ class Trainer:
         if self.master is not None and self.env.world_size > 1:
             dist.all_reduce(self.master.flat_grad)
 
-    def save(self) -> Path:
-        """Writes checkpoint_<step>.pt (rank 0) with every rank's RNG state, keeping the newest keep_last; weights that
-        are not all finite are never written (DivergedError)."""
+    def save(self, step: bool = True, best: bool = False) -> Path:
+        """Writes the checkpoint of this step (rank 0) with every rank's RNG state: as checkpoint_<step>.pt, keeping
+        the newest keep_last, and (best) as checkpoint_best.pt -> the step checkpoint's path. Weights that are not all
+        finite are never written (DivergedError)."""
         self.guard.observe(tensors=self.model.parameters())
         self._check_finite()
         rng_states = self.env.gather(_rng_state(self.env.device))
-        path = checkpoint.checkpoint_path(Path(self.options.out_dir), self.step)
+        out_dir = Path(self.options.out_dir)
+        path = checkpoint.checkpoint_path(out_dir, self.step)
         if self.env.is_main:
             saved = checkpoint.Checkpoint(
                 model={name: tensor.detach().cpu() for name, tensor in self.model.state_dict().items()},
@@ -392,30 +398,42 @@ class Trainer:
                                              batch_tokens=self.options.batch_tokens,
                                              world_size=self.env.world_size),
                 options=asdict(self.options),
+                best=self.best.state,
             )
-            checkpoint.save_checkpoint(saved, path)
-            checkpoint.prune_checkpoints(Path(self.options.out_dir), self.options.keep_last)
+            if best:
+                checkpoint.save_checkpoint(saved, checkpoint.best_checkpoint_path(out_dir))
+            if step:
+                checkpoint.save_checkpoint(saved, path)
+                checkpoint.prune_checkpoints(out_dir, self.options.keep_last)
         self.env.barrier()
-        self.newest_checkpoint = path
+        if step:
+            self.newest_checkpoint = path
         return path
 
     def validate(self) -> dict:
-        """Rank 0: validation loss per target token (no smoothing) and greedy BLEU on the first valid sentences."""
-        results: dict = {}
+        """Validation loss per target token (no smoothing) and, unless --valid-bleu-sentences is 0, BLEU of the first
+        valid sentences translated as `translate` does (--valid-beam, its length penalty): computed on rank 0,
+        returned on every rank."""
+        names = ["valid_nll"] + (["valid_bleu"] if self.options.valid_bleu_sentences else [])
+        results = dict.fromkeys(names, 0.0)
         if self.env.is_main:
             # Validation draws no training randomness, so a resumed run matches an uninterrupted one.
             with torch.random.fork_rng(devices=[self.env.device] if self.env.device.type == "cuda" else []):
                 self.model.eval()
                 results["valid_nll"] = evaluate.corpus_nll(self.model, self.data.valid, self.options.batch_tokens,
                                                            self.env.device)
-                if self.options.valid_bleu_sentences:
-                    pairs = self.data.valid_pairs[:self.options.valid_bleu_sentences]
-                    hypotheses = evaluate.translate_sentences(self.model, self.tokenizer, [p[0] for p in pairs],
-                                                              beam_size=1)
-                    results["valid_bleu"] = evaluate.bleu(hypotheses, [p[1] for p in pairs])[0][0]
+                if "valid_bleu" in results:
+                    results["valid_bleu"] = self._valid_bleu()
                 self.model.train()
-        self.env.barrier()
-        return results
+        # Every rank takes part in keeping the best score and in stopping for --patience.
+        return dict(zip(names, self.env.sum(list(results.values()))))
+
+    def _valid_bleu(self) -> float:
+        count = self.options.valid_bleu_sentences
+        pairs = self.data.valid_pairs if count == -1 else self.data.valid_pairs[:count]
+        hypotheses = evaluate.translate_sentences(self.model, self.tokenizer, [pair[0] for pair in pairs],
+                                                  beam_size=self.options.valid_beam)
+        return evaluate.bleu(hypotheses, [pair[1] for pair in pairs])[0][0]
 
     def _log(self, meter: _Throughput, progress: tqdm) -> float:
         """Logs the interval's loss, lr and throughput over all ranks -> the interval's train loss per token."""
@@ -443,6 +461,7 @@ class Trainer:
         path = None
         valid: dict = {}
         train_loss = math.nan
+        out_of_patience = False
         while self.step < options.max_steps:
             meter.add(*self._update())
             progress.update(1)
@@ -455,14 +474,20 @@ class Trainer:
                 self._check_finite()
             if log:
                 train_loss = self._log(meter, progress)
-            with meter.paused():
-                if validate:
+            improved = False
+            if validate:
+                with meter.paused():
                     valid = self.validate()
-                    if self.env.is_main and not options.quiet:
-                        progress.write(f"step {self.step} | valid " +
-                                       " | ".join(f"{k} {v:.3f}" for k, v in valid.items()))
+                    improved = self._keep_best(valid, progress)
+                out_of_patience = self.best.exhausted(options.patience)
+                if out_of_patience and not log:  # an end as max_steps' is: its last interval logged
+                    train_loss = self._log(meter, progress)
+                last = last or out_of_patience
+            with meter.paused():
                 if (options.save_every and self.step % options.save_every == 0) or last:
-                    path = self.save()
+                    path = self.save(best=improved)
+                elif improved:
+                    self.save(step=False, best=True)
             if last:
                 break
         progress.close()
@@ -470,7 +495,14 @@ class Trainer:
             path = checkpoint.checkpoint_path(Path(options.out_dir), self.step)
         stopped = self.stop_requested and self.step < options.max_steps
         return TrainResult(self.step, path, meter.overall_rate(), train_loss, valid,
-                           (self.signals.received or "a signal to another rank") if stopped else None)
+                           (self.signals.received or "a signal to another rank") if stopped else None,
+                           self.best.state, out_of_patience)
+
+    def _keep_best(self, valid: dict, progress: tqdm) -> bool:
+        """Prints a validation's results and takes its score -> whether it is the best so far."""
+        if self.env.is_main and not self.options.quiet:
+            progress.write(f"step {self.step} | valid " + " | ".join(f"{k} {v:.3f}" for k, v in valid.items()))
+        return self.best.observe(valid, self.step)
 
 
 class _Throughput:
