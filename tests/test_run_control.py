@@ -129,7 +129,7 @@ def test_a_torchrun_worker_exits_with_pythons_status_and_without_finalizing(rais
     """_exit_torchrun_worker, called as main() calls it: the status and stderr Python itself would give (a traceback
     for an unexpected error), stdout flushed, and nothing after it: no atexit handler runs, as the interpreter is not
     finalized, so no gloo worker thread can meet a finalizing one."""
-    code = "\n".join(["import atexit, sys", "from fastformer import run_control",
+    code = "\n".join(["import atexit, sys", "from fastformer.training import run_control",
                       "from fastformer.__main__ import _exit_torchrun_worker",
                       "atexit.register(print, 'finalized')", "print('trained', end='')",
                       "try:", f"    {raised}", "finally:", "    _exit_torchrun_worker(sys.exc_info()[1])"])
