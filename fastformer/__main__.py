@@ -1,6 +1,6 @@
 """fastformer: train, translate, evaluate and average Transformer translation models (the paper's recipe).
 
-The command line, `fastformer {demo,train,prepare,translate,evaluate,average,export}` (also `python -m fastformer`).
+The command line, `fastformer {demo,train,prepare,translate,evaluate,average,export,plot}` (also `python -m fastformer`).
 `fastformer demo` is the whole job on the bundled corpus: train the tiny preset a fixed number of updates, translate
 the held-out test split with beam search, print sacreBLEU and throughput. It runs unchanged under torchrun and on a
 GPU. `fastformer prepare` tokenizes a corpus once for every later run (train does it itself when needed).
@@ -27,6 +27,7 @@ from fastformer.data import decode_sentences, find_split, read_parallel
 from fastformer.decoding.compiled import COMPUTE_TYPES
 from fastformer.decoding.rules import LENGTH_PENALTY_FORMS
 from fastformer.training import run_control
+from fastformer.training.curves import CURVES_FILE, plot_curves
 from fastformer.training.run_corpus import prepare_run_corpus
 from fastformer.training.options import TrainOptions
 from fastformer.training.trainer import TrainResult, check_run, process_rank, train
@@ -253,6 +254,12 @@ def _run_export(args: argparse.Namespace) -> None:
     print(f"exported {source} to {written} (CTranslate2, {args.quantization}); its inputs are the tokenizer's pieces")
 
 
+def _run_plot(args: argparse.Namespace) -> None:
+    out_dirs = [Path(out_dir) for out_dir in args.out_dir]
+    output = plot_curves(out_dirs, out_dirs[0] / CURVES_FILE)
+    print(f"drew the curves of {len(out_dirs)} run{'s' if len(out_dirs) > 1 else ''} into {output}")
+
+
 def _add_inference_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", help="a checkpoint file or a Marian (OPUS-MT) model directory in the "
                         "transformers layout (default: the newest checkpoint in --out-dir)")
@@ -323,6 +330,12 @@ def build_parser() -> argparse.ArgumentParser:
     average.add_argument("--inputs", nargs="*", help="checkpoint files (default: those in --out-dir)")
     average.add_argument("--output", help="the averaged checkpoint (default: <out-dir>/checkpoint_average.pt)")
     average.set_defaults(run=_run_average)
+
+    plot = commands.add_parser("plot", help=f"draw the curves of training runs (their metrics.jsonl) into "
+                               f"OUT_DIR/{CURVES_FILE}", **HELP_FORMAT)
+    plot.add_argument("--out-dir", action="append", required=True,
+                      help=f"a training run's directory; repeat it to overlay runs ({CURVES_FILE} goes to the first)")
+    plot.set_defaults(run=_run_plot)
     return parser
 
 

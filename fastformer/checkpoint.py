@@ -62,6 +62,7 @@ class Checkpoint:
     data: DataPosition | None = None
     options: dict | None = None  # the TrainOptions of the run, as a dict
     best: BestScore | None = None  # the run's best validation score and the validations since
+    validation_skipped: bool | None = None  # a signal's stop skipped this step's validation: a resumed run does it
     averaged_from: list[str] | None = None  # the files an averaged checkpoint is the mean of
 
     RESUME_FIELDS = ("step", "optimizer", "schedule", "rng", "data", "tokenizer")

@@ -1,17 +1,18 @@
 """The best checkpoint and early stopping of `fastformer train`: checkpoint_best.pt is the step of the best validation
 score, --patience ends a run that stops improving as --max-steps would, and what they need is checked before any
-work. (Their state surviving SIGTERM and --resume is checked with the run-control tests' stopped runs.)"""
+work; a SIGTERM stop and --resume keep the best score, --patience's count and metrics.jsonl exactly."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
-from fastformer import checkpoint
-from fastformer_process import run
-from test_train import TRAIN_FLAGS, _assert_same_tensors, _fail, data_dir  # noqa: F401 (fixture)
+import pytest
 
-VALID_LINE = re.compile(r"step (\d+) \| valid valid_nll (\S+)")
+from fastformer import checkpoint
+from fastformer.training import run_control
+from fastformer.training.metrics import METRICS_FILE, read_records
+from fastformer_process import run
+from test_train import TRAIN_FLAGS, _assert_same_tensors, _fail, _run, data_dir, measured_records  # noqa: F401
 
 
 def test_the_best_checkpoint_is_the_step_of_the_lowest_validation_loss(data_dir: Path, tmp_path: Path):
@@ -19,17 +20,16 @@ def test_the_best_checkpoint_is_the_step_of_the_lowest_validation_loss(data_dir:
     checkpoint holds the weights of the step whose validation loss was lowest, and every checkpoint counts the
     validations since."""
     out_dir = tmp_path / "run"
-    done = run([flag for flag in TRAIN_FLAGS if flag != "--quiet"] + [
-        "--data-dir", str(data_dir), "--out-dir", str(out_dir), "--max-steps", "8", "--valid-every", "1",
-        "--save-every", "1", "--keep-last", "8", "--best-metric", "loss", "--lr-scale", "30"])
-    assert done.returncode == 0, done.stderr
-    losses = {int(step): float(loss) for step, loss in VALID_LINE.findall(done.stdout)}
+    _run(TRAIN_FLAGS + ["--data-dir", str(data_dir), "--out-dir", str(out_dir), "--max-steps", "8", "--valid-every",
+                        "1", "--save-every", "1", "--keep-last", "8", "--best-metric", "loss", "--lr-scale", "30"])
+    losses = {record["step"]: record["valid_nll"] for record in read_records(out_dir / METRICS_FILE)
+              if "valid_nll" in record}
     assert sorted(losses) == list(range(1, 9))
     best_step = min(losses, key=lambda step: (losses[step], step))
     assert best_step != 8, f"the loss should rise again after its best: {losses}"
     best = checkpoint.load_checkpoint(checkpoint.best_checkpoint_path(out_dir))
-    assert best.step == best_step and best.best["step"] == best_step and best.best["stale"] == 0
-    assert round(best.best["score"], 3) == losses[best_step]
+    assert best.step == best_step and best.best == {"metric": "loss", "score": losses[best_step], "step": best_step,
+                                                    "stale": 0}
     _assert_same_tensors(best.model, checkpoint.load_checkpoint(checkpoint.checkpoint_path(out_dir, best_step)).model,
                          "checkpoint_best.pt vs the step checkpoint")
     last = checkpoint.load_checkpoint(checkpoint.checkpoint_path(out_dir, 8))
@@ -76,3 +76,46 @@ def test_a_fresh_run_refuses_an_old_best_checkpoint_and_overwrite_removes_it(dat
     done = run(flags + ["--overwrite"])
     assert done.returncode == 0, done.stderr
     assert not checkpoint.best_checkpoint_path(out_dir).exists()
+
+
+# `fastformer ARGS` whose process sends itself a SIGTERM at the end of update STOP - 1: the stop vote of update STOP
+# carries it, so the run stops after update STOP, whatever the machine's speed.
+SIGNALLED_RUN = """import os, runpy, signal, sys
+from fastformer.training import trainer
+update = trainer.Trainer._update
+def update_then_signal(self):
+    result = update(self)
+    if self.step == {stop} - 1:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return result
+trainer.Trainer._update = update_then_signal
+sys.argv = ['fastformer'] + sys.argv[1:]
+runpy.run_module('fastformer', run_name='__main__')
+"""
+
+
+@pytest.mark.parametrize("stop, extra, patience_step", [(4, ["--lr-scale", "30", "--best-metric", "loss"], None),
+                                                      (6, ["--lr-scale", "0", "--patience", "2"], 6)])
+def test_a_stop_at_a_validation_step_and_resume_keep_the_best_and_the_records_exact(
+        data_dir: Path, tmp_path: Path, stop: int, extra: list[str], patience_step: int | None):
+    """SIGTERM lands on a validation step, whose validation the stop skips; --resume does it first, so the best
+    score, --patience's count, checkpoint_best.pt and metrics.jsonl are those of a run never stopped (with
+    --patience 2 on a frozen model, that resumed validation is the one that ends the run)."""
+    flags = TRAIN_FLAGS + ["--data-dir", str(data_dir), "--max-steps", "8", "--save-every", "4"] + extra
+    split, straight = tmp_path / "split", tmp_path / "straight"
+    stopped = run(["-c", SIGNALLED_RUN.format(stop=stop)] + flags + ["--out-dir", str(split)], module=False)
+    assert stopped.returncode == run_control.EXIT_STOPPED, stopped.stderr
+    assert checkpoint.load_checkpoint(checkpoint.checkpoint_path(split, stop)).validation_skipped
+    assert stop not in [record["step"] for record in read_records(split / METRICS_FILE) if "valid_nll" in record]
+    resumed = run(flags + ["--out-dir", str(split), "--resume"])
+    reference = run(flags + ["--out-dir", str(straight)])
+    assert resumed.returncode == reference.returncode == 0, resumed.stderr + reference.stderr
+    last = patience_step or 8
+    if patience_step is not None:
+        assert f"fastformer train: stopped at step {patience_step}: 2 validations in a row" in resumed.stdout
+    finals = [checkpoint.load_checkpoint(checkpoint.checkpoint_path(out_dir, last)) for out_dir in (split, straight)]
+    assert finals[0].best == finals[1].best and not finals[0].validation_skipped
+    bests = [checkpoint.load_checkpoint(checkpoint.best_checkpoint_path(out_dir)) for out_dir in (split, straight)]
+    assert bests[0].step == bests[1].step == finals[1].best["step"]
+    _assert_same_tensors(bests[0].model, bests[1].model, "best checkpoints")
+    assert measured_records(split) == measured_records(straight)

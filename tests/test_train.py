@@ -15,6 +15,7 @@ import torch
 
 from fastformer import Transformer, TransformerConfig, checkpoint
 from fastformer.data import BUNDLED_CORPUS
+from fastformer.training.metrics import METRICS_FILE, read_records
 from fastformer.training.options import TrainOptions
 from fastformer.training.trainer import inverse_sqrt_schedule
 from fastformer_process import run
@@ -61,6 +62,12 @@ def _assert_same_tensors(a: dict, b: dict, what: str) -> None:
     for name in a:
         assert torch.equal(a[name], b[name]), f"{what}: {name} differs (max diff "\
             f"{(a[name].double() - b[name].double()).abs().max().item():.3e})"
+
+
+def measured_records(out_dir: Path) -> list[dict]:
+    """out_dir's metrics.jsonl without what depends on the clock (time, tokens/s): what a resumed run must repeat."""
+    return [{key: value for key, value in record.items() if key not in ("time", "tokens_per_second")}
+            for record in read_records(out_dir / METRICS_FILE)]
 
 
 def test_torchrun_ranks_hold_identical_parameters(data_dir: Path, tmp_path: Path):
@@ -203,6 +210,7 @@ def test_resume_falls_back_to_the_newest_readable_checkpoint(data_dir: Path, tmp
     _run(flags + ["--max-steps", "4"])
     newest = checkpoint.checkpoint_path(out_dir, 4)
     straight = checkpoint.load_checkpoint(newest)
+    straight_records = measured_records(out_dir)
     newest.write_bytes(newest.read_bytes()[:4096])
     killed_save = out_dir / ".checkpoint_00000006.pt.x1y2z3.tmp"
     killed_save.write_bytes(b"half a checkpoint")
@@ -211,6 +219,8 @@ def test_resume_falls_back_to_the_newest_readable_checkpoint(data_dir: Path, tmp
     assert f"{newest} is not a readable checkpoint" in done.stderr
     assert f"resuming from {checkpoint.checkpoint_path(out_dir, 2)}" in done.stderr
     _assert_same_tensors(checkpoint.load_checkpoint(newest).model, straight.model, "retrained step 4 vs the lost one")
+    # The records of steps 3 and 4, logged after checkpoint 2, were dropped and logged again: none twice.
+    assert measured_records(out_dir) == straight_records and [r["step"] for r in straight_records] == [2, 2, 4, 4]
     assert not killed_save.exists()
 
 

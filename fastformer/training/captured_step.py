@@ -47,6 +47,7 @@ class CapturedStep:
         self.stream = torch.cuda.Stream(device)
         self.loss_sum = torch.zeros((), dtype=torch.float32, device=device)
         self.grad_scale = torch.ones((), dtype=torch.float32, device=device)
+        self.grad_norm = torch.zeros((), dtype=torch.float32, device=device)  # of the last update's gradient
         self.inputs: dict[BucketShape, tuple[torch.Tensor, ...]] = {}
         self.graphs: dict[BucketShape, torch.cuda.CUDAGraph] = {}
         self.runs: dict[BucketShape, int] = {}
@@ -94,6 +95,7 @@ class CapturedStep:
 
     def _update_body(self) -> None:
         self.master.flat_grad.mul_(self.grad_scale)
+        torch.linalg.vector_norm(self.master.flat_grad, out=self.grad_norm)
         self.optimizer.step()
         self.master.copy_to_compute()
         self.master.zero_grad()

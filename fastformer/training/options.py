@@ -51,6 +51,8 @@ class TrainOptions:
                                             f"--valid-bleu-sentences is not 0, else loss")
     patience: int = _option(0, "end the run after this many validations in a row without a better --best-metric "
                                "(0: never)")
+    tensorboard_logdir: str | None = _option(None, "also write the metrics (OUT_DIR/metrics.jsonl) there as "
+                                                   "TensorBoard event files (needs the tensorboard extra)")
     save_every: int = _option(1000, "updates between checkpoints (0: only at the end)")
     keep_last: int = _option(5, "step checkpoints kept")
     seed: int = _option(1, "seed of the initial weights, dropout and data order")

@@ -29,6 +29,7 @@ from fastformer.model import Transformer
 from fastformer.training import run_control
 from fastformer.training.captured_step import CapturedStep
 from fastformer.training.early_stopping import BestTracker
+from fastformer.training.metrics import MetricsLog, summary_writer_class
 from fastformer.training.mixed_precision import MasterWeights
 from fastformer.training.options import PRESETS, TrainOptions, changed_resume_options
 from fastformer.training.run_corpus import corpus_files, open_run_corpus
@@ -145,11 +146,13 @@ def check_step(step: str, device: torch.device) -> None:
 
 def check_run(options: TrainOptions) -> None:
     """What can be checked before any work (and before --overwrite deletes anything): the device, the backend on it,
-    and the corpus files."""
+    the corpus files, and the tensorboard package where --tensorboard-logdir asks for it."""
     device = evaluate.resolve_device(options.device)
     check_backend(options.backend, device)
     check_step(options.step, device)
     corpus_files(options)
+    if options.tensorboard_logdir is not None:
+        summary_writer_class()
 
 
 def _load_resumable(options: TrainOptions, env: _Distributed) -> tuple[Path, checkpoint.Checkpoint]:
@@ -223,9 +226,7 @@ class Trainer:
     def __init__(self, options: TrainOptions) -> None:
         self.options = options
         self.env = _setup_distributed(options.device)
-        check_backend(options.backend, self.env.device)
-        check_step(options.step, self.env.device)
-        corpus_files(options)
+        check_run(options)
         resumed = _load_resumable(options, self.env) if options.resume else None
         if self.env.is_main:
             checkpoint.remove_stale_temp_files(Path(options.out_dir))
@@ -242,6 +243,8 @@ class Trainer:
             position = self._restore(*resumed)
         self.newest_checkpoint = None if resumed is None else resumed[0]
         self.best = BestTracker(options.best_metric, None if resumed is None else resumed[1].best)
+        self.validation_skipped = bool(resumed is not None and resumed[1].validation_skipped and options.valid_every)
+        self.valid: dict = {}
         self.signals = run_control.StopSignals()
         self.stop_requested = self.out_of_time = False
         self.start = time.perf_counter()
@@ -305,11 +308,13 @@ class Trainer:
             return self.data.train.batch(item.indices, self.config.vocab_size, item.shape)
         return self.data.train.batch(item, self.config.vocab_size)
 
-    def _update(self) -> tuple[torch.Tensor, int]:
+    def _update(self) -> tuple[torch.Tensor, int, int]:
         """One optimizer step over `accumulation` micro-batches per rank -> (summed loss [] on device, target
-        tokens), both of this rank."""
+        tokens, padded target positions), all of this rank. Leaves the update's gradient norm in self.grad_norm (on
+        the device)."""
         batches = [self._next_batch() for _ in range(self.accumulation)]
         local_tokens = sum(batch.target_tokens for batch in batches)
+        padded_targets = sum(batch.tgt_out.numel() for batch in batches)
         if self.captured is not None:
             for batch in batches:
                 self.captured.micro_step(batch)
@@ -320,7 +325,8 @@ class Trainer:
             self.step += 1
             loss_sum = self.captured.take_loss_sum()
             self.guard.observe(loss_sum)
-            return loss_sum, local_tokens
+            self.grad_norm = self.captured.grad_norm
+            return loss_sum, local_tokens, padded_targets
         loss_sum = torch.zeros((), device=self.env.device)
         autocast = torch.autocast("cuda", dtype=torch.bfloat16,
                                   enabled=self.env.device.type == "cuda" and self.master is None)
@@ -349,6 +355,8 @@ class Trainer:
             for gradient in gradients:
                 gradient.mul_(scale)
         self.guard.observe(loss_sum, gradients)
+        # Queued on the device, read only when a log line is written.
+        self.grad_norm = torch.nn.utils.get_total_norm(gradients)
         self.optimizer.step()
         self.scheduler.step()
         if self.master is not None:
@@ -357,7 +365,7 @@ class Trainer:
         else:
             self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        return loss_sum, local_tokens
+        return loss_sum, local_tokens, padded_targets
 
     def _sum_tokens_and_stop_votes(self, local_tokens: int) -> float:
         """-> the update's target tokens over all ranks. The same all-reduce (after the backward passes) carries the votes
@@ -399,6 +407,7 @@ class Trainer:
                                              world_size=self.env.world_size),
                 options=asdict(self.options),
                 best=self.best.state,
+                validation_skipped=self.validation_skipped,
             )
             if best:
                 checkpoint.save_checkpoint(saved, checkpoint.best_checkpoint_path(out_dir))
@@ -436,18 +445,30 @@ class Trainer:
         return evaluate.bleu(hypotheses, [pair[1] for pair in pairs])[0][0]
 
     def _log(self, meter: _Throughput, progress: tqdm) -> float:
-        """Logs the interval's loss, lr and throughput over all ranks -> the interval's train loss per token."""
-        loss_sum, tokens, rate = meter.read(self.env)
+        """Logs the interval's loss, lr, gradient norm (of its last update), throughput and real-token share over all
+        ranks to stdout and the metrics -> the interval's train loss per token."""
+        loss_sum, tokens, padded, rate = meter.read(self.env)
         train_loss = loss_sum / max(tokens, 1.0)
+        lr = self.scheduler.get_last_lr()[0]
+        grad_norm = self.grad_norm.item()
         if self.env.is_main and not self.options.quiet:
-            progress.write(f"step {self.step} | loss {train_loss:.3f} | lr {self.scheduler.get_last_lr()[0]:.3g} | "
+            progress.write(f"step {self.step} | loss {train_loss:.3f} | lr {lr:.3g} | gnorm {grad_norm:.3g} | "
                            f"{rate:,.0f} tgt tok/s | epoch {self.stream.epoch}")
+        self._record(train_loss=train_loss, lr=lr, grad_norm=grad_norm, tokens_per_second=rate,
+                     real_token_share=tokens / max(padded, 1.0))
         return train_loss
+
+    def _record(self, **scalars: float) -> None:
+        """Rank 0 adds a record of this step to the metrics."""
+        if self.metrics is not None:
+            self.metrics.write({"step": self.step, "epoch": self.stream.epoch, "time": time.time(), **scalars})
 
     def run(self) -> TrainResult:
         """Trains to max_steps (or max_minutes, or a SIGTERM/SIGINT) under the run's backend, restoring the process's
         backend and signal handlers afterwards."""
-        with dispatch.backend(self.options.backend), self.signals:
+        self.metrics = (MetricsLog(Path(self.options.out_dir), self.step, self.options.tensorboard_logdir)
+                        if self.env.is_main else None)
+        with dispatch.backend(self.options.backend), self.signals, self.metrics or contextlib.nullcontext():
             return self._run()
 
     def _run(self) -> TrainResult:
@@ -459,50 +480,55 @@ class Trainer:
                         mininterval=2.0, dynamic_ncols=True, unit="step", desc="train")
         meter = _Throughput(self.env.device)
         path = None
-        valid: dict = {}
         train_loss = math.nan
         out_of_patience = False
-        while self.step < options.max_steps:
+        if self.validation_skipped:  # by a signal's stop: done now, as the run never stopped did it
+            self.validation_skipped = False
+            out_of_patience = self._validate(meter, progress)
+            if out_of_patience:
+                path = self.save()
+        while self.step < options.max_steps and not out_of_patience:
             meter.add(*self._update())
             progress.update(1)
             last = self.step >= options.max_steps or self.stop_requested or self.out_of_time
             log = self.step % options.log_every == 0 or last
-            # A signal's stop saves at once: torchrun SIGKILLs its workers 30 s after forwarding a SIGTERM.
-            validate = (options.valid_every and (self.step % options.valid_every == 0 or last)
-                        and not self.stop_requested)
+            due = options.valid_every and self.step % options.valid_every == 0
+            # A signal's stop saves at once, its checkpoint noting a validation it skipped: torchrun SIGKILLs its
+            # workers 30 s after forwarding a SIGTERM.
+            validate = options.valid_every and (due or last) and not self.stop_requested
+            self.validation_skipped = bool(due and self.stop_requested)
             if log or validate:
                 self._check_finite()
             if log:
                 train_loss = self._log(meter, progress)
-            improved = False
-            if validate:
+            out_of_patience = bool(validate) and self._validate(meter, progress)
+            if out_of_patience and not log:  # an end as max_steps' is: its last interval logged
+                train_loss = self._log(meter, progress)
+            if (options.save_every and self.step % options.save_every == 0) or last or out_of_patience:
                 with meter.paused():
-                    valid = self.validate()
-                    improved = self._keep_best(valid, progress)
-                out_of_patience = self.best.exhausted(options.patience)
-                if out_of_patience and not log:  # an end as max_steps' is: its last interval logged
-                    train_loss = self._log(meter, progress)
-                last = last or out_of_patience
-            with meter.paused():
-                if (options.save_every and self.step % options.save_every == 0) or last:
-                    path = self.save(best=improved)
-                elif improved:
-                    self.save(step=False, best=True)
+                    path = self.save()
             if last:
                 break
         progress.close()
         if path is None:  # resumed at or past max_steps: nothing trained, the resumed checkpoint is the result
             path = checkpoint.checkpoint_path(Path(options.out_dir), self.step)
         stopped = self.stop_requested and self.step < options.max_steps
-        return TrainResult(self.step, path, meter.overall_rate(), train_loss, valid,
+        return TrainResult(self.step, path, meter.overall_rate(), train_loss, self.valid,
                            (self.signals.received or "a signal to another rank") if stopped else None,
                            self.best.state, out_of_patience)
 
-    def _keep_best(self, valid: dict, progress: tqdm) -> bool:
-        """Prints a validation's results and takes its score -> whether it is the best so far."""
-        if self.env.is_main and not self.options.quiet:
-            progress.write(f"step {self.step} | valid " + " | ".join(f"{k} {v:.3f}" for k, v in valid.items()))
-        return self.best.observe(valid, self.step)
+    def _validate(self, meter: _Throughput, progress: tqdm) -> bool:
+        """Validates, prints and records the results, and writes checkpoint_best.pt if they are the best so far ->
+        whether --patience is exhausted."""
+        with meter.paused():
+            self.valid = self.validate()
+            if self.env.is_main and not self.options.quiet:
+                progress.write(f"step {self.step} | valid " +
+                               " | ".join(f"{k} {v:.3f}" for k, v in self.valid.items()))
+            self._record(**self.valid)
+            if self.best.observe(self.valid, self.step):
+                self.save(step=False, best=True)
+        return self.best.exhausted(self.options.patience)
 
 
 class _Throughput:
@@ -512,14 +538,16 @@ class _Throughput:
     def __init__(self, device: torch.device) -> None:
         self.loss_sum = torch.zeros((), device=device)
         self.tokens = 0
+        self.padded = 0
         self.interval_start = time.perf_counter()
         self.interval_paused = 0.0
         self.total_tokens = 0.0
         self.total_seconds = 0.0
 
-    def add(self, loss_sum: torch.Tensor, tokens: int) -> None:
+    def add(self, loss_sum: torch.Tensor, tokens: int, padded: int) -> None:
         self.loss_sum += loss_sum
         self.tokens += tokens
+        self.padded += padded
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -529,18 +557,19 @@ class _Throughput:
         finally:
             self.interval_paused += time.perf_counter() - begin
 
-    def read(self, env: _Distributed) -> tuple[float, float, float]:
-        """-> (summed loss, target tokens, target tokens/s) of the interval over all ranks; starts a new interval."""
+    def read(self, env: _Distributed) -> tuple[float, float, float, float]:
+        """-> (summed loss, target tokens, padded target positions, target tokens/s) of the interval over all ranks;
+        starts a new interval."""
         # The loss is read back only here, so the steps in between queue on a GPU without a host sync.
-        loss_sum, tokens = env.sum([self.loss_sum.item(), float(self.tokens)])
+        loss_sum, tokens, padded = env.sum([self.loss_sum.item(), float(self.tokens), float(self.padded)])
         now = time.perf_counter()
         seconds = max(now - self.interval_start - self.interval_paused, 1e-9)
         self.total_tokens += tokens
         self.total_seconds += seconds
         self.loss_sum.zero_()
-        self.tokens = 0
+        self.tokens = self.padded = 0
         self.interval_start, self.interval_paused = now, 0.0
-        return loss_sum, tokens, tokens / seconds
+        return loss_sum, tokens, padded, tokens / seconds
 
     def overall_rate(self) -> float:
         return self.total_tokens / max(self.total_seconds, 1e-9)
