@@ -40,6 +40,7 @@ class TrainOptions:
     lr_scale: float = _option(1.0, "peak learning rate factor: lr = lr_scale * d_model^-0.5 * schedule")
     warmup: int = _option(4000, "warmup updates of the inverse-square-root schedule")
     label_smoothing: float = _option(0.1, "label smoothing of the training loss")
+    clip_norm: float = _option(0.0, "clip the gradients' global L2 norm to this before each update (0: no clipping)")
     max_steps: int = _option(100_000, "updates to train (in all, counting those a resumed run already did)")
     max_minutes: float = _option(0.0, "also stop after this many minutes of wall-clock time (0: no time limit)")
     log_every: int = _option(100, "updates between log lines")
@@ -85,7 +86,7 @@ class TrainOptions:
         for name in ("batch_tokens", "update_tokens", "warmup", "max_steps", "log_every", "keep_last"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("valid_every", "save_every", "max_minutes", "patience"):
+        for name in ("valid_every", "save_every", "max_minutes", "patience", "clip_norm"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         self._check_validation()
@@ -115,7 +116,7 @@ class TrainOptions:
 # What a resumed run must share with its checkpoint: these fix the model, the data and its order, and the update
 # rule. The others (budget, logging, checkpointing, device, backend) may change from one session to the next.
 RESUME_FIXED_OPTIONS = ("data_dir", "src_lang", "tgt_lang", "preset", "vocab_size", "dropout", "batch_tokens",
-                        "update_tokens", "lr_scale", "warmup", "label_smoothing", "seed", "min_len", "max_len",
+                        "update_tokens", "lr_scale", "warmup", "label_smoothing", "clip_norm", "seed", "min_len", "max_len",
                         "max_ratio", "batching", "best_metric")
 # Options added after checkpoints were first written: a checkpoint without one was trained with this value.
 OPTIONS_ADDED_LATER = {"batching": "tokens"}

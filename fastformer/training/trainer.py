@@ -26,7 +26,7 @@ from fastformer import checkpoint, dispatch
 from fastformer.config import TransformerConfig
 from fastformer.data import Batch, BucketBatch, BucketBatchSampler, TokenBatchSampler, Tokenizer
 from fastformer.model import Transformer
-from fastformer.training import run_control
+from fastformer.training import gradients, run_control
 from fastformer.training.captured_step import CapturedStep
 from fastformer.training.early_stopping import BestTracker
 from fastformer.training.metrics import MetricsLog, summary_writer_class
@@ -74,15 +74,16 @@ class _LossModule(nn.Module):
                                lengths=(src_lengths, tgt_lengths))
 
 
-def captured_training(model: Transformer, label_smoothing: float, lr: float,
-                      device: torch.device) -> CapturedStep:
+def captured_training(model: Transformer, label_smoothing: float, lr: float, device: torch.device,
+                      clip_norm: float = 0.0) -> CapturedStep:
     """`--step captured` of an fp32 model on a CUDA device: its bf16 compute copy (MasterWeights), the copy's summed
     label-smoothed loss, Adam on the fp32 masters with its lr and step count on the GPU (updated in place, as a graph
-    replays them), and the CapturedStep of these (its .master, .loss_module, .optimizer)."""
+    replays them), and the CapturedStep of these (its .master, .loss_module, .optimizer), clipping the master
+    gradients' norm to clip_norm (0: not)."""
     master = MasterWeights(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=torch.tensor(lr, device=device), betas=(0.9, 0.98), eps=1e-9,
                                  fused=True, capturable=True)
-    return CapturedStep(master, _LossModule(master.compute, label_smoothing), optimizer, device)
+    return CapturedStep(master, _LossModule(master.compute, label_smoothing), optimizer, device, clip_norm)
 
 
 def process_rank() -> int:
@@ -267,7 +268,8 @@ class Trainer:
         # and the ranks all-reduce the master gradients themselves, in one call per update.
         self.captured = None
         if options.step == "captured":
-            self.captured = captured_training(self.model, options.label_smoothing, lr, self.env.device)
+            self.captured = captured_training(self.model, options.label_smoothing, lr, self.env.device,
+                                              options.clip_norm)
             self.master, self.loss_module = self.captured.master, self.captured.loss_module
             self.optimizer = self.captured.optimizer
         else:
@@ -324,8 +326,10 @@ class Trainer:
             self.scheduler.step()
             self.step += 1
             loss_sum = self.captured.take_loss_sum()
-            self.guard.observe(loss_sum)
             self.grad_norm = self.captured.grad_norm
+            self.guard.observe(loss_sum)
+            if self.options.clip_norm:  # as the eager step
+                self.guard.observe(self.grad_norm)
             return loss_sum, local_tokens, padded_targets
         loss_sum = torch.zeros((), device=self.env.device)
         autocast = torch.autocast("cuda", dtype=torch.bfloat16,
@@ -347,16 +351,21 @@ class Trainer:
             self._all_reduce_master_gradients()
             # The ranks' summed gradients, to the mean over every target token of the update.
             self.master.flat_grad.mul_(1.0 / max(total_tokens, 1.0))
-            gradients = [self.master.flat_grad]
+            grads = [self.master.flat_grad]
         else:
             # DDP averaged the ranks' summed gradients; rescale to the mean over every target token of the update.
             scale = self.env.world_size / max(total_tokens, 1.0)
-            gradients = [parameter.grad for parameter in self.model.parameters() if parameter.grad is not None]
-            for gradient in gradients:
+            grads = [parameter.grad for parameter in self.model.parameters() if parameter.grad is not None]
+            for gradient in grads:
                 gradient.mul_(scale)
-        self.guard.observe(loss_sum, gradients)
-        # Queued on the device, read only when a log line is written.
-        self.grad_norm = torch.nn.utils.get_total_norm(gradients)
+        self.guard.observe(loss_sum, grads)
+        # Queued on the device, read only when a log line is written. Every rank holds the same (all-reduced)
+        # gradients, so every rank measures and clips by the same global norm.
+        self.grad_norm = torch.nn.utils.get_total_norm(grads)
+        if self.options.clip_norm:
+            # A norm that overflowed on finite gradients would clip them to zero: a divergence too.
+            self.guard.observe(self.grad_norm)
+            gradients.clip_gradients_(grads, self.options.clip_norm, self.grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         if self.master is not None:
