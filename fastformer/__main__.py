@@ -1,6 +1,7 @@
 """fastformer: train, translate, evaluate and average Transformer translation models (the paper's recipe).
 
-The command line, `fastformer {demo,train,prepare,translate,evaluate,average,export,plot}` (also `python -m fastformer`).
+The command line, `fastformer {demo,train,prepare,translate,evaluate,average,export,plot}` (also
+`python -m fastformer`).
 `fastformer demo` is the whole job on the bundled corpus: train the tiny preset a fixed number of updates, translate
 the held-out test split with beam search, print sacreBLEU and throughput. It runs unchanged under torchrun and on a
 GPU. `fastformer prepare` tokenizes a corpus once for every later run (train does it itself when needed).
@@ -28,6 +29,7 @@ from fastformer.decoding.compiled import COMPUTE_TYPES
 from fastformer.decoding.rules import LENGTH_PENALTY_FORMS
 from fastformer.training import run_control
 from fastformer.training.curves import CURVES_FILE, plot_curves
+from fastformer.training.init_from import load_initial_model
 from fastformer.training.run_corpus import prepare_run_corpus
 from fastformer.training.options import TrainOptions
 from fastformer.training.trainer import TrainResult, check_run, process_rank, train
@@ -43,8 +45,8 @@ DEMO_DEFAULTS = dict(out_dir="runs/demo", preset="tiny", batch_tokens=1500, upda
                      lr_scale=2.0, max_steps=DEMO_STEPS, max_minutes=0.0, log_every=100, valid_every=500,
                      valid_bleu_sentences=100, save_every=500)
 # What decides a preparation (and where it goes): `fastformer prepare` takes these of train's options.
-PREPARE_OPTIONS = ("data_dir", "prepared_dir", "src_lang", "tgt_lang", "vocab_size", "min_len", "max_len", "max_ratio",
-                   "quiet")
+PREPARE_OPTIONS = ("data_dir", "init_from", "prepared_dir", "src_lang", "tgt_lang", "vocab_size", "min_len", "max_len",
+                   "max_ratio", "quiet")
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -134,9 +136,11 @@ def _patience_message(command: str, options: TrainOptions, result: TrainResult) 
 
 
 def _run_prepare(args: argparse.Namespace) -> None:
-    corpus = prepare_run_corpus(_train_options(args))
+    options = _train_options(args)
+    initial = None if options.init_from is None else load_initial_model(options.init_from)
+    corpus = prepare_run_corpus(options, None if initial is None else initial.tokenizers)
     print(f"prepared corpus: {corpus.path} ({len(corpus.train):,} training pairs, vocabulary "
-          f"{corpus.tokenizer.vocab_size:,})")
+          f"{corpus.tokenizers.vocab_size:,})")
 
 
 def _run_demo(args: argparse.Namespace) -> None:

@@ -54,7 +54,8 @@ class Checkpoint:
 
     model: dict[str, torch.Tensor]  # the model's state_dict, on the CPU
     config: dict  # TransformerConfig.to_dict()
-    tokenizer: bytes | None = None  # the sentencepiece model proto
+    # The shared sentencepiece model's proto, or (fine-tuned from a Marian model) its tokenizer files by name.
+    tokenizer: bytes | dict[str, bytes] | None = None
     step: int | None = None  # optimizer steps taken
     optimizer: dict | None = None  # the optimizer's state_dict
     schedule: dict | None = None  # the learning-rate scheduler's state_dict
@@ -75,8 +76,10 @@ class Checkpoint:
         loading reads tensors), and the FORMAT/VERSION tag."""
         entries = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
                    if getattr(self, field.name) is not None}
-        if self.tokenizer is not None:
-            entries["tokenizer"] = torch.frombuffer(bytearray(self.tokenizer), dtype=torch.uint8)
+        if isinstance(self.tokenizer, bytes):
+            entries["tokenizer"] = _bytes_tensor(self.tokenizer)
+        elif self.tokenizer is not None:
+            entries["tokenizer"] = {name: _bytes_tensor(data) for name, data in self.tokenizer.items()}
         return {**entries, "format": FORMAT, "version": VERSION}
 
     @classmethod
@@ -93,7 +96,14 @@ class Checkpoint:
                 raise ValueError(f"{path} is a fastformer checkpoint without {key!r}")
         if isinstance(fields.get("tokenizer"), torch.Tensor):
             fields["tokenizer"] = fields["tokenizer"].numpy().tobytes()
+        elif isinstance(fields.get("tokenizer"), dict):
+            fields["tokenizer"] = {name: data.numpy().tobytes() for name, data in fields["tokenizer"].items()}
         return cls(**fields)
+
+
+def _bytes_tensor(data: bytes) -> torch.Tensor:
+    """bytes as a uint8 tensor: what weights_only loading reads back."""
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
 class UnreadableCheckpointError(ValueError):

@@ -114,8 +114,8 @@ def test_resume_is_exact_under_torchrun(data_dir: Path, tmp_path: Path):
         _assert_same_tensors(resumed.optimizer["state"][index], state, f"Adam state of parameter {index}")
     assert resumed.schedule == reference.schedule
     assert resumed.best == reference.best and reference.best["stale"] == 3 - reference.best["step"] // 2
-    _assert_same_tensors(checkpoint.load_checkpoint(checkpoint.best_checkpoint_path(split)).model,
-                         checkpoint.load_checkpoint(checkpoint.best_checkpoint_path(straight)).model, "best checkpoints")
+    bests = [checkpoint.load_checkpoint(checkpoint.best_checkpoint_path(out_dir)).model for out_dir in (split, straight)]
+    _assert_same_tensors(*bests, "best checkpoints")
     for rank in (0, 1):
         assert torch.equal(resumed.rng[rank]["torch"], reference.rng[rank]["torch"])
     # Checkpoints 3 and 6 of the split run and 2, 4, 6 of the straight one (keep_last 3).

@@ -30,8 +30,11 @@ class TrainOptions:
                                              "default: a directory under ~/.cache/fastformer/prepared")
     src_lang: str = _option("en", "source language: the files' suffix")
     tgt_lang: str = _option("de", "target language: the files' suffix")
+    init_from: str | None = _option(None, "fine-tune: start from this model's weights and tokenizer(s), a fastformer "
+                                          "checkpoint or an OPUS-MT (Marian) directory, with a fresh optimizer and "
+                                          "schedule; its architecture replaces --preset's and --vocab-size's")
     preset: str | None = _option(None, f"model size, one of {tuple(PRESETS)}; default: base (the paper) with "
-                                       f"--data-dir, tiny on the bundled corpus")
+                                       f"--data-dir, tiny on the bundled corpus (with --init-from: its model's)")
     vocab_size: int | None = _option(None, f"shared BPE vocabulary size; default: 37000 (the paper) with --data-dir, "
                                            f"{DEFAULT_BUNDLED_VOCAB} on the bundled corpus")
     dropout: float | None = _option(None, "dropout; default: the preset's")
@@ -72,9 +75,9 @@ class TrainOptions:
     quiet: bool = _option(False, "no progress bar and no log lines")
 
     def __post_init__(self) -> None:
-        if self.preset is None:
+        if self.preset is None and self.init_from is None:
             self.preset = "tiny" if self.data_dir is None else "base"
-        if self.preset not in PRESETS:
+        if self.preset is not None and self.preset not in PRESETS:
             raise ValueError(f"preset must be one of {tuple(PRESETS)}, got {self.preset!r}")
         for name, choices in (("backend", BACKENDS), ("batching", BATCHINGS), ("precision", PRECISIONS),
                               ("step", STEPS)):
@@ -115,11 +118,11 @@ class TrainOptions:
 
 # What a resumed run must share with its checkpoint: these fix the model, the data and its order, and the update
 # rule. The others (budget, logging, checkpointing, device, backend) may change from one session to the next.
-RESUME_FIXED_OPTIONS = ("data_dir", "src_lang", "tgt_lang", "preset", "vocab_size", "dropout", "batch_tokens",
-                        "update_tokens", "lr_scale", "warmup", "label_smoothing", "clip_norm", "seed", "min_len", "max_len",
-                        "max_ratio", "batching", "best_metric")
+RESUME_FIXED_OPTIONS = ("data_dir", "init_from", "src_lang", "tgt_lang", "preset", "vocab_size", "dropout",
+                        "batch_tokens", "update_tokens", "lr_scale", "warmup", "label_smoothing", "clip_norm", "seed",
+                        "min_len", "max_len", "max_ratio", "batching", "best_metric")
 # Options added after checkpoints were first written: a checkpoint without one was trained with this value.
-OPTIONS_ADDED_LATER = {"batching": "tokens"}
+OPTIONS_ADDED_LATER = {"batching": "tokens", "clip_norm": 0.0, "init_from": None}
 
 
 def changed_resume_options(saved: dict, options: TrainOptions) -> list[str]:
@@ -131,7 +134,7 @@ def changed_resume_options(saved: dict, options: TrainOptions) -> list[str]:
         if name not in saved:
             continue
         old, new = saved[name], getattr(options, name)
-        if name == "data_dir" and old is not None and new is not None:
+        if name in ("data_dir", "init_from") and old is not None and new is not None:
             old, new = str(Path(old).resolve()), str(Path(new).resolve())
         if old != new:
             changed.append(f"--{name.replace('_', '-')} {new} (checkpoint: {old})")

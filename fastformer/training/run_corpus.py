@@ -13,6 +13,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from fastformer.data import LengthFilter, SplitFiles, find_split
+from fastformer.data.tokenizer import Tokenizers
 from fastformer.data.prepared import (PreparedCorpus, PrepareSettings, default_prepared_dir, default_vocab_size,
                                       ensure_prepared)
 from fastformer.training.options import TrainOptions
@@ -26,27 +27,32 @@ def corpus_files(options: TrainOptions) -> dict[str, SplitFiles]:
     return {split: find_split(data_dir, split, options.src_lang, options.tgt_lang) for split in ("train", "valid")}
 
 
-def prepare_settings(options: TrainOptions) -> PrepareSettings:
-    return PrepareSettings(options.vocab_size or default_vocab_size(options.data_dir),
-                           LengthFilter(options.min_len, options.max_len, options.max_ratio))
+def prepare_settings(options: TrainOptions, tokenizers: Tokenizers | None = None) -> PrepareSettings:
+    """The run's preparation: with the tokenizers of --init-from's model, else with a vocabulary learned from it."""
+    length_filter = LengthFilter(options.min_len, options.max_len, options.max_ratio)
+    if tokenizers is not None:
+        return PrepareSettings(tokenizers.vocab_size, length_filter, tokenizers=tokenizers)
+    return PrepareSettings(options.vocab_size or default_vocab_size(options.data_dir), length_filter)
 
 
-def prepare_run_corpus(options: TrainOptions) -> PreparedCorpus:
-    """Prepares (or opens, if already prepared) the run's corpus where --prepared-dir says, else in the cache."""
-    files, settings = corpus_files(options), prepare_settings(options)
+def prepare_run_corpus(options: TrainOptions, tokenizers: Tokenizers | None = None) -> PreparedCorpus:
+    """Prepares (or opens, if already prepared) the run's corpus where --prepared-dir says, else in the cache; with
+    tokenizers (--init-from's), encoded by them."""
+    files, settings = corpus_files(options), prepare_settings(options, tokenizers)
     path = Path(options.prepared_dir) if options.prepared_dir else default_prepared_dir(files, settings)
     return ensure_prepared(files, settings, path, progress=not options.quiet)
 
 
-def open_run_corpus(options: TrainOptions, rank: int, world_size: int) -> PreparedCorpus:
+def open_run_corpus(options: TrainOptions, rank: int, world_size: int,
+                    tokenizers: Tokenizers | None = None) -> PreparedCorpus:
     """Rank 0 prepares or opens the corpus; every other rank waits for it and opens the directory it names."""
     if world_size == 1:
-        return prepare_run_corpus(options)
+        return prepare_run_corpus(options, tokenizers)
     group = dist.new_group(backend="gloo", timeout=PREPARE_TIMEOUT)
     message: list[object] = [None]
     if rank == 0:
         try:
-            corpus = prepare_run_corpus(options)
+            corpus = prepare_run_corpus(options, tokenizers)
         except BaseException as error:
             dist.broadcast_object_list([("error", f"{error}")], src=0, group=group)
             raise

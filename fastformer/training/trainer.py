@@ -14,7 +14,7 @@ import random
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -24,16 +24,19 @@ from tqdm import tqdm
 
 from fastformer import checkpoint, dispatch
 from fastformer.config import TransformerConfig
-from fastformer.data import Batch, BucketBatch, BucketBatchSampler, TokenBatchSampler, Tokenizer
+from fastformer.data import Batch, BucketBatch, BucketBatchSampler, TokenBatchSampler
+from fastformer.data.tokenizer import Tokenizers
 from fastformer.model import Transformer
 from fastformer.training import gradients, run_control
 from fastformer.training.captured_step import CapturedStep
 from fastformer.training.early_stopping import BestTracker
+from fastformer.training.init_from import InitialModel, check_architecture, load_initial_model
 from fastformer.training.metrics import MetricsLog, summary_writer_class
 from fastformer.training.mixed_precision import MasterWeights
 from fastformer.training.options import PRESETS, TrainOptions, changed_resume_options
 from fastformer.training.run_corpus import corpus_files, open_run_corpus
 from fastformer.translation import evaluate
+from fastformer.translation.translator import Translator
 
 
 @dataclass
@@ -145,15 +148,21 @@ def check_step(step: str, device: torch.device) -> None:
                          f"--step eager")
 
 
-def check_run(options: TrainOptions) -> None:
+def check_run(options: TrainOptions) -> InitialModel | None:
     """What can be checked before any work (and before --overwrite deletes anything): the device, the backend on it,
-    the corpus files, and the tensorboard package where --tensorboard-logdir asks for it."""
+    the corpus files, the tensorboard package where --tensorboard-logdir asks for it, and --init-from's model against
+    the options -> that model (None without --init-from)."""
     device = evaluate.resolve_device(options.device)
     check_backend(options.backend, device)
     check_step(options.step, device)
     corpus_files(options)
     if options.tensorboard_logdir is not None:
         summary_writer_class()
+    if options.init_from is None:
+        return None
+    initial = load_initial_model(options.init_from)
+    check_architecture(options, initial)
+    return initial
 
 
 def _load_resumable(options: TrainOptions, env: _Distributed) -> tuple[Path, checkpoint.Checkpoint]:
@@ -177,13 +186,18 @@ def _load_resumable(options: TrainOptions, env: _Distributed) -> tuple[Path, che
     return path, saved
 
 
-def _model_config(options: TrainOptions, tokenizer: Tokenizer) -> TransformerConfig:
-    """The preset at the tokenizer's vocabulary size and special ids."""
+def _model_config(options: TrainOptions, tokenizers: Tokenizers, initial: InitialModel | None) -> TransformerConfig:
+    """The initial model's config, else the preset's at the tokenizer's vocabulary size and special ids; --dropout
+    replaces theirs."""
     overrides = {} if options.dropout is None else {"dropout": options.dropout}
-    config = PRESETS[options.preset](tokenizer.vocab_size, **tokenizer.special_ids, **overrides)
+    if initial is not None:
+        config, origin = replace(initial.config, **overrides), f"--init-from {initial.path}'s model"
+    else:
+        config = PRESETS[options.preset](tokenizers.vocab_size, **tokenizers.special_ids, **overrides)
+        origin = f"the {options.preset} preset"
     if options.max_len + 1 > config.max_positions:
-        raise ValueError(f"max_len={options.max_len} tokens plus BOS/EOS exceed the {options.preset} preset's "
-                         f"max_positions={config.max_positions}")
+        raise ValueError(f"max_len={options.max_len} tokens plus BOS/EOS exceed {origin}'s "
+                         f"max_positions={config.max_positions}: lower --max-len")
     return config
 
 
@@ -227,17 +241,19 @@ class Trainer:
     def __init__(self, options: TrainOptions) -> None:
         self.options = options
         self.env = _setup_distributed(options.device)
-        check_run(options)
+        initial = check_run(options)
         resumed = _load_resumable(options, self.env) if options.resume else None
         if self.env.is_main:
             checkpoint.remove_stale_temp_files(Path(options.out_dir))
-        self.data = open_run_corpus(options, self.env.rank, self.env.world_size)
-        self.tokenizer = self.data.tokenizer
-        if resumed is not None and resumed[1].tokenizer != self.tokenizer.model_proto:
+        self.data = open_run_corpus(options, self.env.rank, self.env.world_size,
+                                    None if initial is None else initial.tokenizers)
+        self.tokenizers = self.data.tokenizers
+        if resumed is not None and resumed[1].tokenizer != self.tokenizers.checkpoint_entry:
             raise ValueError(f"--resume: {resumed[0]} was trained with another vocabulary than the prepared corpus "
                              f"{self.data.path} holds (its text changed since?): start a new run")
-        self.config = _model_config(options, self.tokenizer)
-        self._build_model()
+        self.config = _model_config(options, self.tokenizers, initial)
+        # A resumed run restores its own weights; a fresh one starts from --init-from's.
+        self._build_model(None if initial is None or resumed is not None else initial.weights)
         self.step = 0
         position = {"epoch": 0, "index": 0}
         if resumed is not None:
@@ -255,12 +271,16 @@ class Trainer:
                                 seed=options.seed, rank=self.env.rank, world_size=self.env.world_size)
         self.stream = _BatchStream(sampler, position["epoch"], position["index"])
 
-    def _build_model(self) -> None:
-        """The model (the same initial weights on every rank), its DDP-wrapped loss, Adam and the schedule."""
+    def _build_model(self, weights: dict[str, torch.Tensor] | None) -> None:
+        """The model (the same initial weights on every rank: `weights`, or drawn), its DDP-wrapped loss, Adam and the
+        schedule."""
         options = self.options
         # The same seed on every rank gives every rank the same initial weights (DDP also broadcasts rank 0's).
         torch.manual_seed(options.seed)
-        self.model = Transformer(self.config).to(self.env.device)
+        self.model = Transformer(self.config)
+        if weights is not None:
+            self.model.load_state_dict(weights)
+        self.model.to(self.env.device)
         # Every rank draws its own dropout masks.
         torch.manual_seed(options.seed + 1 + self.env.rank)
         lr = options.lr_scale * self.config.d_model ** -0.5
@@ -405,7 +425,7 @@ class Trainer:
             saved = checkpoint.Checkpoint(
                 model={name: tensor.detach().cpu() for name, tensor in self.model.state_dict().items()},
                 config=self.config.to_dict(),
-                tokenizer=self.tokenizer.model_proto,
+                tokenizer=self.tokenizers.checkpoint_entry,
                 step=self.step,
                 optimizer=portable_optimizer_state(self.optimizer),
                 schedule={key: [item.item() if isinstance(item, torch.Tensor) else item for item in value]
@@ -449,8 +469,8 @@ class Trainer:
     def _valid_bleu(self) -> float:
         count = self.options.valid_bleu_sentences
         pairs = self.data.valid_pairs if count == -1 else self.data.valid_pairs[:count]
-        hypotheses = evaluate.translate_sentences(self.model, self.tokenizer, [pair[0] for pair in pairs],
-                                                  beam_size=self.options.valid_beam)
+        translator = Translator(self.model, self.tokenizers.source, self.tokenizers.target)
+        hypotheses = translator.translate([pair[0] for pair in pairs], beam_size=self.options.valid_beam)
         return evaluate.bleu(hypotheses, [pair[1] for pair in pairs])[0][0]
 
     def _log(self, meter: _Throughput, progress: tqdm) -> float:
