@@ -30,7 +30,7 @@ from fastformer.decoding.rules import LENGTH_PENALTY_FORMS
 from fastformer.training import run_control
 from fastformer.training.curves import CURVES_FILE, plot_curves
 from fastformer.training.init_from import load_initial_model
-from fastformer.training.run_corpus import prepare_run_corpus
+from fastformer.training.run_corpus import prepare_run_corpora
 from fastformer.training.options import TrainOptions
 from fastformer.training.trainer import TrainResult, check_run, process_rank, train
 from fastformer.translation import evaluate, export
@@ -45,8 +45,8 @@ DEMO_DEFAULTS = dict(out_dir="runs/demo", preset="tiny", batch_tokens=1500, upda
                      lr_scale=2.0, max_steps=DEMO_STEPS, max_minutes=0.0, log_every=100, valid_every=500,
                      valid_bleu_sentences=100, save_every=500)
 # What decides a preparation (and where it goes): `fastformer prepare` takes these of train's options.
-PREPARE_OPTIONS = ("data_dir", "init_from", "prepared_dir", "src_lang", "tgt_lang", "vocab_size", "min_len", "max_len",
-                   "max_ratio", "quiet")
+PREPARE_OPTIONS = ("data_dir", "extra_data", "tag_extra", "init_from", "prepared_dir", "src_lang", "tgt_lang",
+                   "vocab_size", "min_len", "max_len", "max_ratio", "quiet")
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -78,6 +78,10 @@ def _add_train_options(parser: argparse.ArgumentParser, defaults: dict, flags: d
             continue
         if isinstance(kind, types.UnionType):  # X | None: the flag takes an X
             kind = next(arg for arg in typing.get_args(kind) if arg is not type(None))
+        if typing.get_origin(kind) is list:  # list[X]: the flag is repeated, each time with an X
+            parser.add_argument(flag, dest=option.name, type=typing.get_args(kind)[0], action="append",
+                                default=default, help=help_text)
+            continue
         parser.add_argument(flag, dest=option.name, type=kind, default=default, help=help_text)
     if only is not None:
         return
@@ -138,9 +142,9 @@ def _patience_message(command: str, options: TrainOptions, result: TrainResult) 
 def _run_prepare(args: argparse.Namespace) -> None:
     options = _train_options(args)
     initial = None if options.init_from is None else load_initial_model(options.init_from)
-    corpus = prepare_run_corpus(options, None if initial is None else initial.tokenizers)
-    print(f"prepared corpus: {corpus.path} ({len(corpus.train):,} training pairs, vocabulary "
-          f"{corpus.tokenizers.vocab_size:,})")
+    for corpus in prepare_run_corpora(options, None if initial is None else initial.tokenizers):
+        print(f"prepared corpus: {corpus.path} ({len(corpus.train):,} training pairs, vocabulary "
+              f"{corpus.tokenizers.vocab_size:,})")
 
 
 def _run_demo(args: argparse.Namespace) -> None:

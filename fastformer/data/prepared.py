@@ -54,17 +54,21 @@ DEFAULT_VOCAB = 37000  # the paper's shared En-De BPE vocabulary
 @dataclass(frozen=True)
 class PrepareSettings:
     """What a preparation makes of its input files, besides the files themselves. tokenizers: those of a pretrained
-    model to encode with (--init-from), else None: a shared vocabulary of vocab_size is learned from the corpus."""
+    model to encode with (--init-from), else None: a shared vocabulary of vocab_size is learned from the corpus, with
+    the pieces `reserved` kept apart (train_tokenizer's); given tokenizers come with their own reserved pieces."""
 
     vocab_size: int
     length_filter: LengthFilter
     tokenizer_sample: int = TOKENIZER_SAMPLE
     tokenizers: Tokenizers | None = None
+    reserved: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
+        # Only what is set, so that the keys of preparations made before these existed stay as they were.
         given = {} if self.tokenizers is None else {"tokenizers": self.tokenizers.digest}
+        reserved = {"reserved": list(self.reserved)} if self.reserved else {}
         return {"vocab_size": self.vocab_size, "tokenizer_sample": self.tokenizer_sample,
-                "length_filter": asdict(self.length_filter), **given}
+                "length_filter": asdict(self.length_filter), **given, **reserved}
 
 
 def default_vocab_size(data_dir: str | Path | None) -> int:
@@ -137,8 +141,11 @@ class PreparedCorpus:
             files[name] = (self.path / name).read_bytes()
             if hashlib.sha256(files[name]).hexdigest() != digest:
                 raise ValueError(f"{self.path / name} is not the tokenizer file its manifest names")
-        self.tokenizers = Tokenizers.from_files(files, str(self.path))
-        self.train, self.valid = (self._open_split(split) for split in SPLITS)
+        self.tokenizers = Tokenizers.from_files(files, str(self.path),
+                                                tuple(self.manifest["key"]["settings"].get("reserved", ())))
+        self.train = self._open_split("train")
+        # A corpus prepared to train on beside another (--extra-data) has no validation split of its own.
+        self.valid = self._open_split("valid") if "valid" in self.manifest["splits"] else None
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -230,7 +237,8 @@ def prepare(files: dict[str, SplitFiles], settings: PrepareSettings, path: Path,
         pairs = _count_pairs(files["train"], progress)
         tokenizers = settings.tokenizers
         if tokenizers is None:
-            tokenizers = Tokenizers.shared(_train_tokenizer(files["train"], pairs, settings, progress))
+            tokenizers = Tokenizers.shared(_train_tokenizer(files["train"], pairs, settings, progress),
+                                           settings.reserved)
             if progress:
                 print(f"tokenizer: {tokenizers.vocab_size} pieces, {time.perf_counter() - start:.0f}s",
                       file=sys.stderr)
@@ -239,7 +247,7 @@ def prepare(files: dict[str, SplitFiles], settings: PrepareSettings, path: Path,
         dtype = np.dtype(np.uint16 if tokenizers.vocab_size <= 1 << 16 else np.int32)
         written: dict[str, dict] = {}
         splits = {}
-        for split in SPLITS:
+        for split in (split for split in SPLITS if split in files):
             length_filter = settings.length_filter if split == "train" else None
             total = pairs if split == "train" else None
             splits[split] = _encode_split(files[split], tokenizers, length_filter, temp, split, dtype, written,
@@ -280,7 +288,8 @@ def _train_tokenizer(files: SplitFiles, pairs: int, settings: PrepareSettings, p
     errors: list[ValueError] = []
     try:
         tokenizer = train_tokenizer(_tokenizer_sentences(files, pairs, settings.tokenizer_sample, progress, errors),
-                                    vocab_size=settings.vocab_size, seed_sentences=settings.tokenizer_sample)
+                                    vocab_size=settings.vocab_size, seed_sentences=settings.tokenizer_sample,
+                                    reserved=settings.reserved)
     except RuntimeError:
         if not errors:
             raise
@@ -406,9 +415,10 @@ def _replace(temp: Path, path: Path) -> None:
 
 
 def _summary(path: Path, manifest: dict, seconds: float) -> None:
-    train, valid = manifest["splits"]["train"], manifest["splits"]["valid"]
+    train, valid = manifest["splits"]["train"], manifest["splits"].get("valid")
     size = sum(file.stat().st_size for file in path.iterdir())
     dropped = ", ".join(f"{count:,} {name.replace('_', ' ')}" for name, count in train["dropped"].items())
+    valid_pairs = "" if valid is None else f"valid {valid['pairs']:,} pairs; "
     print(f"prepared {path} in {seconds:.0f}s: train {train['pairs']:,} pairs kept (dropped: {dropped}), "
-          f"{train['src_tokens']:,} + {train['tgt_tokens']:,} tokens; valid {valid['pairs']:,} pairs; vocabulary "
+          f"{train['src_tokens']:,} + {train['tgt_tokens']:,} tokens; {valid_pairs}vocabulary "
           f"{manifest['vocab_size']:,}; {size / 2 ** 20:,.1f} MiB on disk", file=sys.stderr)

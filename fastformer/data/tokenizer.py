@@ -77,10 +77,13 @@ class Tokenizer:
         return self.processor.decode(ids)
 
 
-def train_tokenizer(sentences: Iterable[str], vocab_size: int = 37000, seed_sentences: int = 2_000_000) -> Tokenizer:
+def train_tokenizer(sentences: Iterable[str], vocab_size: int = 37000, seed_sentences: int = 2_000_000,
+                    reserved: tuple[str, ...] = ()) -> Tokenizer:
     """BPE over the sentences of both languages (the paper: one shared ~37k vocabulary for En-De).
 
     vocab_size is an upper bound: a small corpus that cannot fill it gets a smaller vocabulary instead of an error.
+    reserved: pieces kept whole and apart from the learned ones (sentencepiece's user-defined symbols), such as the
+    tag of tagged back-translation.
     """
     if vocab_size < 8:
         raise ValueError(f"vocab_size must be at least 8, got {vocab_size}")
@@ -91,7 +94,7 @@ def train_tokenizer(sentences: Iterable[str], vocab_size: int = 37000, seed_sent
         sentence_iterator=iter(sentences), model_writer=model, model_type="bpe", vocab_size=vocab_size,
         hard_vocab_limit=False, character_coverage=1.0, input_sentence_size=seed_sentences,
         shuffle_input_sentence=True, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID,
-        num_threads=min(16, os.cpu_count() or 1), minloglevel=2,
+        num_threads=min(16, os.cpu_count() or 1), minloglevel=2, user_defined_symbols=list(reserved),
     )
     return Tokenizer(model.getvalue())
 
@@ -145,26 +148,28 @@ class MarianTokenizer:
 class Tokenizers:
     """A model's source and target tokenizers, and the files that make them (`files`, name -> bytes): fastformer's
     one shared model ({SHARED_FILE}), or a Marian model's two sentencepiece models and their joint vocabulary
-    (MARIAN_FILES). special_ids: pad/bos/eos as TransformerConfig names them (a Marian decoder starts from pad)."""
+    (MARIAN_FILES). special_ids: pad/bos/eos as TransformerConfig names them (a Marian decoder starts from pad).
+    reserved: the pieces a shared model was learned with as reserved (train_tokenizer's), which can tag a corpus."""
 
     source: TextTokenizer
     target: TextTokenizer
     files: dict[str, bytes]
     special_ids: dict[str, int]
     vocab_size: int
+    reserved: tuple[str, ...] = ()
 
     @classmethod
-    def shared(cls, tokenizer: Tokenizer) -> Tokenizers:
+    def shared(cls, tokenizer: Tokenizer, reserved: tuple[str, ...] = ()) -> Tokenizers:
         return cls(tokenizer, tokenizer, {SHARED_FILE: tokenizer.model_proto}, tokenizer.special_ids,
-                   tokenizer.vocab_size)
+                   tokenizer.vocab_size, reserved)
 
     @classmethod
-    def from_files(cls, files: dict[str, bytes], where: str) -> Tokenizers:
+    def from_files(cls, files: dict[str, bytes], where: str, reserved: tuple[str, ...] = ()) -> Tokenizers:
         """The tokenizers of files as `files` holds them (from a prepared corpus, a checkpoint or a Marian directory,
-        named by `where` in errors)."""
+        named by `where` in errors); reserved: a shared model's reserved pieces."""
         if set(files) == {SHARED_FILE}:
             try:
-                return cls.shared(Tokenizer(files[SHARED_FILE]))
+                return cls.shared(Tokenizer(files[SHARED_FILE]), reserved)
             except ValueError as error:
                 raise ValueError(f"{where}: {error}") from None
         if set(files) != set(MARIAN_FILES):
@@ -175,6 +180,27 @@ class Tokenizers:
                           for name in MARIAN_FILES[:2])
         return cls(source, target, dict(files), {"pad_id": vocab[PAD_PIECE], "bos_id": vocab[PAD_PIECE],
                                                  "eos_id": vocab[EOS_PIECE]}, max(vocab.values()) + 1)
+
+    def reserved_id(self, piece: str, origin: str) -> int:
+        """The id of a reserved piece (no ordinary text encodes to it: one of a shared model's `reserved`, or a Marian
+        vocabulary entry that is no source piece, such as a language code); an ordinary piece, or one the vocabulary
+        lacks, is an error naming it and origin (whose vocabulary it is)."""
+        processor = self.source.processor
+        if isinstance(self.source, Tokenizer):
+            index = processor.piece_to_id(piece)
+            known = processor.id_to_piece(index) == piece
+            ordinary = known and piece not in self.reserved
+        else:
+            index = self.source.vocab.get(piece, -1)
+            known = index >= 0
+            ordinary = known and processor.id_to_piece(processor.piece_to_id(piece)) == piece
+        if ordinary:
+            raise ValueError(f"{piece!r} collides with the vocabulary piece {piece!r} (id {index}) of {origin}: text "
+                             f"encodes to it, so it cannot tag a corpus; choose a reserved one")
+        if not known:
+            raise ValueError(f"{piece!r} is not in the vocabulary of {origin}, which cannot grow: choose one of its "
+                             f"reserved pieces")
+        return index
 
     @property
     def digest(self) -> str:
@@ -188,8 +214,9 @@ class Tokenizers:
         return self.files[SHARED_FILE] if SHARED_FILE in self.files else dict(self.files)
 
     @classmethod
-    def from_checkpoint_entry(cls, entry: bytes | dict[str, bytes], where: str) -> Tokenizers:
-        return cls.from_files(entry if isinstance(entry, dict) else {SHARED_FILE: entry}, where)
+    def from_checkpoint_entry(cls, entry: bytes | dict[str, bytes], where: str,
+                              reserved: tuple[str, ...] = ()) -> Tokenizers:
+        return cls.from_files(entry if isinstance(entry, dict) else {SHARED_FILE: entry}, where, reserved)
 
 
 def marian_vocab(data: bytes, where: str) -> dict[str, int]:

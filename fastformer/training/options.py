@@ -28,6 +28,13 @@ class TrainOptions:
                                          "the bundled toy corpus")
     prepared_dir: str | None = _option(None, "the prepared (tokenized) corpus, made if missing or out of date; "
                                              "default: a directory under ~/.cache/fastformer/prepared")
+    extra_data: list[str] | None = _option(None, "another corpus directory to train on beside --data-dir's (its "
+                                                 "train.* files, e.g. back-translations); repeat it for several")
+    upsample_primary: int = _option(1, "count --data-dir's corpus (or the bundled one) this many times an epoch beside "
+                                       "--extra-data's")
+    tag_extra: str | None = _option(None, "prepend this reserved token (e.g. '<BT>') to the sources of --extra-data's "
+                                          "corpora, as tagged back-translation does: the vocabulary fastformer learns "
+                                          "reserves it; --init-from's must hold it reserved")
     src_lang: str = _option("en", "source language: the files' suffix")
     tgt_lang: str = _option("de", "target language: the files' suffix")
     init_from: str | None = _option(None, "fine-tune: start from this model's weights and tokenizer(s), a fastformer "
@@ -93,10 +100,20 @@ class TrainOptions:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         self._check_validation()
+        self._check_extra_data()
         if self.vocab_size is not None and self.vocab_size < 8:
             raise ValueError(f"vocab_size must be at least 8, got {self.vocab_size}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+
+    def _check_extra_data(self) -> None:
+        if self.upsample_primary < 1:
+            raise ValueError(f"upsample_primary must be >= 1, got {self.upsample_primary}")
+        if not self.extra_data and (self.upsample_primary > 1 or self.tag_extra is not None):
+            raise ValueError("--upsample-primary and --tag-extra weigh and tag the corpora of --extra-data, and none "
+                             "is given")
+        if self.tag_extra is not None and (not self.tag_extra or any(c.isspace() for c in self.tag_extra)):
+            raise ValueError(f"--tag-extra {self.tag_extra!r}: a tag is one token, without spaces")
 
     def _check_validation(self) -> None:
         """Resolves best_metric's default; what the best checkpoint and --patience need of validation."""
@@ -118,11 +135,13 @@ class TrainOptions:
 
 # What a resumed run must share with its checkpoint: these fix the model, the data and its order, and the update
 # rule. The others (budget, logging, checkpointing, device, backend) may change from one session to the next.
-RESUME_FIXED_OPTIONS = ("data_dir", "init_from", "src_lang", "tgt_lang", "preset", "vocab_size", "dropout",
-                        "batch_tokens", "update_tokens", "lr_scale", "warmup", "label_smoothing", "clip_norm", "seed",
-                        "min_len", "max_len", "max_ratio", "batching", "best_metric")
+RESUME_FIXED_OPTIONS = ("data_dir", "extra_data", "upsample_primary", "tag_extra", "init_from", "src_lang",
+                        "tgt_lang", "preset", "vocab_size", "dropout", "batch_tokens", "update_tokens", "lr_scale",
+                        "warmup", "label_smoothing", "clip_norm", "seed", "min_len", "max_len", "max_ratio",
+                        "batching", "best_metric")
 # Options added after checkpoints were first written: a checkpoint without one was trained with this value.
-OPTIONS_ADDED_LATER = {"batching": "tokens", "clip_norm": 0.0, "init_from": None}
+OPTIONS_ADDED_LATER = {"batching": "tokens", "clip_norm": 0.0, "init_from": None, "extra_data": None,
+                       "upsample_primary": 1, "tag_extra": None}
 
 
 def changed_resume_options(saved: dict, options: TrainOptions) -> list[str]:
@@ -136,6 +155,8 @@ def changed_resume_options(saved: dict, options: TrainOptions) -> list[str]:
         old, new = saved[name], getattr(options, name)
         if name in ("data_dir", "init_from") and old is not None and new is not None:
             old, new = str(Path(old).resolve()), str(Path(new).resolve())
+        if name == "extra_data" and old is not None and new is not None:
+            old, new = [str(Path(path).resolve()) for path in old], [str(Path(path).resolve()) for path in new]
         if old != new:
             changed.append(f"--{name.replace('_', '-')} {new} (checkpoint: {old})")
     return changed

@@ -24,7 +24,9 @@ from tqdm import tqdm
 
 from fastformer import checkpoint, dispatch
 from fastformer.config import TransformerConfig
-from fastformer.data import Batch, BucketBatch, BucketBatchSampler, TokenBatchSampler
+from fastformer.data import Batch, BucketBatch, BucketBatchSampler, TokenBatchSampler, TokenizedCorpus
+from fastformer.data.batching import mixed_corpus
+from fastformer.data.prepared import PreparedCorpus
 from fastformer.data.tokenizer import Tokenizers
 from fastformer.model import Transformer
 from fastformer.training import gradients, run_control
@@ -34,7 +36,7 @@ from fastformer.training.init_from import InitialModel, check_architecture, load
 from fastformer.training.metrics import MetricsLog, summary_writer_class
 from fastformer.training.mixed_precision import MasterWeights
 from fastformer.training.options import PRESETS, TrainOptions, changed_resume_options
-from fastformer.training.run_corpus import corpus_files, open_run_corpus
+from fastformer.training.run_corpus import corpus_files, extra_corpus_files, open_run_corpora
 from fastformer.translation import evaluate
 from fastformer.translation.translator import Translator
 
@@ -156,13 +158,25 @@ def check_run(options: TrainOptions) -> InitialModel | None:
     check_backend(options.backend, device)
     check_step(options.step, device)
     corpus_files(options)
+    extra_corpus_files(options)
     if options.tensorboard_logdir is not None:
         summary_writer_class()
     if options.init_from is None:
         return None
     initial = load_initial_model(options.init_from)
     check_architecture(options, initial)
+    if options.tag_extra is not None:
+        tag_id(options, initial.tokenizers)
     return initial
+
+
+def tag_id(options: TrainOptions, tokenizers: Tokenizers) -> int:
+    """The id of --tag-extra's token: a reserved piece of the run's vocabulary (the one it learned reserves it)."""
+    origin = "the run's vocabulary" if options.init_from is None else f"--init-from {options.init_from}"
+    try:
+        return tokenizers.reserved_id(options.tag_extra, origin)
+    except ValueError as error:
+        raise ValueError(f"--tag-extra {error}") from None
 
 
 def _load_resumable(options: TrainOptions, env: _Distributed) -> tuple[Path, checkpoint.Checkpoint]:
@@ -195,8 +209,10 @@ def _model_config(options: TrainOptions, tokenizers: Tokenizers, initial: Initia
     else:
         config = PRESETS[options.preset](tokenizers.vocab_size, **tokenizers.special_ids, **overrides)
         origin = f"the {options.preset} preset"
-    if options.max_len + 1 > config.max_positions:
-        raise ValueError(f"max_len={options.max_len} tokens plus BOS/EOS exceed {origin}'s "
+    # A source holds EOS, and --tag-extra's tag.
+    longest = options.max_len + 1 + (options.tag_extra is not None)
+    if longest > config.max_positions:
+        raise ValueError(f"max_len={options.max_len} tokens plus BOS/EOS (and a tag) exceed {origin}'s "
                          f"max_positions={config.max_positions}: lower --max-len")
     return config
 
@@ -245,9 +261,10 @@ class Trainer:
         resumed = _load_resumable(options, self.env) if options.resume else None
         if self.env.is_main:
             checkpoint.remove_stale_temp_files(Path(options.out_dir))
-        self.data = open_run_corpus(options, self.env.rank, self.env.world_size,
-                                    None if initial is None else initial.tokenizers)
+        self.data, *extras = open_run_corpora(options, self.env.rank, self.env.world_size,
+                                              None if initial is None else initial.tokenizers)
         self.tokenizers = self.data.tokenizers
+        self.train_corpus = self._training_pairs(extras)
         if resumed is not None and resumed[1].tokenizer != self.tokenizers.checkpoint_entry:
             raise ValueError(f"--resume: {resumed[0]} was trained with another vocabulary than the prepared corpus "
                              f"{self.data.path} holds (its text changed since?): start a new run")
@@ -267,9 +284,18 @@ class Trainer:
         self.start = time.perf_counter()
         self.guard = run_control.DivergenceGuard(self.env.device, self.step)
         sampler_class = BucketBatchSampler if options.batching == "buckets" else TokenBatchSampler
-        sampler = sampler_class(self.data.train.src_lengths, self.data.train.tgt_lengths, options.batch_tokens,
+        sampler = sampler_class(self.train_corpus.src_lengths, self.train_corpus.tgt_lengths, options.batch_tokens,
                                 seed=options.seed, rank=self.env.rank, world_size=self.env.world_size)
         self.stream = _BatchStream(sampler, position["epoch"], position["index"])
+
+    def _training_pairs(self, extras: list[PreparedCorpus]) -> TokenizedCorpus:
+        """The main corpus's training pairs, or (with --extra-data) those counted --upsample-primary times and the
+        extra corpora's, their sources tagged with --tag-extra's token, sampled as one corpus."""
+        if not extras:
+            return self.data.train
+        tag = None if self.options.tag_extra is None else tag_id(self.options, self.tokenizers)
+        return mixed_corpus([(self.data.train, self.options.upsample_primary, None)]
+                            + [(extra.train, 1, tag) for extra in extras])
 
     def _build_model(self, weights: dict[str, torch.Tensor] | None) -> None:
         """The model (the same initial weights on every rank: `weights`, or drawn), its DDP-wrapped loss, Adam and the
@@ -327,8 +353,8 @@ class Trainer:
         """The stream's next micro-batch, collated (to its bucket's shape) and checked on the CPU."""
         item = self.stream.next()
         if isinstance(item, BucketBatch):
-            return self.data.train.batch(item.indices, self.config.vocab_size, item.shape)
-        return self.data.train.batch(item, self.config.vocab_size)
+            return self.train_corpus.batch(item.indices, self.config.vocab_size, item.shape)
+        return self.train_corpus.batch(item, self.config.vocab_size)
 
     def _update(self) -> tuple[torch.Tensor, int, int]:
         """One optimizer step over `accumulation` micro-batches per rank -> (summed loss [] on device, target

@@ -106,7 +106,9 @@ def load_checkpoint_tokenizers(path: Path) -> tuple[Transformer, Tokenizers]:
     try:
         model = Transformer(TransformerConfig(**saved.config))
         model.load_state_dict(saved.model)
-        tokenizers = Tokenizers.from_checkpoint_entry(saved.tokenizer, str(path))
+        # A run with --tag-extra learned its vocabulary with the tag reserved.
+        reserved = tuple(tag for tag in [(saved.options or {}).get("tag_extra")] if tag)
+        tokenizers = Tokenizers.from_checkpoint_entry(saved.tokenizer, str(path), reserved)
     except (TypeError, ValueError, RuntimeError) as error:
         raise ValueError(f"{path} does not hold a usable model: {error}") from None
     model_ids = {name: getattr(model.config, name) for name in tokenizers.special_ids}
