@@ -57,7 +57,7 @@ setup(
     package_data={"fastformer": ["data/corpus/*"]},
     python_requires=">=3.10",
     install_requires=["torch>=2.6", "triton>=3.2", "sentencepiece", "safetensors", "sacrebleu", "tqdm"],
-    extras_require={"ctranslate2": ["ctranslate2>=4.0"]},
+    extras_require={"ctranslate2": ["ctranslate2>=4.0"], "tensorboard": ["tensorboard>=2.0"], "plot": ["matplotlib"]},
     ext_modules=[extension()],
     cmdclass={"build_ext": cpp_extension.BuildExtension},
     entry_points={"console_scripts": ["fastformer=fastformer.__main__:main"]},

@@ -1,6 +1,7 @@
 """fastformer: train, translate, evaluate and average Transformer translation models (the paper's recipe).
 
-The command line, `fastformer {demo,train,prepare,translate,evaluate,average,export}` (also `python -m fastformer`).
+The command line, `fastformer {demo,train,prepare,translate,evaluate,average,export,plot}` (also
+`python -m fastformer`).
 `fastformer demo` is the whole job on the bundled corpus: train the tiny preset a fixed number of updates, translate
 the held-out test split with beam search, print sacreBLEU and throughput. It runs unchanged under torchrun and on a
 GPU. `fastformer prepare` tokenizes a corpus once for every later run (train does it itself when needed).
@@ -27,7 +28,9 @@ from fastformer.data import decode_sentences, find_split, read_parallel
 from fastformer.decoding.compiled import COMPUTE_TYPES
 from fastformer.decoding.rules import LENGTH_PENALTY_FORMS
 from fastformer.training import run_control
-from fastformer.training.run_corpus import prepare_run_corpus
+from fastformer.training.curves import CURVES_FILE, plot_curves
+from fastformer.training.init_from import load_initial_model
+from fastformer.training.run_corpus import prepare_run_corpora
 from fastformer.training.options import TrainOptions
 from fastformer.training.trainer import TrainResult, check_run, process_rank, train
 from fastformer.translation import evaluate, export
@@ -42,8 +45,8 @@ DEMO_DEFAULTS = dict(out_dir="runs/demo", preset="tiny", batch_tokens=1500, upda
                      lr_scale=2.0, max_steps=DEMO_STEPS, max_minutes=0.0, log_every=100, valid_every=500,
                      valid_bleu_sentences=100, save_every=500)
 # What decides a preparation (and where it goes): `fastformer prepare` takes these of train's options.
-PREPARE_OPTIONS = ("data_dir", "prepared_dir", "src_lang", "tgt_lang", "vocab_size", "min_len", "max_len", "max_ratio",
-                   "quiet")
+PREPARE_OPTIONS = ("data_dir", "extra_data", "tag_extra", "init_from", "prepared_dir", "src_lang", "tgt_lang",
+                   "vocab_size", "min_len", "max_len", "max_ratio", "quiet")
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -75,6 +78,10 @@ def _add_train_options(parser: argparse.ArgumentParser, defaults: dict, flags: d
             continue
         if isinstance(kind, types.UnionType):  # X | None: the flag takes an X
             kind = next(arg for arg in typing.get_args(kind) if arg is not type(None))
+        if typing.get_origin(kind) is list:  # list[X]: the flag is repeated, each time with an X
+            parser.add_argument(flag, dest=option.name, type=typing.get_args(kind)[0], action="append",
+                                default=default, help=help_text)
+            continue
         parser.add_argument(flag, dest=option.name, type=kind, default=default, help=help_text)
     if only is not None:
         return
@@ -90,7 +97,8 @@ def _train_options(args: argparse.Namespace) -> TrainOptions:
 def _check_out_dir(options: TrainOptions, overwrite: bool) -> None:
     """A fresh run must not mix with an old one's checkpoints: resume it, or overwrite it explicitly."""
     out_dir = Path(options.out_dir)
-    old = checkpoint.list_checkpoints(out_dir)
+    best = checkpoint.best_checkpoint_path(out_dir)
+    old = checkpoint.list_checkpoints(out_dir) + ([best] if best.is_file() else [])
     if options.resume or not old:
         return
     if not overwrite:
@@ -116,15 +124,27 @@ def _run_train(args: argparse.Namespace) -> TrainResult:
                                               dist.get_world_size() if dist.is_initialized() else 1), file=sys.stderr)
         raise SystemExit(run_control.EXIT_STOPPED)
     if process_rank() == 0:
+        if result.out_of_patience:
+            print(_patience_message(args.command, options, result))
         print(f"trained {result.step} steps: {result.tokens_per_second:,.0f} target tokens/s, final train loss "
               f"{result.train_loss:.3f}; checkpoint {result.checkpoint}")
     return result
 
 
+def _patience_message(command: str, options: TrainOptions, result: TrainResult) -> str:
+    """The line of a run that --patience ended: why, where, and its best step and score."""
+    best = result.best
+    return (f"fastformer {command}: stopped at step {result.step}: {options.patience} validations in a row without a "
+            f"better valid {best['metric']} (--patience {options.patience}); best: step {best['step']}, valid "
+            f"{best['metric']} {best['score']:.4f}, {checkpoint.best_checkpoint_path(Path(options.out_dir))}")
+
+
 def _run_prepare(args: argparse.Namespace) -> None:
-    corpus = prepare_run_corpus(_train_options(args))
-    print(f"prepared corpus: {corpus.path} ({len(corpus.train):,} training pairs, vocabulary "
-          f"{corpus.tokenizer.vocab_size:,})")
+    options = _train_options(args)
+    initial = None if options.init_from is None else load_initial_model(options.init_from)
+    for corpus in prepare_run_corpora(options, None if initial is None else initial.tokenizers):
+        print(f"prepared corpus: {corpus.path} ({len(corpus.train):,} training pairs, vocabulary "
+              f"{corpus.tokenizers.vocab_size:,})")
 
 
 def _run_demo(args: argparse.Namespace) -> None:
@@ -242,6 +262,12 @@ def _run_export(args: argparse.Namespace) -> None:
     print(f"exported {source} to {written} (CTranslate2, {args.quantization}); its inputs are the tokenizer's pieces")
 
 
+def _run_plot(args: argparse.Namespace) -> None:
+    out_dirs = [Path(out_dir) for out_dir in args.out_dir]
+    output = plot_curves(out_dirs, out_dirs[0] / CURVES_FILE)
+    print(f"drew the curves of {len(out_dirs)} run{'s' if len(out_dirs) > 1 else ''} into {output}")
+
+
 def _add_inference_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", help="a checkpoint file or a Marian (OPUS-MT) model directory in the "
                         "transformers layout (default: the newest checkpoint in --out-dir)")
@@ -312,6 +338,12 @@ def build_parser() -> argparse.ArgumentParser:
     average.add_argument("--inputs", nargs="*", help="checkpoint files (default: those in --out-dir)")
     average.add_argument("--output", help="the averaged checkpoint (default: <out-dir>/checkpoint_average.pt)")
     average.set_defaults(run=_run_average)
+
+    plot = commands.add_parser("plot", help=f"draw the curves of training runs (their metrics.jsonl) into "
+                               f"OUT_DIR/{CURVES_FILE}", **HELP_FORMAT)
+    plot.add_argument("--out-dir", action="append", required=True,
+                      help=f"a training run's directory; repeat it to overlay runs ({CURVES_FILE} goes to the first)")
+    plot.set_defaults(run=_run_plot)
     return parser
 
 

@@ -22,8 +22,10 @@ import torch
 FORMAT = "fastformer-checkpoint"
 VERSION = 1
 _NAME = re.compile(r"checkpoint_(\d+)\.pt")
-# save_checkpoint's temp files for step checkpoints; one left behind was a save killed before its rename.
-_STEP_TEMP_NAME = re.compile(r"\.checkpoint_\d+\.pt\..+\.tmp")
+# The checkpoint of the best validation score so far: never a step checkpoint, so never rotated out.
+BEST_NAME = "checkpoint_best.pt"
+# save_checkpoint's temp files for step and best checkpoints; one left behind was a save killed before its rename.
+_RUN_TEMP_NAME = re.compile(r"\.checkpoint_(\d+|best)\.pt\..+\.tmp")
 
 
 class DataPosition(TypedDict):
@@ -36,6 +38,15 @@ class DataPosition(TypedDict):
     world_size: int
 
 
+class BestScore(TypedDict):
+    """The best validation score of a run so far (`--best-metric`), and what --patience counts."""
+
+    metric: str  # "bleu" (higher is better) or "loss" (lower is better)
+    score: float
+    step: int  # the step that scored it: the step of checkpoint_best.pt
+    stale: int  # validations since, none of them better
+
+
 @dataclass
 class Checkpoint:
     """What a checkpoint holds. Every checkpoint has the model; `fastformer train` also writes what resuming needs
@@ -43,13 +54,16 @@ class Checkpoint:
 
     model: dict[str, torch.Tensor]  # the model's state_dict, on the CPU
     config: dict  # TransformerConfig.to_dict()
-    tokenizer: bytes | None = None  # the sentencepiece model proto
+    # The shared sentencepiece model's proto, or (fine-tuned from a Marian model) its tokenizer files by name.
+    tokenizer: bytes | dict[str, bytes] | None = None
     step: int | None = None  # optimizer steps taken
     optimizer: dict | None = None  # the optimizer's state_dict
     schedule: dict | None = None  # the learning-rate scheduler's state_dict
     rng: list[dict] | None = None  # every rank's generator states, by rank
     data: DataPosition | None = None
     options: dict | None = None  # the TrainOptions of the run, as a dict
+    best: BestScore | None = None  # the run's best validation score and the validations since
+    validation_skipped: bool | None = None  # a signal's stop skipped this step's validation: a resumed run does it
     averaged_from: list[str] | None = None  # the files an averaged checkpoint is the mean of
 
     RESUME_FIELDS = ("step", "optimizer", "schedule", "rng", "data", "tokenizer")
@@ -62,8 +76,10 @@ class Checkpoint:
         loading reads tensors), and the FORMAT/VERSION tag."""
         entries = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
                    if getattr(self, field.name) is not None}
-        if self.tokenizer is not None:
-            entries["tokenizer"] = torch.frombuffer(bytearray(self.tokenizer), dtype=torch.uint8)
+        if isinstance(self.tokenizer, bytes):
+            entries["tokenizer"] = _bytes_tensor(self.tokenizer)
+        elif self.tokenizer is not None:
+            entries["tokenizer"] = {name: _bytes_tensor(data) for name, data in self.tokenizer.items()}
         return {**entries, "format": FORMAT, "version": VERSION}
 
     @classmethod
@@ -80,7 +96,14 @@ class Checkpoint:
                 raise ValueError(f"{path} is a fastformer checkpoint without {key!r}")
         if isinstance(fields.get("tokenizer"), torch.Tensor):
             fields["tokenizer"] = fields["tokenizer"].numpy().tobytes()
+        elif isinstance(fields.get("tokenizer"), dict):
+            fields["tokenizer"] = {name: data.numpy().tobytes() for name, data in fields["tokenizer"].items()}
         return cls(**fields)
+
+
+def _bytes_tensor(data: bytes) -> torch.Tensor:
+    """bytes as a uint8 tensor: what weights_only loading reads back."""
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
 class UnreadableCheckpointError(ValueError):
@@ -90,6 +113,10 @@ class UnreadableCheckpointError(ValueError):
 
 def checkpoint_path(directory: Path, step: int) -> Path:
     return Path(directory) / f"checkpoint_{step:08d}.pt"
+
+
+def best_checkpoint_path(directory: Path) -> Path:
+    return Path(directory) / BEST_NAME
 
 
 class CheckpointWriteError(OSError):
@@ -218,12 +245,12 @@ def load_newest_readable(directory: Path) -> tuple[Path, Checkpoint, list[str]]:
 
 
 def remove_stale_temp_files(directory: Path) -> list[Path]:
-    """Deletes the temp files of step-checkpoint saves that were killed before their rename -> the deleted paths.
+    """Deletes the temp files of step- and best-checkpoint saves killed before their rename -> the deleted paths.
     Call this only in the run that holds the directory's lock (run_control.out_dir_lock), where it is not saving."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    stale = [path for path in directory.iterdir() if _STEP_TEMP_NAME.fullmatch(path.name)]
+    stale = [path for path in directory.iterdir() if _RUN_TEMP_NAME.fullmatch(path.name)]
     for path in stale:
         path.unlink(missing_ok=True)
     return stale

@@ -179,13 +179,24 @@ def test_temp_files_of_killed_saves_are_removed_by_the_next_prune(tmp_path: Path
     checkpoint.save_checkpoint(_state(1), checkpoint.checkpoint_path(tmp_path, 1))
     killed = tmp_path / ".checkpoint_00000002.pt.k3j2_x.tmp"
     killed.write_bytes(b"half a checkpoint")
+    killed_best = tmp_path / ".checkpoint_best.pt.x9y8.tmp"
+    killed_best.write_bytes(b"half the best checkpoint")
     other = tmp_path / ".checkpoint_average.pt.a1b2.tmp"  # another command's save may be in flight: left alone
     other.write_bytes(b"")
     checkpoint.save_checkpoint(_state(3), checkpoint.checkpoint_path(tmp_path, 3))
     checkpoint.prune_checkpoints(tmp_path, keep_last=5)
-    assert not killed.exists() and other.exists()
+    assert not killed.exists() and not killed_best.exists() and other.exists()
     assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == [
         "checkpoint_00000001.pt", "checkpoint_00000003.pt"]
+
+
+def test_prune_never_removes_the_best_checkpoint(tmp_path: Path):
+    checkpoint.save_checkpoint(_state(1), checkpoint.best_checkpoint_path(tmp_path))
+    for step in (2, 3, 4):
+        checkpoint.save_checkpoint(_state(step), checkpoint.checkpoint_path(tmp_path, step))
+    checkpoint.prune_checkpoints(tmp_path, keep_last=1)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoint_00000004.pt", "checkpoint_best.pt"]
+    assert checkpoint.newest_checkpoint(tmp_path) == checkpoint.checkpoint_path(tmp_path, 4)
 
 
 def test_newest_readable_skips_corrupt_newer_files_and_says_why(tmp_path: Path):

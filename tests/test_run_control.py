@@ -22,8 +22,10 @@ import torch
 
 from fastformer import checkpoint
 from fastformer.training import run_control
+from fastformer.training.metrics import METRICS_FILE
 from fastformer_process import run, start
-from test_train import TRAIN_FLAGS, _assert_same_tensors, _fail, _resumed_and_straight, _run, data_dir  # noqa: F401
+from test_train import (TRAIN_FLAGS, _assert_same_tensors, _fail, _resumed_and_straight, _run, data_dir,  # noqa: F401
+                        measured_records)
 
 # Log lines on stdout after every update; everything else as test_train.py trains.
 LOGGED_FLAGS = [flag for flag in TRAIN_FLAGS if flag != "--quiet"] + ["--log-every", "1"]
@@ -60,6 +62,7 @@ def _rank_pid(launcher: int, rank: int) -> int:
 
 def _assert_resumed_equals_straight(resumed: checkpoint.Checkpoint, straight: checkpoint.Checkpoint) -> None:
     assert resumed.data == straight.data and resumed.schedule == straight.schedule
+    assert resumed.best == straight.best, "the best score and the validations since it (--patience's count)"
     _assert_same_tensors(resumed.model, straight.model, "resumed vs straight")
     for index, state in straight.optimizer["state"].items():
         _assert_same_tensors(resumed.optimizer["state"][index], state, f"Adam state of parameter {index}")
@@ -104,6 +107,8 @@ def test_sigterm_stops_after_an_update_with_a_checkpoint_that_resumes_exactly(da
     assert command == shlex.join(["fastformer"] + flags + ["--out-dir", str(tmp_path / "split"), "--max-steps",
                                                            str(steps), "--resume"])
     _assert_resumed_equals_straight(resumed, reference)
+    # Every step logged once, with the numbers of the run never stopped.
+    assert measured_records(tmp_path / "split") == measured_records(tmp_path / "straight")
 
 
 def test_a_signal_to_one_torchrun_rank_stops_every_rank_after_the_same_update(data_dir: Path, tmp_path: Path):
@@ -219,7 +224,7 @@ def test_a_checkpoint_that_does_not_fit_names_its_size_and_leaves_the_previous_o
     match = re.search(rf"cannot write checkpoint {re.escape(str(checkpoint.checkpoint_path(out_dir, 4)))}: File too "
                       r"large; it needs ([\d,]+) bytes", done.stderr)
     assert match, done.stderr
-    assert sorted(path.name for path in out_dir.iterdir()) == [previous.name, run_control.LOCK_FILE]
+    assert sorted(path.name for path in out_dir.iterdir()) == [previous.name, METRICS_FILE, run_control.LOCK_FILE]
     assert checkpoint.load_checkpoint(previous).step == 2
     # Without the limit the same resume writes the file the error sized.
     _run(flags + ["--max-steps", "4", "--resume"])

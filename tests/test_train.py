@@ -15,6 +15,7 @@ import torch
 
 from fastformer import Transformer, TransformerConfig, checkpoint
 from fastformer.data import BUNDLED_CORPUS
+from fastformer.training.metrics import METRICS_FILE, read_records
 from fastformer.training.options import TrainOptions
 from fastformer.training.trainer import inverse_sqrt_schedule
 from fastformer_process import run
@@ -63,6 +64,12 @@ def _assert_same_tensors(a: dict, b: dict, what: str) -> None:
             f"{(a[name].double() - b[name].double()).abs().max().item():.3e})"
 
 
+def measured_records(out_dir: Path) -> list[dict]:
+    """out_dir's metrics.jsonl without what depends on the clock (time, tokens/s): what a resumed run must repeat."""
+    return [{key: value for key, value in record.items() if key not in ("time", "tokens_per_second")}
+            for record in read_records(out_dir / METRICS_FILE)]
+
+
 def test_torchrun_ranks_hold_identical_parameters(data_dir: Path, tmp_path: Path):
     options = {"out_dir": str(tmp_path / "run"), "data_dir": str(data_dir), "vocab_size": 200, "batch_tokens": 200,
                "update_tokens": 800, "warmup": 4, "lr_scale": 4.0, "max_steps": 5, "valid_every": 0,
@@ -106,6 +113,9 @@ def test_resume_is_exact_under_torchrun(data_dir: Path, tmp_path: Path):
     for index, state in reference.optimizer["state"].items():
         _assert_same_tensors(resumed.optimizer["state"][index], state, f"Adam state of parameter {index}")
     assert resumed.schedule == reference.schedule
+    assert resumed.best == reference.best and reference.best["stale"] == 3 - reference.best["step"] // 2
+    bests = [checkpoint.load_checkpoint(checkpoint.best_checkpoint_path(out_dir)).model for out_dir in (split, straight)]
+    _assert_same_tensors(*bests, "best checkpoints")
     for rank in (0, 1):
         assert torch.equal(resumed.rng[rank]["torch"], reference.rng[rank]["torch"])
     # Checkpoints 3 and 6 of the split run and 2, 4, 6 of the straight one (keep_last 3).
@@ -200,6 +210,7 @@ def test_resume_falls_back_to_the_newest_readable_checkpoint(data_dir: Path, tmp
     _run(flags + ["--max-steps", "4"])
     newest = checkpoint.checkpoint_path(out_dir, 4)
     straight = checkpoint.load_checkpoint(newest)
+    straight_records = measured_records(out_dir)
     newest.write_bytes(newest.read_bytes()[:4096])
     killed_save = out_dir / ".checkpoint_00000006.pt.x1y2z3.tmp"
     killed_save.write_bytes(b"half a checkpoint")
@@ -208,6 +219,8 @@ def test_resume_falls_back_to_the_newest_readable_checkpoint(data_dir: Path, tmp
     assert f"{newest} is not a readable checkpoint" in done.stderr
     assert f"resuming from {checkpoint.checkpoint_path(out_dir, 2)}" in done.stderr
     _assert_same_tensors(checkpoint.load_checkpoint(newest).model, straight.model, "retrained step 4 vs the lost one")
+    # The records of steps 3 and 4, logged after checkpoint 2, were dropped and logged again: none twice.
+    assert measured_records(out_dir) == straight_records and [r["step"] for r in straight_records] == [2, 2, 4, 4]
     assert not killed_save.exists()
 
 

@@ -64,7 +64,8 @@ class TokenizedCorpus:
     Sources get EOS, targets BOS/EOS in `collate`. The special ids are the tokenizer's (`Tokenizer.special_ids`).
     """
 
-    def __init__(self, src: TokenArrays, tgt: TokenArrays, pad_id: int, bos_id: int, eos_id: int) -> None:
+    def __init__(self, src: TokenArrays | ConcatenatedSide, tgt: TokenArrays | ConcatenatedSide, pad_id: int,
+                 bos_id: int, eos_id: int) -> None:
         if len(src.lengths) != len(tgt.lengths):
             raise ValueError(f"src has {len(src.lengths)} sentences but tgt has {len(tgt.lengths)}")
         self.src, self.tgt = src, tgt
@@ -168,6 +169,40 @@ class TokenizedCorpus:
             for padded, part in zip((src, tgt_in, tgt_out), collated):
                 padded[:len(indices), :part.shape[1]] = part
         return src, tgt_in, tgt_out
+
+
+class ConcatenatedSide:
+    """One side of several corpora in one index space, in place of a TokenArrays (its `lengths` and `rows`): part k
+    repeated copies_k times spans copies_k * n_k indices, and its rows start with prefix_k (a tag) when one is given.
+    Only `lengths` ([total] int32) is built; rows are read from the parts' own (memory-mapped) arrays."""
+
+    def __init__(self, parts: list[tuple[TokenArrays, int, list[int]]]) -> None:
+        self.parts = [(side, np.asarray(prefix, dtype=np.int64)) for side, _, prefix in parts]
+        sizes = [len(side.lengths) * copies for side, copies, _ in parts]
+        self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.lengths = np.concatenate([np.tile(side.lengths.astype(np.int32) + len(prefix), copies)
+                                       for side, copies, prefix in parts])
+
+    def rows(self, indices: Sequence[int] | np.ndarray) -> list[np.ndarray]:
+        rows = []
+        for index, part in zip(indices, np.searchsorted(self.starts, indices, side="right") - 1):
+            side, prefix = self.parts[part]
+            local = (index - self.starts[part]) % len(side.lengths)
+            row = side.ids[side.offsets[local]:side.offsets[local + 1]]
+            rows.append(np.concatenate([prefix, row]) if len(prefix) else row)
+        return rows
+
+
+def mixed_corpus(parts: list[tuple[TokenizedCorpus, int, int | None]]) -> TokenizedCorpus:
+    """Corpora sampled together as one: (corpus, times it counts an epoch, a tag id prepended to its sources or
+    None). They must share their special ids (one vocabulary)."""
+    special = {(corpus.pad_id, corpus.bos_id, corpus.eos_id) for corpus, _, _ in parts}
+    if len(special) != 1:
+        raise ValueError(f"corpora of different special ids cannot be sampled together: {sorted(special)}")
+    source = ConcatenatedSide([(corpus.src, copies, [] if tag is None else [tag]) for corpus, copies, tag in parts])
+    target = ConcatenatedSide([(corpus.tgt, copies, []) for corpus, copies, _ in parts])
+    pad_id, bos_id, eos_id = special.pop()
+    return TokenizedCorpus(source, target, pad_id, bos_id, eos_id)
 
 
 class Batch(NamedTuple):

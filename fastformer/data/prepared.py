@@ -1,11 +1,13 @@
 """A prepared corpus: the shared vocabulary and every split's token ids as flat arrays on disk, made once and then
 memory-mapped by every run and every rank (as fairseq's data-bin or Megatron's .bin/.idx).
 
-The directory holds `spm.model`, for each split (train, valid) and side (src, tgt) `<split>.<side>.ids` (the bare ids:
-uint16 when the vocabulary fits, else int32), `.offsets` (int64, one more than the sentences) and `.lengths` (int32:
-the length plus the EOS or BOS the model adds), and `manifest.json`. The manifest is written last, so a directory
-without one is never taken as complete; it keys the preparation by what it depends on (each input file's path, size
-and modification time, the vocabulary size, the tokenizer's sample, the length filter, the format version), and a
+The directory holds the tokenizer files (`spm.model`, the shared vocabulary learned from the corpus, or, fine-tuning
+a Marian model, its `source.spm`, `target.spm` and `vocab.json`), for each split (train, valid) and side (src, tgt)
+`<split>.<side>.ids` (the bare ids: uint16 when the vocabulary fits, else int32), `.offsets` (int64, one more than
+the sentences) and `.lengths` (int32: the length plus the EOS or BOS the model adds), and `manifest.json`. The manifest
+is written last, so a directory without one is never taken as complete; it keys the preparation by what it depends on
+(each input file's path, size and modification time, the vocabulary size or the given tokenizers, the tokenizer's
+sample, the length filter, the format version), and a
 preparation whose key differs from the inputs' is made anew, saying why. A preparation is built in a temporary
 directory beside its destination and renamed into place when complete.
 
@@ -35,11 +37,11 @@ from tqdm import tqdm
 from fastformer.data.batching import LengthFilter, TokenArrays, TokenizedCorpus
 from fastformer.data.reading import (SplitFiles, check_line_counts, count_lines, decode_line, iter_parallel,
                                      open_binary, read_parallel)
-from fastformer.data.tokenizer import TRAINING_SEED, Tokenizer, train_tokenizer
+from fastformer.data.tokenizer import SHARED_FILE, TRAINING_SEED, Tokenizer, Tokenizers, train_tokenizer
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
-TOKENIZER_FILE = "spm.model"
+TOKENIZER_FILE = SHARED_FILE
 SPLITS = ("train", "valid")
 SIDES = ("src", "tgt")
 # BPE is learned on at most this many sentences (both languages together: 1M pairs of WMT14's 4.5M).
@@ -51,15 +53,22 @@ DEFAULT_VOCAB = 37000  # the paper's shared En-De BPE vocabulary
 
 @dataclass(frozen=True)
 class PrepareSettings:
-    """What a preparation makes of its input files, besides the files themselves."""
+    """What a preparation makes of its input files, besides the files themselves. tokenizers: those of a pretrained
+    model to encode with (--init-from), else None: a shared vocabulary of vocab_size is learned from the corpus, with
+    the pieces `reserved` kept apart (train_tokenizer's); given tokenizers come with their own reserved pieces."""
 
     vocab_size: int
     length_filter: LengthFilter
     tokenizer_sample: int = TOKENIZER_SAMPLE
+    tokenizers: Tokenizers | None = None
+    reserved: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
+        # Only what is set, so that the keys of preparations made before these existed stay as they were.
+        given = {} if self.tokenizers is None else {"tokenizers": self.tokenizers.digest}
+        reserved = {"reserved": list(self.reserved)} if self.reserved else {}
         return {"vocab_size": self.vocab_size, "tokenizer_sample": self.tokenizer_sample,
-                "length_filter": asdict(self.length_filter)}
+                "length_filter": asdict(self.length_filter), **given, **reserved}
 
 
 def default_vocab_size(data_dir: str | Path | None) -> int:
@@ -109,23 +118,39 @@ def stale_reasons(old: dict, new: dict) -> list[str]:
         elif (then.get("size"), then.get("mtime_ns")) != (now["size"], now["mtime_ns"]):
             reasons.append(f"{now['path']} changed (size {then.get('size')} -> {now['size']} bytes, modified "
                            f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(now['mtime_ns'] / 1e9))})")
-    for name, value in new["settings"].items():
-        if old.get("settings", {}).get(name) != value:
-            reasons.append(f"{name} {old.get('settings', {}).get(name)} -> {value}")
+    old_settings = old.get("settings", {})
+    for name in sorted(set(old_settings) | set(new["settings"])):
+        if old_settings.get(name) != new["settings"].get(name):
+            reasons.append(f"{name} {old_settings.get(name)} -> {new['settings'].get(name)}")
     return reasons
 
 
 class PreparedCorpus:
-    """An opened prepared directory: its tokenizer and the train/valid splits as memory-mapped TokenizedCorpus."""
+    """An opened prepared directory: its tokenizers and the train/valid splits as memory-mapped TokenizedCorpus."""
 
     def __init__(self, path: Path) -> None:
         """Opens and checks `path` (ValueError naming what is wrong: no manifest, a foreign or truncated file)."""
         self.path = Path(path)
         self.manifest = read_manifest(self.path)
-        self.tokenizer = Tokenizer.load(self.path / TOKENIZER_FILE)
-        if hashlib.sha256(self.tokenizer.model_proto).hexdigest() != self.manifest["tokenizer_sha256"]:
-            raise ValueError(f"{self.path / TOKENIZER_FILE} is not the tokenizer its manifest names")
-        self.train, self.valid = (self._open_split(split) for split in SPLITS)
+        # A manifest of before --init-from names the one shared model by its hash alone.
+        named = self.manifest.get("tokenizer_files") or {TOKENIZER_FILE: self.manifest["tokenizer_sha256"]}
+        files = {}
+        for name, digest in named.items():
+            if not (self.path / name).is_file():
+                raise ValueError(f"{self.path} holds no {name}: not a (complete) prepared corpus")
+            files[name] = (self.path / name).read_bytes()
+            if hashlib.sha256(files[name]).hexdigest() != digest:
+                raise ValueError(f"{self.path / name} is not the tokenizer file its manifest names")
+        self.tokenizers = Tokenizers.from_files(files, str(self.path),
+                                                tuple(self.manifest["key"]["settings"].get("reserved", ())))
+        self.train = self._open_split("train")
+        # A corpus prepared to train on beside another (--extra-data) has no validation split of its own.
+        self.valid = self._open_split("valid") if "valid" in self.manifest["splits"] else None
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The shared tokenizer of a corpus prepared with fastformer's own (the source side's, for a Marian model's)."""
+        return self.tokenizers.source
 
     @property
     def digest(self) -> str:
@@ -141,7 +166,7 @@ class PreparedCorpus:
     def _open_split(self, split: str) -> TokenizedCorpus:
         sides = [TokenArrays(*(_map(self.path / f"{split}.{side}.{part}", self.manifest["files"])
                                for part in ("ids", "offsets", "lengths"))) for side in SIDES]
-        return TokenizedCorpus(*sides, **self.tokenizer.special_ids)
+        return TokenizedCorpus(*sides, **self.tokenizers.special_ids)
 
 
 def read_manifest(path: Path) -> dict:
@@ -200,8 +225,8 @@ def ensure_prepared(files: dict[str, SplitFiles], settings: PrepareSettings, pat
 
 
 def prepare(files: dict[str, SplitFiles], settings: PrepareSettings, path: Path, progress: bool = True) -> dict:
-    """Trains the tokenizer on the training pairs and encodes every split into a new directory renamed to `path`
-    when complete (replacing what was there) -> the manifest."""
+    """Trains the tokenizer on the training pairs (unless settings give tokenizers) and encodes every split into a new
+    directory renamed to `path` when complete (replacing what was there) -> the manifest."""
     key = preparation_key(files, settings)
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_abandoned(path)
@@ -210,23 +235,29 @@ def prepare(files: dict[str, SplitFiles], settings: PrepareSettings, path: Path,
     start = time.perf_counter()
     try:
         pairs = _count_pairs(files["train"], progress)
-        tokenizer = _train_tokenizer(files["train"], pairs, settings, progress)
-        if progress:
-            print(f"tokenizer: {tokenizer.vocab_size} pieces, {time.perf_counter() - start:.0f}s", file=sys.stderr)
-        tokenizer.save(temp / TOKENIZER_FILE)
-        dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.int32)
+        tokenizers = settings.tokenizers
+        if tokenizers is None:
+            tokenizers = Tokenizers.shared(_train_tokenizer(files["train"], pairs, settings, progress),
+                                           settings.reserved)
+            if progress:
+                print(f"tokenizer: {tokenizers.vocab_size} pieces, {time.perf_counter() - start:.0f}s",
+                      file=sys.stderr)
+        for name, data in tokenizers.files.items():
+            (temp / name).write_bytes(data)
+        dtype = np.dtype(np.uint16 if tokenizers.vocab_size <= 1 << 16 else np.int32)
         written: dict[str, dict] = {}
         splits = {}
-        for split in SPLITS:
+        for split in (split for split in SPLITS if split in files):
             length_filter = settings.length_filter if split == "train" else None
             total = pairs if split == "train" else None
-            splits[split] = _encode_split(files[split], tokenizer, length_filter, temp, split, dtype, written,
+            splits[split] = _encode_split(files[split], tokenizers, length_filter, temp, split, dtype, written,
                                           total, progress)
         if splits["train"]["pairs"] == 0:
             raise ValueError(f"no training pair of {files['train'].src} + {files['train'].tgt} passes the length "
                              f"filter {settings.length_filter}")
-        manifest = {"key": key, "tokenizer_sha256": hashlib.sha256(tokenizer.model_proto).hexdigest(),
-                    "vocab_size": tokenizer.vocab_size, "splits": splits, "files": written}
+        manifest = {"key": key, "tokenizer_files": {name: hashlib.sha256(data).hexdigest()
+                                                    for name, data in tokenizers.files.items()},
+                    "vocab_size": tokenizers.vocab_size, "splits": splits, "files": written}
         # Written last: its presence marks the directory complete.
         with open(temp / MANIFEST, "w", encoding="utf-8") as file:
             json.dump(manifest, file, indent=1)
@@ -257,7 +288,8 @@ def _train_tokenizer(files: SplitFiles, pairs: int, settings: PrepareSettings, p
     errors: list[ValueError] = []
     try:
         tokenizer = train_tokenizer(_tokenizer_sentences(files, pairs, settings.tokenizer_sample, progress, errors),
-                                    vocab_size=settings.vocab_size, seed_sentences=settings.tokenizer_sample)
+                                    vocab_size=settings.vocab_size, seed_sentences=settings.tokenizer_sample,
+                                    reserved=settings.reserved)
     except RuntimeError:
         if not errors:
             raise
@@ -293,7 +325,7 @@ def _tokenizer_sentences(files: SplitFiles, pairs: int, sample: int, progress: b
         print(f"training the tokenizer on {bar.n:,} pairs (sentencepiece BPE)...", file=sys.stderr)
 
 
-def _encode_split(files: SplitFiles, tokenizer: Tokenizer, length_filter: LengthFilter | None, directory: Path,
+def _encode_split(files: SplitFiles, tokenizers: Tokenizers, length_filter: LengthFilter | None, directory: Path,
                   split: str, dtype: np.dtype, written: dict, total: int | None, progress: bool) -> dict:
     """Encodes a split chunk by chunk, appending each side's ids, offsets and lengths to its files; records each
     file's dtype and count in `written` -> the split's statistics (pairs kept, dropped by each filter, tokens)."""
@@ -301,14 +333,13 @@ def _encode_split(files: SplitFiles, tokenizer: Tokenizer, length_filter: Length
     outputs = {key: open(directory / name, "wb") for key, name in names.items()}
     dropped = {"too_short": 0, "too_long": 0, "ratio": 0}
     kept_pairs, tokens = 0, {side: 0 for side in SIDES}
-    threads = os.cpu_count() or 1
     try:
         for side in SIDES:
             outputs[side, "offsets"].write(np.zeros(1, dtype=np.int64).tobytes())
         bar = tqdm(total=total, desc=f"encoding {split}", unit=" pairs", disable=not progress, mininterval=1.0)
         for chunk in _chunks(iter_parallel(files.src, files.tgt), CHUNK_PAIRS):
-            encoded = [tokenizer.processor.encode([pair[i] for pair in chunk], out_type=int, num_threads=threads)
-                       for i in (0, 1)]
+            encoded = [side.encode([pair[i] for pair in chunk]) for i, side in enumerate((tokenizers.source,
+                                                                                         tokenizers.target))]
             lengths = [np.fromiter(map(len, ids), dtype=np.int64, count=len(ids)) for ids in encoded]
             keep = np.ones(len(chunk), dtype=bool) if length_filter is None else length_filter.keeps(*lengths)
             if length_filter is not None:
@@ -384,9 +415,10 @@ def _replace(temp: Path, path: Path) -> None:
 
 
 def _summary(path: Path, manifest: dict, seconds: float) -> None:
-    train, valid = manifest["splits"]["train"], manifest["splits"]["valid"]
+    train, valid = manifest["splits"]["train"], manifest["splits"].get("valid")
     size = sum(file.stat().st_size for file in path.iterdir())
     dropped = ", ".join(f"{count:,} {name.replace('_', ' ')}" for name, count in train["dropped"].items())
+    valid_pairs = "" if valid is None else f"valid {valid['pairs']:,} pairs; "
     print(f"prepared {path} in {seconds:.0f}s: train {train['pairs']:,} pairs kept (dropped: {dropped}), "
-          f"{train['src_tokens']:,} + {train['tgt_tokens']:,} tokens; valid {valid['pairs']:,} pairs; vocabulary "
+          f"{train['src_tokens']:,} + {train['tgt_tokens']:,} tokens; {valid_pairs}vocabulary "
           f"{manifest['vocab_size']:,}; {size / 2 ** 20:,.1f} MiB on disk", file=sys.stderr)

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from fastformer.data import Batch, BucketShape
+from fastformer.training.gradients import clip_gradients_
 from fastformer.training.mixed_precision import MasterWeights
 
 # Eager runs of a shape (on a side stream) before its capture: Triton compiles and autotunes, cuBLAS picks its
@@ -33,7 +34,7 @@ class CapturedStep:
     """
 
     def __init__(self, master: MasterWeights, loss_module: nn.Module, optimizer: torch.optim.Optimizer,
-                 device: torch.device) -> None:
+                 device: torch.device, clip_norm: float = 0.0) -> None:
         if device.type != "cuda":
             raise ValueError(f"CapturedStep replays CUDA graphs: it needs a CUDA device, got {device}")
         group = optimizer.param_groups[0]
@@ -43,10 +44,12 @@ class CapturedStep:
         self.loss_module = loss_module
         self.optimizer = optimizer
         self.device = device
+        self.clip_norm = clip_norm
         self.pool = torch.cuda.graph_pool_handle()
         self.stream = torch.cuda.Stream(device)
         self.loss_sum = torch.zeros((), dtype=torch.float32, device=device)
         self.grad_scale = torch.ones((), dtype=torch.float32, device=device)
+        self.grad_norm = torch.zeros((), dtype=torch.float32, device=device)  # of the last update's gradient
         self.inputs: dict[BucketShape, tuple[torch.Tensor, ...]] = {}
         self.graphs: dict[BucketShape, torch.cuda.CUDAGraph] = {}
         self.runs: dict[BucketShape, int] = {}
@@ -80,8 +83,9 @@ class CapturedStep:
         self.loss_sum.add_(loss.detach().float())
 
     def update(self, grad_scale: float) -> None:
-        """Scales the master gradients by grad_scale (1 / the update's target tokens), steps the optimizer at its
-        current lr tensor, copies the masters to the bf16 weights and zeroes the master gradients."""
+        """Scales the master gradients by grad_scale (1 / the update's target tokens), measures their norm (into
+        grad_norm) and clips it to clip_norm (unless 0), steps the optimizer at its current lr tensor, copies the
+        masters to the bf16 weights and zeroes the master gradients."""
         self.grad_scale.fill_(grad_scale)
         if self.update_graph is not None:
             self.update_graph.replay()
@@ -94,6 +98,9 @@ class CapturedStep:
 
     def _update_body(self) -> None:
         self.master.flat_grad.mul_(self.grad_scale)
+        torch.linalg.vector_norm(self.master.flat_grad, out=self.grad_norm)
+        if self.clip_norm:
+            clip_gradients_([self.master.flat_grad], self.clip_norm, self.grad_norm)
         self.optimizer.step()
         self.master.copy_to_compute()
         self.master.zero_grad()

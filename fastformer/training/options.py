@@ -13,6 +13,7 @@ PRESETS = {"tiny": TransformerConfig.tiny, "base": TransformerConfig.base, "big"
 BATCHINGS = ("tokens", "buckets")
 PRECISIONS = ("auto", "bf16-master")
 STEPS = ("eager", "captured")
+BEST_METRICS = ("bleu", "loss")
 
 
 def _option(default: object, help: str) -> object:
@@ -27,10 +28,20 @@ class TrainOptions:
                                          "the bundled toy corpus")
     prepared_dir: str | None = _option(None, "the prepared (tokenized) corpus, made if missing or out of date; "
                                              "default: a directory under ~/.cache/fastformer/prepared")
+    extra_data: list[str] | None = _option(None, "another corpus directory to train on beside --data-dir's (its "
+                                                 "train.* files, e.g. back-translations); repeat it for several")
+    upsample_primary: int = _option(1, "count --data-dir's corpus (or the bundled one) this many times an epoch beside "
+                                       "--extra-data's")
+    tag_extra: str | None = _option(None, "prepend this reserved token (e.g. '<BT>') to the sources of --extra-data's "
+                                          "corpora, as tagged back-translation does: the vocabulary fastformer learns "
+                                          "reserves it; --init-from's must hold it reserved")
     src_lang: str = _option("en", "source language: the files' suffix")
     tgt_lang: str = _option("de", "target language: the files' suffix")
+    init_from: str | None = _option(None, "fine-tune: start from this model's weights and tokenizer(s), a fastformer "
+                                          "checkpoint or an OPUS-MT (Marian) directory, with a fresh optimizer and "
+                                          "schedule; its architecture replaces --preset's and --vocab-size's")
     preset: str | None = _option(None, f"model size, one of {tuple(PRESETS)}; default: base (the paper) with "
-                                       f"--data-dir, tiny on the bundled corpus")
+                                       f"--data-dir, tiny on the bundled corpus (with --init-from: its model's)")
     vocab_size: int | None = _option(None, f"shared BPE vocabulary size; default: 37000 (the paper) with --data-dir, "
                                            f"{DEFAULT_BUNDLED_VOCAB} on the bundled corpus")
     dropout: float | None = _option(None, "dropout; default: the preset's")
@@ -39,11 +50,20 @@ class TrainOptions:
     lr_scale: float = _option(1.0, "peak learning rate factor: lr = lr_scale * d_model^-0.5 * schedule")
     warmup: int = _option(4000, "warmup updates of the inverse-square-root schedule")
     label_smoothing: float = _option(0.1, "label smoothing of the training loss")
+    clip_norm: float = _option(0.0, "clip the gradients' global L2 norm to this before each update (0: no clipping)")
     max_steps: int = _option(100_000, "updates to train (in all, counting those a resumed run already did)")
     max_minutes: float = _option(0.0, "also stop after this many minutes of wall-clock time (0: no time limit)")
     log_every: int = _option(100, "updates between log lines")
     valid_every: int = _option(1000, "updates between validations (0: none)")
-    valid_bleu_sentences: int = _option(200, "validation sentences translated (greedy) for a BLEU score (0: none)")
+    valid_bleu_sentences: int = _option(200, "validation sentences translated for a BLEU score (0: none, -1: all)")
+    valid_beam: int = _option(4, "beam size of the validation BLEU's translations (with translate's length penalty)")
+    best_metric: str | None = _option(None, f"one of {BEST_METRICS}: the validation score that picks "
+                                            f"checkpoint_best.pt and that --patience watches; default: bleu when "
+                                            f"--valid-bleu-sentences is not 0, else loss")
+    patience: int = _option(0, "end the run after this many validations in a row without a better --best-metric "
+                               "(0: never)")
+    tensorboard_logdir: str | None = _option(None, "also write the metrics (OUT_DIR/metrics.jsonl) there as "
+                                                   "TensorBoard event files (needs the tensorboard extra)")
     save_every: int = _option(1000, "updates between checkpoints (0: only at the end)")
     keep_last: int = _option(5, "step checkpoints kept")
     seed: int = _option(1, "seed of the initial weights, dropout and data order")
@@ -62,9 +82,9 @@ class TrainOptions:
     quiet: bool = _option(False, "no progress bar and no log lines")
 
     def __post_init__(self) -> None:
-        if self.preset is None:
+        if self.preset is None and self.init_from is None:
             self.preset = "tiny" if self.data_dir is None else "base"
-        if self.preset not in PRESETS:
+        if self.preset is not None and self.preset not in PRESETS:
             raise ValueError(f"preset must be one of {tuple(PRESETS)}, got {self.preset!r}")
         for name, choices in (("backend", BACKENDS), ("batching", BATCHINGS), ("precision", PRECISIONS),
                               ("step", STEPS)):
@@ -76,22 +96,52 @@ class TrainOptions:
         for name in ("batch_tokens", "update_tokens", "warmup", "max_steps", "log_every", "keep_last"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("valid_every", "save_every", "valid_bleu_sentences", "max_minutes"):
+        for name in ("valid_every", "save_every", "max_minutes", "patience", "clip_norm"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        self._check_validation()
+        self._check_extra_data()
         if self.vocab_size is not None and self.vocab_size < 8:
             raise ValueError(f"vocab_size must be at least 8, got {self.vocab_size}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
 
+    def _check_extra_data(self) -> None:
+        if self.upsample_primary < 1:
+            raise ValueError(f"upsample_primary must be >= 1, got {self.upsample_primary}")
+        if not self.extra_data and (self.upsample_primary > 1 or self.tag_extra is not None):
+            raise ValueError("--upsample-primary and --tag-extra weigh and tag the corpora of --extra-data, and none "
+                             "is given")
+        if self.tag_extra is not None and (not self.tag_extra or any(c.isspace() for c in self.tag_extra)):
+            raise ValueError(f"--tag-extra {self.tag_extra!r}: a tag is one token, without spaces")
+
+    def _check_validation(self) -> None:
+        """Resolves best_metric's default; what the best checkpoint and --patience need of validation."""
+        if self.valid_bleu_sentences < -1:
+            raise ValueError(f"valid_bleu_sentences must be >= -1 (-1: all), got {self.valid_bleu_sentences}")
+        if self.valid_beam < 1:
+            raise ValueError(f"valid_beam must be >= 1, got {self.valid_beam}")
+        if self.best_metric is None:
+            self.best_metric = "loss" if self.valid_bleu_sentences == 0 else "bleu"
+        if self.best_metric not in BEST_METRICS:
+            raise ValueError(f"best_metric must be one of {BEST_METRICS}, got {self.best_metric!r}")
+        if self.best_metric == "bleu" and self.valid_bleu_sentences == 0:
+            raise ValueError("--best-metric bleu needs a validation BLEU, and --valid-bleu-sentences 0 computes none: "
+                             "translate some (-1: all) or use --best-metric loss")
+        if self.patience and not self.valid_every:
+            raise ValueError(f"--patience {self.patience} counts validations, and --valid-every 0 runs none: set "
+                             f"--valid-every")
+
 
 # What a resumed run must share with its checkpoint: these fix the model, the data and its order, and the update
 # rule. The others (budget, logging, checkpointing, device, backend) may change from one session to the next.
-RESUME_FIXED_OPTIONS = ("data_dir", "src_lang", "tgt_lang", "preset", "vocab_size", "dropout", "batch_tokens",
-                        "update_tokens", "lr_scale", "warmup", "label_smoothing", "seed", "min_len", "max_len",
-                        "max_ratio", "batching")
+RESUME_FIXED_OPTIONS = ("data_dir", "extra_data", "upsample_primary", "tag_extra", "init_from", "src_lang",
+                        "tgt_lang", "preset", "vocab_size", "dropout", "batch_tokens", "update_tokens", "lr_scale",
+                        "warmup", "label_smoothing", "clip_norm", "seed", "min_len", "max_len", "max_ratio",
+                        "batching", "best_metric")
 # Options added after checkpoints were first written: a checkpoint without one was trained with this value.
-OPTIONS_ADDED_LATER = {"batching": "tokens"}
+OPTIONS_ADDED_LATER = {"batching": "tokens", "clip_norm": 0.0, "init_from": None, "extra_data": None,
+                       "upsample_primary": 1, "tag_extra": None}
 
 
 def changed_resume_options(saved: dict, options: TrainOptions) -> list[str]:
@@ -103,8 +153,10 @@ def changed_resume_options(saved: dict, options: TrainOptions) -> list[str]:
         if name not in saved:
             continue
         old, new = saved[name], getattr(options, name)
-        if name == "data_dir" and old is not None and new is not None:
+        if name in ("data_dir", "init_from") and old is not None and new is not None:
             old, new = str(Path(old).resolve()), str(Path(new).resolve())
+        if name == "extra_data" and old is not None and new is not None:
+            old, new = [str(Path(path).resolve()) for path in old], [str(Path(path).resolve()) for path in new]
         if old != new:
             changed.append(f"--{name.replace('_', '-')} {new} (checkpoint: {old})")
     return changed

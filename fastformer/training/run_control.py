@@ -115,10 +115,11 @@ class DivergenceGuard:
         self.finite = torch.ones((), dtype=torch.bool, device=device)
         self.checked_step = checked_step  # the last step a check found finite
 
-    def observe(self, loss_sum: torch.Tensor | None = None, tensors: Iterable[torch.Tensor] = ()) -> None:
-        """loss_sum: [] and tensors (gradients or weights): any shape; queued on their device, never read here."""
-        if loss_sum is not None:
-            self.finite &= torch.isfinite(loss_sum)
+    def observe(self, scalar: torch.Tensor | None = None, tensors: Iterable[torch.Tensor] = ()) -> None:
+        """scalar: [] (a loss sum, a gradient norm) and tensors (gradients or weights): any shape; queued on their
+        device, never read here."""
+        if scalar is not None:
+            self.finite &= torch.isfinite(scalar)
         tensors = [tensor.detach() for tensor in tensors]
         if tensors:
             # The largest magnitude is non-finite exactly when an element is; a 2-norm could overflow on finite ones.

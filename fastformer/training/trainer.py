@@ -14,7 +14,7 @@ import random
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -24,14 +24,21 @@ from tqdm import tqdm
 
 from fastformer import checkpoint, dispatch
 from fastformer.config import TransformerConfig
-from fastformer.data import Batch, BucketBatch, BucketBatchSampler, TokenBatchSampler, Tokenizer
+from fastformer.data import Batch, BucketBatch, BucketBatchSampler, TokenBatchSampler, TokenizedCorpus
+from fastformer.data.batching import mixed_corpus
+from fastformer.data.prepared import PreparedCorpus
+from fastformer.data.tokenizer import Tokenizers
 from fastformer.model import Transformer
-from fastformer.training import run_control
+from fastformer.training import gradients, run_control
 from fastformer.training.captured_step import CapturedStep
+from fastformer.training.early_stopping import BestTracker
+from fastformer.training.init_from import InitialModel, check_architecture, load_initial_model
+from fastformer.training.metrics import MetricsLog, summary_writer_class
 from fastformer.training.mixed_precision import MasterWeights
 from fastformer.training.options import PRESETS, TrainOptions, changed_resume_options
-from fastformer.training.run_corpus import corpus_files, open_run_corpus
+from fastformer.training.run_corpus import corpus_files, extra_corpus_files, open_run_corpora
 from fastformer.translation import evaluate
+from fastformer.translation.translator import Translator
 
 
 @dataclass
@@ -42,6 +49,8 @@ class TrainResult:
     train_loss: float
     valid: dict = field(default_factory=dict)
     stopped_by: str | None = None  # what stopped the run before max_steps: a signal's name
+    best: checkpoint.BestScore | None = None  # the best validation score, the step of checkpoint_best.pt
+    out_of_patience: bool = False  # --patience ended the run: that many validations without a better score
 
 
 def inverse_sqrt_schedule(optimizer: torch.optim.Optimizer, warmup: int) -> torch.optim.lr_scheduler.LambdaLR:
@@ -70,15 +79,16 @@ class _LossModule(nn.Module):
                                lengths=(src_lengths, tgt_lengths))
 
 
-def captured_training(model: Transformer, label_smoothing: float, lr: float,
-                      device: torch.device) -> CapturedStep:
+def captured_training(model: Transformer, label_smoothing: float, lr: float, device: torch.device,
+                      clip_norm: float = 0.0) -> CapturedStep:
     """`--step captured` of an fp32 model on a CUDA device: its bf16 compute copy (MasterWeights), the copy's summed
     label-smoothed loss, Adam on the fp32 masters with its lr and step count on the GPU (updated in place, as a graph
-    replays them), and the CapturedStep of these (its .master, .loss_module, .optimizer)."""
+    replays them), and the CapturedStep of these (its .master, .loss_module, .optimizer), clipping the master
+    gradients' norm to clip_norm (0: not)."""
     master = MasterWeights(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=torch.tensor(lr, device=device), betas=(0.9, 0.98), eps=1e-9,
                                  fused=True, capturable=True)
-    return CapturedStep(master, _LossModule(master.compute, label_smoothing), optimizer, device)
+    return CapturedStep(master, _LossModule(master.compute, label_smoothing), optimizer, device, clip_norm)
 
 
 def process_rank() -> int:
@@ -140,13 +150,33 @@ def check_step(step: str, device: torch.device) -> None:
                          f"--step eager")
 
 
-def check_run(options: TrainOptions) -> None:
+def check_run(options: TrainOptions) -> InitialModel | None:
     """What can be checked before any work (and before --overwrite deletes anything): the device, the backend on it,
-    and the corpus files."""
+    the corpus files, the tensorboard package where --tensorboard-logdir asks for it, and --init-from's model against
+    the options -> that model (None without --init-from)."""
     device = evaluate.resolve_device(options.device)
     check_backend(options.backend, device)
     check_step(options.step, device)
     corpus_files(options)
+    extra_corpus_files(options)
+    if options.tensorboard_logdir is not None:
+        summary_writer_class()
+    if options.init_from is None:
+        return None
+    initial = load_initial_model(options.init_from)
+    check_architecture(options, initial)
+    if options.tag_extra is not None:
+        tag_id(options, initial.tokenizers)
+    return initial
+
+
+def tag_id(options: TrainOptions, tokenizers: Tokenizers) -> int:
+    """The id of --tag-extra's token: a reserved piece of the run's vocabulary (the one it learned reserves it)."""
+    origin = "the run's vocabulary" if options.init_from is None else f"--init-from {options.init_from}"
+    try:
+        return tokenizers.reserved_id(options.tag_extra, origin)
+    except ValueError as error:
+        raise ValueError(f"--tag-extra {error}") from None
 
 
 def _load_resumable(options: TrainOptions, env: _Distributed) -> tuple[Path, checkpoint.Checkpoint]:
@@ -170,13 +200,20 @@ def _load_resumable(options: TrainOptions, env: _Distributed) -> tuple[Path, che
     return path, saved
 
 
-def _model_config(options: TrainOptions, tokenizer: Tokenizer) -> TransformerConfig:
-    """The preset at the tokenizer's vocabulary size and special ids."""
+def _model_config(options: TrainOptions, tokenizers: Tokenizers, initial: InitialModel | None) -> TransformerConfig:
+    """The initial model's config, else the preset's at the tokenizer's vocabulary size and special ids; --dropout
+    replaces theirs."""
     overrides = {} if options.dropout is None else {"dropout": options.dropout}
-    config = PRESETS[options.preset](tokenizer.vocab_size, **tokenizer.special_ids, **overrides)
-    if options.max_len + 1 > config.max_positions:
-        raise ValueError(f"max_len={options.max_len} tokens plus BOS/EOS exceed the {options.preset} preset's "
-                         f"max_positions={config.max_positions}")
+    if initial is not None:
+        config, origin = replace(initial.config, **overrides), f"--init-from {initial.path}'s model"
+    else:
+        config = PRESETS[options.preset](tokenizers.vocab_size, **tokenizers.special_ids, **overrides)
+        origin = f"the {options.preset} preset"
+    # A source holds EOS, and --tag-extra's tag.
+    longest = options.max_len + 1 + (options.tag_extra is not None)
+    if longest > config.max_positions:
+        raise ValueError(f"max_len={options.max_len} tokens plus BOS/EOS (and a tag) exceed {origin}'s "
+                         f"max_positions={config.max_positions}: lower --max-len")
     return config
 
 
@@ -220,39 +257,56 @@ class Trainer:
     def __init__(self, options: TrainOptions) -> None:
         self.options = options
         self.env = _setup_distributed(options.device)
-        check_backend(options.backend, self.env.device)
-        check_step(options.step, self.env.device)
-        corpus_files(options)
+        initial = check_run(options)
         resumed = _load_resumable(options, self.env) if options.resume else None
         if self.env.is_main:
             checkpoint.remove_stale_temp_files(Path(options.out_dir))
-        self.data = open_run_corpus(options, self.env.rank, self.env.world_size)
-        self.tokenizer = self.data.tokenizer
-        if resumed is not None and resumed[1].tokenizer != self.tokenizer.model_proto:
+        self.data, *extras = open_run_corpora(options, self.env.rank, self.env.world_size,
+                                              None if initial is None else initial.tokenizers)
+        self.tokenizers = self.data.tokenizers
+        self.train_corpus = self._training_pairs(extras)
+        if resumed is not None and resumed[1].tokenizer != self.tokenizers.checkpoint_entry:
             raise ValueError(f"--resume: {resumed[0]} was trained with another vocabulary than the prepared corpus "
                              f"{self.data.path} holds (its text changed since?): start a new run")
-        self.config = _model_config(options, self.tokenizer)
-        self._build_model()
+        self.config = _model_config(options, self.tokenizers, initial)
+        # A resumed run restores its own weights; a fresh one starts from --init-from's.
+        self._build_model(None if initial is None or resumed is not None else initial.weights)
         self.step = 0
         position = {"epoch": 0, "index": 0}
         if resumed is not None:
             position = self._restore(*resumed)
         self.newest_checkpoint = None if resumed is None else resumed[0]
+        self.best = BestTracker(options.best_metric, None if resumed is None else resumed[1].best)
+        self.validation_skipped = bool(resumed is not None and resumed[1].validation_skipped and options.valid_every)
+        self.valid: dict = {}
         self.signals = run_control.StopSignals()
         self.stop_requested = self.out_of_time = False
         self.start = time.perf_counter()
         self.guard = run_control.DivergenceGuard(self.env.device, self.step)
         sampler_class = BucketBatchSampler if options.batching == "buckets" else TokenBatchSampler
-        sampler = sampler_class(self.data.train.src_lengths, self.data.train.tgt_lengths, options.batch_tokens,
+        sampler = sampler_class(self.train_corpus.src_lengths, self.train_corpus.tgt_lengths, options.batch_tokens,
                                 seed=options.seed, rank=self.env.rank, world_size=self.env.world_size)
         self.stream = _BatchStream(sampler, position["epoch"], position["index"])
 
-    def _build_model(self) -> None:
-        """The model (the same initial weights on every rank), its DDP-wrapped loss, Adam and the schedule."""
+    def _training_pairs(self, extras: list[PreparedCorpus]) -> TokenizedCorpus:
+        """The main corpus's training pairs, or (with --extra-data) those counted --upsample-primary times and the
+        extra corpora's, their sources tagged with --tag-extra's token, sampled as one corpus."""
+        if not extras:
+            return self.data.train
+        tag = None if self.options.tag_extra is None else tag_id(self.options, self.tokenizers)
+        return mixed_corpus([(self.data.train, self.options.upsample_primary, None)]
+                            + [(extra.train, 1, tag) for extra in extras])
+
+    def _build_model(self, weights: dict[str, torch.Tensor] | None) -> None:
+        """The model (the same initial weights on every rank: `weights`, or drawn), its DDP-wrapped loss, Adam and the
+        schedule."""
         options = self.options
         # The same seed on every rank gives every rank the same initial weights (DDP also broadcasts rank 0's).
         torch.manual_seed(options.seed)
-        self.model = Transformer(self.config).to(self.env.device)
+        self.model = Transformer(self.config)
+        if weights is not None:
+            self.model.load_state_dict(weights)
+        self.model.to(self.env.device)
         # Every rank draws its own dropout masks.
         torch.manual_seed(options.seed + 1 + self.env.rank)
         lr = options.lr_scale * self.config.d_model ** -0.5
@@ -260,7 +314,8 @@ class Trainer:
         # and the ranks all-reduce the master gradients themselves, in one call per update.
         self.captured = None
         if options.step == "captured":
-            self.captured = captured_training(self.model, options.label_smoothing, lr, self.env.device)
+            self.captured = captured_training(self.model, options.label_smoothing, lr, self.env.device,
+                                              options.clip_norm)
             self.master, self.loss_module = self.captured.master, self.captured.loss_module
             self.optimizer = self.captured.optimizer
         else:
@@ -298,14 +353,16 @@ class Trainer:
         """The stream's next micro-batch, collated (to its bucket's shape) and checked on the CPU."""
         item = self.stream.next()
         if isinstance(item, BucketBatch):
-            return self.data.train.batch(item.indices, self.config.vocab_size, item.shape)
-        return self.data.train.batch(item, self.config.vocab_size)
+            return self.train_corpus.batch(item.indices, self.config.vocab_size, item.shape)
+        return self.train_corpus.batch(item, self.config.vocab_size)
 
-    def _update(self) -> tuple[torch.Tensor, int]:
+    def _update(self) -> tuple[torch.Tensor, int, int]:
         """One optimizer step over `accumulation` micro-batches per rank -> (summed loss [] on device, target
-        tokens), both of this rank."""
+        tokens, padded target positions), all of this rank. Leaves the update's gradient norm in self.grad_norm (on
+        the device)."""
         batches = [self._next_batch() for _ in range(self.accumulation)]
         local_tokens = sum(batch.target_tokens for batch in batches)
+        padded_targets = sum(batch.tgt_out.numel() for batch in batches)
         if self.captured is not None:
             for batch in batches:
                 self.captured.micro_step(batch)
@@ -315,8 +372,11 @@ class Trainer:
             self.scheduler.step()
             self.step += 1
             loss_sum = self.captured.take_loss_sum()
+            self.grad_norm = self.captured.grad_norm
             self.guard.observe(loss_sum)
-            return loss_sum, local_tokens
+            if self.options.clip_norm:  # as the eager step
+                self.guard.observe(self.grad_norm)
+            return loss_sum, local_tokens, padded_targets
         loss_sum = torch.zeros((), device=self.env.device)
         autocast = torch.autocast("cuda", dtype=torch.bfloat16,
                                   enabled=self.env.device.type == "cuda" and self.master is None)
@@ -337,14 +397,21 @@ class Trainer:
             self._all_reduce_master_gradients()
             # The ranks' summed gradients, to the mean over every target token of the update.
             self.master.flat_grad.mul_(1.0 / max(total_tokens, 1.0))
-            gradients = [self.master.flat_grad]
+            grads = [self.master.flat_grad]
         else:
             # DDP averaged the ranks' summed gradients; rescale to the mean over every target token of the update.
             scale = self.env.world_size / max(total_tokens, 1.0)
-            gradients = [parameter.grad for parameter in self.model.parameters() if parameter.grad is not None]
-            for gradient in gradients:
+            grads = [parameter.grad for parameter in self.model.parameters() if parameter.grad is not None]
+            for gradient in grads:
                 gradient.mul_(scale)
-        self.guard.observe(loss_sum, gradients)
+        self.guard.observe(loss_sum, grads)
+        # Queued on the device, read only when a log line is written. Every rank holds the same (all-reduced)
+        # gradients, so every rank measures and clips by the same global norm.
+        self.grad_norm = torch.nn.utils.get_total_norm(grads)
+        if self.options.clip_norm:
+            # A norm that overflowed on finite gradients would clip them to zero: a divergence too.
+            self.guard.observe(self.grad_norm)
+            gradients.clip_gradients_(grads, self.options.clip_norm, self.grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         if self.master is not None:
@@ -353,7 +420,7 @@ class Trainer:
         else:
             self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        return loss_sum, local_tokens
+        return loss_sum, local_tokens, padded_targets
 
     def _sum_tokens_and_stop_votes(self, local_tokens: int) -> float:
         """-> the update's target tokens over all ranks. The same all-reduce (after the backward passes) carries the votes
@@ -371,18 +438,20 @@ class Trainer:
         if self.master is not None and self.env.world_size > 1:
             dist.all_reduce(self.master.flat_grad)
 
-    def save(self) -> Path:
-        """Writes checkpoint_<step>.pt (rank 0) with every rank's RNG state, keeping the newest keep_last; weights that
-        are not all finite are never written (DivergedError)."""
+    def save(self, step: bool = True, best: bool = False) -> Path:
+        """Writes the checkpoint of this step (rank 0) with every rank's RNG state: as checkpoint_<step>.pt, keeping
+        the newest keep_last, and (best) as checkpoint_best.pt -> the step checkpoint's path. Weights that are not all
+        finite are never written (DivergedError)."""
         self.guard.observe(tensors=self.model.parameters())
         self._check_finite()
         rng_states = self.env.gather(_rng_state(self.env.device))
-        path = checkpoint.checkpoint_path(Path(self.options.out_dir), self.step)
+        out_dir = Path(self.options.out_dir)
+        path = checkpoint.checkpoint_path(out_dir, self.step)
         if self.env.is_main:
             saved = checkpoint.Checkpoint(
                 model={name: tensor.detach().cpu() for name, tensor in self.model.state_dict().items()},
                 config=self.config.to_dict(),
-                tokenizer=self.tokenizer.model_proto,
+                tokenizer=self.tokenizers.checkpoint_entry,
                 step=self.step,
                 optimizer=portable_optimizer_state(self.optimizer),
                 schedule={key: [item.item() if isinstance(item, torch.Tensor) else item for item in value]
@@ -392,44 +461,69 @@ class Trainer:
                                              batch_tokens=self.options.batch_tokens,
                                              world_size=self.env.world_size),
                 options=asdict(self.options),
+                best=self.best.state,
+                validation_skipped=self.validation_skipped,
             )
-            checkpoint.save_checkpoint(saved, path)
-            checkpoint.prune_checkpoints(Path(self.options.out_dir), self.options.keep_last)
+            if best:
+                checkpoint.save_checkpoint(saved, checkpoint.best_checkpoint_path(out_dir))
+            if step:
+                checkpoint.save_checkpoint(saved, path)
+                checkpoint.prune_checkpoints(out_dir, self.options.keep_last)
         self.env.barrier()
-        self.newest_checkpoint = path
+        if step:
+            self.newest_checkpoint = path
         return path
 
     def validate(self) -> dict:
-        """Rank 0: validation loss per target token (no smoothing) and greedy BLEU on the first valid sentences."""
-        results: dict = {}
+        """Validation loss per target token (no smoothing) and, unless --valid-bleu-sentences is 0, BLEU of the first
+        valid sentences translated as `translate` does (--valid-beam, its length penalty): computed on rank 0,
+        returned on every rank."""
+        names = ["valid_nll"] + (["valid_bleu"] if self.options.valid_bleu_sentences else [])
+        results = dict.fromkeys(names, 0.0)
         if self.env.is_main:
             # Validation draws no training randomness, so a resumed run matches an uninterrupted one.
             with torch.random.fork_rng(devices=[self.env.device] if self.env.device.type == "cuda" else []):
                 self.model.eval()
                 results["valid_nll"] = evaluate.corpus_nll(self.model, self.data.valid, self.options.batch_tokens,
                                                            self.env.device)
-                if self.options.valid_bleu_sentences:
-                    pairs = self.data.valid_pairs[:self.options.valid_bleu_sentences]
-                    hypotheses = evaluate.translate_sentences(self.model, self.tokenizer, [p[0] for p in pairs],
-                                                              beam_size=1)
-                    results["valid_bleu"] = evaluate.bleu(hypotheses, [p[1] for p in pairs])[0][0]
+                if "valid_bleu" in results:
+                    results["valid_bleu"] = self._valid_bleu()
                 self.model.train()
-        self.env.barrier()
-        return results
+        # Every rank takes part in keeping the best score and in stopping for --patience.
+        return dict(zip(names, self.env.sum(list(results.values()))))
+
+    def _valid_bleu(self) -> float:
+        count = self.options.valid_bleu_sentences
+        pairs = self.data.valid_pairs if count == -1 else self.data.valid_pairs[:count]
+        translator = Translator(self.model, self.tokenizers.source, self.tokenizers.target)
+        hypotheses = translator.translate([pair[0] for pair in pairs], beam_size=self.options.valid_beam)
+        return evaluate.bleu(hypotheses, [pair[1] for pair in pairs])[0][0]
 
     def _log(self, meter: _Throughput, progress: tqdm) -> float:
-        """Logs the interval's loss, lr and throughput over all ranks -> the interval's train loss per token."""
-        loss_sum, tokens, rate = meter.read(self.env)
+        """Logs the interval's loss, lr, gradient norm (of its last update), throughput and real-token share over all
+        ranks to stdout and the metrics -> the interval's train loss per token."""
+        loss_sum, tokens, padded, rate = meter.read(self.env)
         train_loss = loss_sum / max(tokens, 1.0)
+        lr = self.scheduler.get_last_lr()[0]
+        grad_norm = self.grad_norm.item()
         if self.env.is_main and not self.options.quiet:
-            progress.write(f"step {self.step} | loss {train_loss:.3f} | lr {self.scheduler.get_last_lr()[0]:.3g} | "
+            progress.write(f"step {self.step} | loss {train_loss:.3f} | lr {lr:.3g} | gnorm {grad_norm:.3g} | "
                            f"{rate:,.0f} tgt tok/s | epoch {self.stream.epoch}")
+        self._record(train_loss=train_loss, lr=lr, grad_norm=grad_norm, tokens_per_second=rate,
+                     real_token_share=tokens / max(padded, 1.0))
         return train_loss
+
+    def _record(self, **scalars: float) -> None:
+        """Rank 0 adds a record of this step to the metrics."""
+        if self.metrics is not None:
+            self.metrics.write({"step": self.step, "epoch": self.stream.epoch, "time": time.time(), **scalars})
 
     def run(self) -> TrainResult:
         """Trains to max_steps (or max_minutes, or a SIGTERM/SIGINT) under the run's backend, restoring the process's
         backend and signal handlers afterwards."""
-        with dispatch.backend(self.options.backend), self.signals:
+        self.metrics = (MetricsLog(Path(self.options.out_dir), self.step, self.options.tensorboard_logdir)
+                        if self.env.is_main else None)
+        with dispatch.backend(self.options.backend), self.signals, self.metrics or contextlib.nullcontext():
             return self._run()
 
     def _run(self) -> TrainResult:
@@ -441,27 +535,32 @@ class Trainer:
                         mininterval=2.0, dynamic_ncols=True, unit="step", desc="train")
         meter = _Throughput(self.env.device)
         path = None
-        valid: dict = {}
         train_loss = math.nan
-        while self.step < options.max_steps:
+        out_of_patience = False
+        if self.validation_skipped:  # by a signal's stop: done now, as the run never stopped did it
+            self.validation_skipped = False
+            out_of_patience = self._validate(meter, progress)
+            if out_of_patience:
+                path = self.save()
+        while self.step < options.max_steps and not out_of_patience:
             meter.add(*self._update())
             progress.update(1)
             last = self.step >= options.max_steps or self.stop_requested or self.out_of_time
             log = self.step % options.log_every == 0 or last
-            # A signal's stop saves at once: torchrun SIGKILLs its workers 30 s after forwarding a SIGTERM.
-            validate = (options.valid_every and (self.step % options.valid_every == 0 or last)
-                        and not self.stop_requested)
+            due = options.valid_every and self.step % options.valid_every == 0
+            # A signal's stop saves at once, its checkpoint noting a validation it skipped: torchrun SIGKILLs its
+            # workers 30 s after forwarding a SIGTERM.
+            validate = options.valid_every and (due or last) and not self.stop_requested
+            self.validation_skipped = bool(due and self.stop_requested)
             if log or validate:
                 self._check_finite()
             if log:
                 train_loss = self._log(meter, progress)
-            with meter.paused():
-                if validate:
-                    valid = self.validate()
-                    if self.env.is_main and not options.quiet:
-                        progress.write(f"step {self.step} | valid " +
-                                       " | ".join(f"{k} {v:.3f}" for k, v in valid.items()))
-                if (options.save_every and self.step % options.save_every == 0) or last:
+            out_of_patience = bool(validate) and self._validate(meter, progress)
+            if out_of_patience and not log:  # an end as max_steps' is: its last interval logged
+                train_loss = self._log(meter, progress)
+            if (options.save_every and self.step % options.save_every == 0) or last or out_of_patience:
+                with meter.paused():
                     path = self.save()
             if last:
                 break
@@ -469,8 +568,22 @@ class Trainer:
         if path is None:  # resumed at or past max_steps: nothing trained, the resumed checkpoint is the result
             path = checkpoint.checkpoint_path(Path(options.out_dir), self.step)
         stopped = self.stop_requested and self.step < options.max_steps
-        return TrainResult(self.step, path, meter.overall_rate(), train_loss, valid,
-                           (self.signals.received or "a signal to another rank") if stopped else None)
+        return TrainResult(self.step, path, meter.overall_rate(), train_loss, self.valid,
+                           (self.signals.received or "a signal to another rank") if stopped else None,
+                           self.best.state, out_of_patience)
+
+    def _validate(self, meter: _Throughput, progress: tqdm) -> bool:
+        """Validates, prints and records the results, and writes checkpoint_best.pt if they are the best so far ->
+        whether --patience is exhausted."""
+        with meter.paused():
+            self.valid = self.validate()
+            if self.env.is_main and not self.options.quiet:
+                progress.write(f"step {self.step} | valid " +
+                               " | ".join(f"{k} {v:.3f}" for k, v in self.valid.items()))
+            self._record(**self.valid)
+            if self.best.observe(self.valid, self.step):
+                self.save(step=False, best=True)
+        return self.best.exhausted(self.options.patience)
 
 
 class _Throughput:
@@ -480,14 +593,16 @@ class _Throughput:
     def __init__(self, device: torch.device) -> None:
         self.loss_sum = torch.zeros((), device=device)
         self.tokens = 0
+        self.padded = 0
         self.interval_start = time.perf_counter()
         self.interval_paused = 0.0
         self.total_tokens = 0.0
         self.total_seconds = 0.0
 
-    def add(self, loss_sum: torch.Tensor, tokens: int) -> None:
+    def add(self, loss_sum: torch.Tensor, tokens: int, padded: int) -> None:
         self.loss_sum += loss_sum
         self.tokens += tokens
+        self.padded += padded
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -497,18 +612,19 @@ class _Throughput:
         finally:
             self.interval_paused += time.perf_counter() - begin
 
-    def read(self, env: _Distributed) -> tuple[float, float, float]:
-        """-> (summed loss, target tokens, target tokens/s) of the interval over all ranks; starts a new interval."""
+    def read(self, env: _Distributed) -> tuple[float, float, float, float]:
+        """-> (summed loss, target tokens, padded target positions, target tokens/s) of the interval over all ranks;
+        starts a new interval."""
         # The loss is read back only here, so the steps in between queue on a GPU without a host sync.
-        loss_sum, tokens = env.sum([self.loss_sum.item(), float(self.tokens)])
+        loss_sum, tokens, padded = env.sum([self.loss_sum.item(), float(self.tokens), float(self.padded)])
         now = time.perf_counter()
         seconds = max(now - self.interval_start - self.interval_paused, 1e-9)
         self.total_tokens += tokens
         self.total_seconds += seconds
         self.loss_sum.zero_()
-        self.tokens = 0
+        self.tokens = self.padded = 0
         self.interval_start, self.interval_paused = now, 0.0
-        return loss_sum, tokens, tokens / seconds
+        return loss_sum, tokens, padded, tokens / seconds
 
     def overall_rate(self) -> float:
         return self.total_tokens / max(self.total_seconds, 1e-9)

@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import sentencepiece as spm
 import torch
 from safetensors.torch import load_file
 
 from fastformer.config import TransformerConfig
+from fastformer.data.tokenizer import (EOS_PIECE, PAD_PIECE, UNK_PIECE, MarianTokenizer, Tokenizers,
+                                       load_sentencepiece)
 from fastformer.model import Transformer, sinusoidal_positions
 
 CONFIG_FILE, VOCAB_FILE, SOURCE_SPM, TARGET_SPM = "config.json", "vocab.json", "source.spm", "target.spm"
@@ -28,42 +29,6 @@ FIXED_SETTINGS = {"normalize_before": False, "normalize_embedding": False, "laye
                   "share_encoder_decoder_embeddings": True}
 EMBEDDING_NAMES = ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight")
 POSITION_NAMES = ("model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight")
-EOS_PIECE, UNK_PIECE, PAD_PIECE = "</s>", "<unk>", "<pad>"
-
-
-class MarianTokenizer:
-    """One side of a Marian model's tokenization, as transformers' MarianTokenizer does it: a sentencepiece model
-    splits text into pieces, and vocab.json maps the pieces of both sides to the model's one id space."""
-
-    def __init__(self, processor: spm.SentencePieceProcessor, vocab: dict[str, int]) -> None:
-        self.processor = processor
-        self.vocab = vocab
-        self.pieces = {index: piece for piece, index in vocab.items()}
-        self.unk_id = vocab[UNK_PIECE]
-        self.special_ids = {vocab[piece] for piece in (EOS_PIECE, UNK_PIECE, PAD_PIECE) if piece in vocab}
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.vocab)
-
-    def encode(self, sentences: list[str]) -> list[list[int]]:
-        """-> each sentence's ids, without EOS; a leading language code such as ">>de<<" stays one token."""
-        return [self._encode(sentence) for sentence in sentences]
-
-    def _encode(self, sentence: str) -> list[int]:
-        code: list[str] = []
-        if sentence.startswith(">>") and (end := sentence.find("<<")) != -1:
-            code, sentence = [sentence[:end + 2]], sentence[end + 2:]
-        pieces = code + self.processor.encode(sentence, out_type=str)
-        return [self.vocab.get(piece, self.unk_id) for piece in pieces]
-
-    def decode(self, ids: list[list[int]]) -> list[str]:
-        """-> the text of each id list; EOS, PAD and UNK are dropped (transformers' skip_special_tokens)."""
-        return [self._decode(sentence) for sentence in ids]
-
-    def _decode(self, ids: list[int]) -> str:
-        pieces = [self.pieces.get(index, UNK_PIECE) for index in ids if index not in self.special_ids]
-        return self.processor.decode_pieces(pieces).replace("\u2581", " ").strip()
 
 
 def load_marian(directory: Path) -> tuple[Transformer, MarianTokenizer, MarianTokenizer]:
@@ -76,8 +41,8 @@ def load_marian(directory: Path) -> tuple[Transformer, MarianTokenizer, MarianTo
         raise ValueError(f"{directory / CONFIG_FILE} must hold a JSON object")
     config = marian_config(raw, directory / CONFIG_FILE)
     vocab = _read_vocab(directory, config)
-    source = MarianTokenizer(_read_sentencepiece(_require(directory, SOURCE_SPM)), vocab)
-    target = MarianTokenizer(_read_sentencepiece(_require(directory, TARGET_SPM)), vocab)
+    source, target = (MarianTokenizer(load_sentencepiece(_require(directory, name).read_bytes(), str(directory / name)),
+                                      vocab) for name in (SOURCE_SPM, TARGET_SPM))
     weights_path = next((directory / name for name in WEIGHT_FILES if (directory / name).is_file()), None)
     if weights_path is None:
         raise FileNotFoundError(f"{directory} holds no weights: neither {' nor '.join(WEIGHT_FILES)}")
@@ -249,15 +214,6 @@ def _read_vocab(directory: Path, config: TransformerConfig) -> dict[str, int]:
     return vocab
 
 
-def _read_sentencepiece(path: Path) -> spm.SentencePieceProcessor:
-    processor = spm.SentencePieceProcessor()
-    try:
-        processor.LoadFromSerializedProto(path.read_bytes())
-    except Exception as error:  # sentencepiece raises bare RuntimeError/OSError for a bad proto
-        raise ValueError(f"{path} is not a sentencepiece model: {error}") from None
-    return processor
-
-
 def _read_weights(path: Path) -> dict[str, torch.Tensor]:
     """model.safetensors or pytorch_model.bin -> {name: tensor} on the CPU; an unreadable file raises naming it."""
     try:
@@ -272,3 +228,10 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
     if not isinstance(weights, dict) or not all(isinstance(t, torch.Tensor) for t in weights.values()):
         raise ValueError(f"{path} does not hold a flat dict of named tensors")
     return weights
+
+
+def marian_tokenizers(directory: Path) -> Tokenizers:
+    """A Marian directory's source and target tokenizers with their files (what fine-tuning keeps in its prepared
+    corpus and checkpoints)."""
+    files = {name: _require(directory, name).read_bytes() for name in (SOURCE_SPM, TARGET_SPM, VOCAB_FILE)}
+    return Tokenizers.from_files(files, str(directory))

@@ -9,27 +9,19 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
 import torch
 
 from fastformer import checkpoint
 from fastformer.config import TransformerConfig
 from fastformer.data import Tokenizer, token_budget_batches
+from fastformer.data.tokenizer import TextTokenizer, Tokenizers
 from fastformer.decoding import compiled
 from fastformer.model import Transformer
 from fastformer.translation import marian
 
 # (index of the sentence, its source tokens, the model's limit) -> reports that only the first `limit` are translated.
 OnTruncated = Callable[[int, int, int], None]
-
-
-class TextTokenizer(Protocol):
-    """Text <-> ids without BOS/EOS: fastformer's shared Tokenizer, or one side of a Marian model."""
-
-    def encode(self, sentences: list[str]) -> list[list[int]]: ...
-
-    def decode(self, ids: list[list[int]]) -> list[str]: ...
 
 
 class Translator:
@@ -101,23 +93,37 @@ def load_translator(path: str | Path, device: str | torch.device | None = None,
     if path.is_dir():
         model, source_tokenizer, target_tokenizer = marian.load_marian(path)
     else:
-        model, tokenizer = load_checkpoint_model(path)
-        source_tokenizer = target_tokenizer = tokenizer
+        model, tokenizers = load_checkpoint_tokenizers(path)
+        source_tokenizer, target_tokenizer = tokenizers.source, tokenizers.target
     return Translator(model.to(device), source_tokenizer, target_tokenizer, compute_type)
 
 
-def load_checkpoint_model(path: Path) -> tuple[Transformer, Tokenizer]:
-    """A fastformer checkpoint (trained or averaged) -> (the model in eval mode on the CPU, its tokenizer)."""
+def load_checkpoint_tokenizers(path: Path) -> tuple[Transformer, Tokenizers]:
+    """A fastformer checkpoint (trained or averaged) -> (the model in eval mode on the CPU, its tokenizers: the shared
+    one it trained, or those of the Marian model it was fine-tuned from)."""
     saved = checkpoint.load_checkpoint(path)
     if saved.tokenizer is None:
         raise ValueError(f"{path} holds no tokenizer: it was not written by `fastformer train`")
     try:
         model = Transformer(TransformerConfig(**saved.config))
         model.load_state_dict(saved.model)
-        tokenizer = Tokenizer(saved.tokenizer)
+        # A run with --tag-extra learned its vocabulary with the tag reserved.
+        reserved = tuple(tag for tag in [(saved.options or {}).get("tag_extra")] if tag)
+        tokenizers = Tokenizers.from_checkpoint_entry(saved.tokenizer, str(path), reserved)
     except (TypeError, ValueError, RuntimeError) as error:
         raise ValueError(f"{path} does not hold a usable model: {error}") from None
-    model_ids = {name: getattr(model.config, name) for name in tokenizer.special_ids}
-    if model_ids != tokenizer.special_ids:
-        raise ValueError(f"{path}: its model's special ids {model_ids} are not its tokenizer's {tokenizer.special_ids}")
-    return model.eval(), tokenizer
+    model_ids = {name: getattr(model.config, name) for name in tokenizers.special_ids}
+    if model_ids != tokenizers.special_ids:
+        raise ValueError(f"{path}: its model's special ids {model_ids} are not its tokenizer's "
+                         f"{tokenizers.special_ids}")
+    return model.eval(), tokenizers
+
+
+def load_checkpoint_model(path: Path) -> tuple[Transformer, Tokenizer]:
+    """A fastformer checkpoint with one shared tokenizer -> (the model in eval mode on the CPU, its tokenizer); one
+    fine-tuned from a Marian model, whose sides have their own, is an error saying so."""
+    model, tokenizers = load_checkpoint_tokenizers(path)
+    if not isinstance(tokenizers.source, Tokenizer):
+        raise ValueError(f"{path} holds a Marian model's separate source and target tokenizers: translate it with "
+                         f"load_translator, export the Marian model with CTranslate2's own converter")
+    return model, tokenizers.source
