@@ -156,6 +156,12 @@ def ctranslate2_translator(model: Transformer, compute_type: str, threading: str
     return translate
 
 
+def sentence_groups(threads: int, n_sentences: int) -> int:
+    """The groups of sentences the CPU search runs side by side (csrc/search.cpp's cpu_sentence_groups): one a
+    thread, each of at least 4 sentences."""
+    return max(1, min(threads, n_sentences // 4))
+
+
 def gemm_floor_seconds(model: Transformer, compute_type: str, point: Point, n_sentences: int,
                        repeats: int = 5) -> float:
     """The time of one search's GEMMs alone (module docstring), each shape timed through a linear layer converted
@@ -166,7 +172,7 @@ def gemm_floor_seconds(model: Transformer, compute_type: str, point: Point, n_se
     config = model.config
     d, ff, vocab, k = config.d_model, config.d_ff, config.vocab_size, point.beam
     threads = point.threads
-    groups = max(1, min(threads, n_sentences // 4))
+    groups = sentence_groups(threads, n_sentences)
     group_sentences = -(-n_sentences // groups)
     source_len = point.source_tokens + 1
     source_rows, group_source_rows = n_sentences * source_len, group_sentences * source_len
@@ -442,7 +448,7 @@ def main() -> None:
                 model = Transformer(shape_config(args.shape, args.vocab)).eval()
             compute_type = system.split("-", 1)[1]
             floor = gemm_floor_seconds(model, compute_type, point, n)
-            groups = max(1, min(point.threads, n // 4))  # as the search splits sentences (gemm_floor_seconds)
+            groups = sentence_groups(point.threads, n)
             step_bytes = step_weight_bytes(model.config, compute_type)
             row.update(gemm_floor_seconds=round(floor, 4), share_of_gemm_floor=round(floor / seconds, 3),
                        converted_weights_mib=round(compiled_model(model, compute_type).nbytes / 2 ** 20, 1),

@@ -29,9 +29,6 @@
 #define FASTFORMER_ISA_NAME "avx512"
 #define FASTFORMER_LANES 16
 #include "beam_ops_cpu.inc"
-#undef FASTFORMER_ISA
-#undef FASTFORMER_ISA_NAME
-#undef FASTFORMER_LANES
 #pragma GCC pop_options
 
 #pragma GCC push_options
@@ -40,9 +37,6 @@
 #define FASTFORMER_ISA_NAME "avx2"
 #define FASTFORMER_LANES 8
 #include "beam_ops_cpu.inc"
-#undef FASTFORMER_ISA
-#undef FASTFORMER_ISA_NAME
-#undef FASTFORMER_LANES
 #pragma GCC pop_options
 #endif
 
@@ -51,9 +45,6 @@
 #define FASTFORMER_ISA_NAME "baseline"
 #define FASTFORMER_LANES 8
 #include "beam_ops_cpu.inc"
-#undef FASTFORMER_ISA
-#undef FASTFORMER_ISA_NAME
-#undef FASTFORMER_LANES
 
 namespace fastformer {
 namespace {
