@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU check in one go, from the repository root of a checkout on a CUDA machine:
 #
-#     FASTFORMER_COMMIT=<hash> bash benchmarks/gpu_check.sh OUT_DIR [--quick] [--only STEP,STEP...]
+#     FASTFORMER_COMMIT=<hash> [FASTFORMER_TEST_WORKERS=8] bash benchmarks/gpu_check.sh OUT_DIR [--quick] [--only ...]
 #
 # 1. prints the device, versions and commit (FASTFORMER_COMMIT names it where the copy has no .git);
 # 2. installs fastformer (compiling the CUDA extension for this GPU's architecture only) with the python3 in PATH;
@@ -126,15 +126,18 @@ if [[ " ${FAILED[*]} " == *" install "* ]]; then
     echo "install failed: testing the source tree"
 fi
 
+# FASTFORMER_TEST_WORKERS=N spreads the tests over N pytest-xdist processes: most of their time is Triton compiling
+# kernels on the CPU, which one process does serially.
+WORKERS=${FASTFORMER_TEST_WORKERS:+-n $FASTFORMER_TEST_WORKERS}
 # pytest runs from OUT_DIR so that the installed package (with its compiled _C), not the source tree, is imported.
 GPU_FILES=()
 for file in test_layernorm_kernel.py test_attention_kernel.py test_cross_entropy_kernel.py test_model_fused.py \
             test_beam_search.py test_extension.py; do
     [[ -f "$REPO/tests/$file" ]] && GPU_FILES+=("$REPO/tests/$file")
 done
-run_step pytest-gpu-marked 180 tail bash -c "cd '$OUT_DIR' && python3 -m pytest '$REPO/tests' -m gpu -q -ra \
+run_step pytest-gpu-marked 180 tail bash -c "cd '$OUT_DIR' && python3 -m pytest '$REPO/tests' -m gpu -q -ra $WORKERS \
     -p no:cacheprovider --junitxml='$OUT_DIR/pytest-gpu-marked.xml'"
-run_step pytest-gpu-files 150 tail bash -c "cd '$OUT_DIR' && python3 -m pytest ${GPU_FILES[*]} -m 'not gpu' -q -ra \
+run_step pytest-gpu-files 150 tail bash -c "cd '$OUT_DIR' && python3 -m pytest ${GPU_FILES[*]} -m 'not gpu' -q -ra $WORKERS \
     -p no:cacheprovider --junitxml='$OUT_DIR/pytest-gpu-files.xml'"
 
 # compute-sanitizer memcheck over translate runs of the compiled CUDA beam search (fp32, fp16, a wide beam; the

@@ -126,3 +126,39 @@ def test_every_replay_draws_new_dropout_masks_and_never_syncs(batches):
         torch.cuda.set_sync_debug_mode("default")
         losses.append(step.take_loss_sum().item())
     assert len(set(losses[3:])) == 3, f"replays repeated a dropout mask: {losses}"
+
+
+def test_captured_update_clips_by_the_global_norm(batches):
+    """--clip-norm in the captured update: the replayed update's gradient norm and clipped gradient (read back from
+    Adam's first moment at lr 0) equal torch.nn.utils.clip_grad_norm_ applied to the eager step's gradient."""
+    from fastformer.training.captured_step import WARMUP_RUNS, CapturedStep
+    torch.manual_seed(0)
+    model = Transformer(_config()).cuda()
+    master = MasterWeights(model)
+    loss_module = _LossModule(master.compute, label_smoothing=0.1)
+    beta1 = 0.9
+    optimizer = torch.optim.Adam(model.parameters(), lr=torch.tensor(0.0, device="cuda"), betas=(beta1, 0.98),
+                                 fused=True, capturable=True)
+    batch = batches[0]
+    scale = 1.0 / batch.target_tokens
+    master.zero_grad()
+    loss_module(*(tensor.cuda() for tensor in batch[:5])).backward()
+    master.accumulate_gradients()
+    eager = torch.nn.Parameter(torch.zeros_like(master.flat_grad))
+    eager.grad = master.flat_grad.clone() * scale
+    master.zero_grad()
+    clip_norm = 0.05 * eager.grad.norm().item()  # well under the norm, so clipping acts
+    eager_norm = torch.nn.utils.clip_grad_norm_([eager], clip_norm)
+
+    step = CapturedStep(master, loss_module, optimizer, torch.device("cuda"), clip_norm=clip_norm)
+    updates = WARMUP_RUNS + 2  # warm-ups, the capture, a replay; lr 0 keeps the weights and so the gradient
+    for _ in range(updates):
+        step.micro_step(batch)
+        step.update(scale)
+    assert step.update_graph is not None
+    torch.testing.assert_close(step.grad_norm, eager_norm.float(), rtol=2e-2, atol=0.0)
+    first_moment = torch.cat([optimizer.state[parameter]["exp_avg"].flatten()
+                              for parameter in master.master_parameters])
+    clipped = first_moment / (1.0 - beta1 ** updates)
+    assert abs(clipped.norm().item() / clip_norm - 1.0) < 1e-3
+    assert (clipped - eager.grad).norm() / eager.grad.norm() < 2e-2
