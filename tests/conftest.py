@@ -55,15 +55,18 @@ def prepared_corpus_cache(tmp_path_factory) -> None:
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped without one")
     config.addinivalue_line("markers", "slow: takes minutes on a 2-core CPU")
+    config.addinivalue_line("markers", "interpreter: runs Triton kernels on CPU tensors, which needs Triton's "
+                                       "interpreter; skipped on a GPU machine, whose `gpu` tests run those kernels")
 
 
 def pytest_collection_modifyitems(config, items):
-    """The `gpu` marker's skip: the one place that decides whether the GPU tests run."""
+    """The `gpu` and `interpreter` markers' skips: the one place that decides which of them run."""
     if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="gpu test: needs a CUDA device")
+        marker, skip = "interpreter", pytest.mark.skip(reason="runs Triton on CPU tensors: needs the interpreter")
+    else:
+        marker, skip = "gpu", pytest.mark.skip(reason="gpu test: needs a CUDA device")
     for item in items:
-        if item.get_closest_marker("gpu") is not None:
+        if item.get_closest_marker(marker) is not None:
             item.add_marker(skip)
 
 

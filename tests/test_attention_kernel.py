@@ -251,7 +251,8 @@ def test_kernel_cross_attention_past_the_short_bound(dtype, kernel_launches):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_short_path_is_one_forward_and_one_backward_kernel(causal, kernel_calls, kernel_launches):
+def test_short_path_is_one_forward_and_one_backward_kernel(causal, kernel_calls, kernel_launches, monkeypatch):
+    monkeypatch.setattr(attention_kernels, "SHORT_PATH_ON_GPU", True)  # compiled launches take it only when asked
     def counted_kernel(*args, **kwargs):
         return attention_kernels.flash_attention(*args, **kwargs)  # looked up at call time, where kernel_calls counts
 

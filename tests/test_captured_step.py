@@ -21,13 +21,15 @@ STEPS = 50
 
 @pytest.fixture(scope="module")
 def batches():
-    """STEPS bucketed batches of the bundled corpus (a few shapes, each seen several times)."""
+    """STEPS bucketed batches of 4000 pairs of the bundled corpus, over epochs (a few shapes, each seen several times)."""
     files = find_split(None, "train")
     pairs = read_parallel(files.src, files.tgt)[:4000]
     tokenizer = train_tokenizer((sentence for pair in pairs for sentence in pair), vocab_size=500)
     corpus = TokenizedCorpus.encode(tokenizer, pairs, LengthFilter())
     sampler = BucketBatchSampler(corpus.src_lengths, corpus.tgt_lengths, 2048, seed=0, max_buckets=4)
-    return [corpus.batch(b.indices, 500, b.shape) for b in sampler.batches(0)[:STEPS]]
+    planned = [b for epoch in range(4) for b in sampler.batches(epoch)][:STEPS]  # an epoch holds ~40
+    assert len(planned) == STEPS
+    return [corpus.batch(b.indices, 500, b.shape) for b in planned]
 
 
 def _config(dropout: float = 0.0) -> TransformerConfig:

@@ -369,6 +369,7 @@ def test_module_under_autocast_keeps_the_compute_dtype(dtype, with_residual):
         assert_close_lowp(actual, baseline, expected, name)
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("with_residual", [True, False])
 def test_module_under_autocast_same_dtypes_and_values_on_both_backends(with_residual, kernel_calls):
     """fp16 autocast (the interpreter cannot do bf16), fp32 inputs and parameters: the kernel's outputs and

@@ -30,6 +30,7 @@ def loss_and_grads(model: Transformer, name: str) -> tuple[torch.Tensor, dict[st
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_fused_model_matches_reference_logits_and_every_gradient(norm_first, kernel_calls):
     torch.manual_seed(0)
@@ -56,6 +57,7 @@ def test_fused_model_matches_reference_logits_and_every_gradient(norm_first, ker
         torch.testing.assert_close(fused_grads[name], grad, **FP32, msg=name)
 
 
+@pytest.mark.interpreter
 def test_fused_model_runs_marian_style_options_like_the_reference(kernel_calls):
     """swish, [sin | cos] positions, unscaled embeddings, an output bias (through the fused linear + CE) and a
     decoder started from pad == bos: the Triton path equals the reference, loss and every gradient."""
@@ -88,6 +90,7 @@ def training_model(seed: int) -> Transformer:
     return Transformer(TransformerConfig.tiny(VOCAB, dropout=0.2, attention_dropout=0.2)).train()
 
 
+@pytest.mark.interpreter
 def test_fused_training_step_checks_its_batch_with_one_host_sync(monkeypatch):
     """The batch is checked once, in Transformer.loss; the kernels' own syncing checks (attention lengths, class ids)
     never run, and torch.compile sees exactly one graph break (that check), so the rest of the step is one graph."""
@@ -105,6 +108,7 @@ def test_fused_training_step_checks_its_batch_with_one_host_sync(monkeypatch):
     assert explanation.break_reasons[0].user_stack[-1].name == "_checked_lengths"
 
 
+@pytest.mark.interpreter
 def test_fused_training_step_under_torch_compile_matches_eager():
     """With dropout on: the seeds are drawn on the device inside the graph, so eager and compiled draw the same."""
     src, tgt = batch([5, 2, 4], 5), batch([4, 3, 1], 6)
@@ -125,7 +129,7 @@ def test_fused_training_step_under_torch_compile_matches_eager():
 
 
 def test_triton_backend_on_cpu_without_the_interpreter_says_so(monkeypatch):
-    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # unset already on a GPU machine
     model = Transformer(TransformerConfig.tiny(VOCAB))
     with fastformer.backend("triton"), pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
         model(batch([3], 7), batch([2], 8))
@@ -167,6 +171,7 @@ def test_fused_model_low_precision_on_gpu(preset, dtype):
     assert abs(fused_loss.item() - reference_loss.item()) < 1e-2 * reference_loss.item()
 
 
+@pytest.mark.interpreter
 def test_unsupported_input_under_triton_raises_naming_it(kernel_calls):
     # head_dim 48 is not one the attention kernel takes: "triton" promises the kernel, so it must refuse, not fall back.
     attention = fastformer.nn.MultiheadAttention(96, 2)
@@ -195,6 +200,7 @@ def test_unsupported_input_under_auto_falls_back_to_the_reference_with_one_warni
         torch.testing.assert_close(out, expected, **FP32)
 
 
+@pytest.mark.interpreter
 def test_auto_runs_the_kernels_it_takes_without_a_warning(monkeypatch, kernel_calls):
     monkeypatch.setattr(dispatch, "_auto_runs_triton", lambda tensor: True)
     attention = fastformer.nn.MultiheadAttention(64, 2)
