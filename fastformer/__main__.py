@@ -34,7 +34,7 @@ from fastformer.training.run_corpus import prepare_run_corpora
 from fastformer.training.options import TrainOptions
 from fastformer.training.trainer import TrainResult, check_run, process_rank, train
 from fastformer.translation import evaluate, export
-from fastformer.translation.translator import OnTruncated, load_checkpoint_model, load_translator
+from fastformer.translation.translator import OnTruncated, load_checkpoint_tokenizers, load_translator
 
 # The demo fits the bundled corpus and a few CPU minutes: small updates, so that it takes many steps, with a short
 # warmup and a raised peak learning rate. Its length is a fixed number of updates, not a time, so that its result is
@@ -257,8 +257,9 @@ def _run_export(args: argparse.Namespace) -> None:
     if source.is_dir():
         raise ValueError(f"{source} is a directory: export takes a fastformer checkpoint (a Marian model converts "
                          "with CTranslate2's own ct2-transformers-converter)")
-    model, tokenizer = load_checkpoint_model(source)
-    written = export.to_ctranslate2(model, tokenizer, Path(args.output), quantization=args.quantization)
+    # A model fine-tuned from a Marian one keeps its two sentencepiece models, whose joint vocabulary both sides share.
+    model, tokenizers = load_checkpoint_tokenizers(source)
+    written = export.to_ctranslate2(model, tokenizers.source, Path(args.output), quantization=args.quantization)
     print(f"exported {source} to {written} (CTranslate2, {args.quantization}); its inputs are the tokenizer's pieces")
 
 

@@ -282,3 +282,34 @@ def test_cli_export_names_a_marian_directory_and_a_missing_checkpoint(tmp_path):
         main(["export", "--checkpoint", str(tmp_path), "--output", str(tmp_path / "ct2")])
     with pytest.raises(SystemExit, match="missing.pt"):
         main(["export", "--checkpoint", str(tmp_path / "missing.pt"), "--output", str(tmp_path / "ct2")])
+
+
+def test_cli_exports_a_checkpoint_fine_tuned_from_a_marian_model(tmp_path, capsys):
+    """A checkpoint that keeps a Marian model's two sentencepiece models and joint vocabulary (as `--init-from` a
+    Marian directory writes it) exports like any other: CTranslate2's score of a pair given as Marian's pieces is
+    fastformer's teacher-forced log-probability of the same ids (output bias, swish, scaled embeddings, a decoder
+    started from pad)."""
+    from fastformer import checkpoint
+    from fastformer.__main__ import main
+    from fastformer.translation import marian
+    from marian_models import write_marian
+
+    directory = tmp_path / "opus-mt"
+    write_marian(directory, activation="swish", output_bias=True, seed=1)
+    model, source_tokenizer, target_tokenizer = marian.load_marian(directory)
+    with torch.no_grad():
+        model.output_bias.normal_()  # a bias that matters: transformers' tiny model starts it at zeros
+    files = {name: (directory / name).read_bytes() for name in ("source.spm", "target.spm", "vocab.json")}
+    path = tmp_path / "checkpoint.pt"
+    checkpoint.save_checkpoint(checkpoint.Checkpoint(model=model.state_dict(), config=model.config.to_dict(),
+                                                     tokenizer=files), path)
+    main(["export", "--checkpoint", str(path), "--output", str(tmp_path / "ct2")])
+    assert "exported" in capsys.readouterr().out
+    (source,), (target,) = source_tokenizer.encode(["the old man"]), target_tokenizer.encode(["der alte Mann"])
+    config = model.config
+    source = source[:-1] if source[-1] == config.eos_id else source  # CTranslate2 appends EOS itself
+    pieces = vocabulary(source_tokenizer)
+    result = ctranslate2.Translator(str(tmp_path / "ct2")).score_batch([[pieces[i] for i in source]],
+                                                                        [[pieces[i] for i in target]])[0]
+    expected = teacher_forced_log_probs(model, torch.tensor([source + [config.eos_id]]), [target])[0].float()
+    torch.testing.assert_close(torch.tensor(result.log_probs), expected, rtol=1e-4, atol=1e-4)

@@ -22,18 +22,19 @@ import numpy as np
 import torch
 from torch import nn
 
-from fastformer.data.tokenizer import Tokenizer
+from fastformer.data.tokenizer import MarianTokenizer, Tokenizer
 from fastformer.model import Transformer
 from fastformer.nn import ResidualLayerNorm
 
 QUANTIZATIONS = ("float32", "float16", "bfloat16", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16")
 
 
-def to_ctranslate2(model: Transformer, tokenizer: Tokenizer | Sequence[str], out_dir: str | Path,
+def to_ctranslate2(model: Transformer, tokenizer: Tokenizer | MarianTokenizer | Sequence[str], out_dir: str | Path,
                    quantization: str = "float32") -> Path:
     """Writes `model` as a CTranslate2 Transformer to out_dir (created; an existing model there is replaced).
 
-    tokenizer: fastformer's Tokenizer, or the token strings themselves (string i for id i, all distinct).
+    tokenizer: fastformer's Tokenizer, a Marian model's (its joint vocabulary, shared by both sides), or the token
+    strings themselves (string i for id i, all distinct).
     quantization: how CTranslate2 stores the weights (one of QUANTIZATIONS). -> out_dir.
     """
     ctranslate2 = _import_ctranslate2()
@@ -68,18 +69,23 @@ def to_ctranslate2(model: Transformer, tokenizer: Tokenizer | Sequence[str], out
     return out_dir
 
 
-def vocabulary(tokenizer: Tokenizer | Sequence[str]) -> list[str]:
+def vocabulary(tokenizer: Tokenizer | MarianTokenizer | Sequence[str]) -> list[str]:
     """The token string of each id: the tokenizer's pieces, or the given strings; rejects duplicates (CTranslate2
     maps strings to ids, so two equal strings would make one id unreachable)."""
     if isinstance(tokenizer, Tokenizer):
         processor = tokenizer.processor
         tokens = [processor.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+    elif isinstance(tokenizer, MarianTokenizer):
+        missing = [i for i in range(tokenizer.vocab_size) if i not in tokenizer.pieces]
+        if missing:
+            raise ValueError(f"the Marian vocabulary has no piece for ids {missing[:5]}: CTranslate2 needs one per id")
+        tokens = [tokenizer.pieces[i] for i in range(tokenizer.vocab_size)]
     elif isinstance(tokenizer, Sequence) and not isinstance(tokenizer, str):
         tokens = list(tokenizer)
         if not all(isinstance(token, str) and token for token in tokens):
             raise TypeError("a vocabulary given as a sequence must hold non-empty strings")
     else:
-        raise TypeError(f"tokenizer must be a fastformer Tokenizer or a sequence of token strings, "
+        raise TypeError(f"tokenizer must be a fastformer Tokenizer, a MarianTokenizer or a sequence of token strings, "
                         f"got {type(tokenizer).__name__}")
     seen: dict[str, int] = {}
     for index, token in enumerate(tokens):

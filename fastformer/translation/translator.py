@@ -125,5 +125,5 @@ def load_checkpoint_model(path: Path) -> tuple[Transformer, Tokenizer]:
     model, tokenizers = load_checkpoint_tokenizers(path)
     if not isinstance(tokenizers.source, Tokenizer):
         raise ValueError(f"{path} holds a Marian model's separate source and target tokenizers: translate it with "
-                         f"load_translator, export the Marian model with CTranslate2's own converter")
+                         f"load_translator or load_checkpoint_tokenizers")
     return model, tokenizers.source

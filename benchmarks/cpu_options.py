@@ -1,0 +1,236 @@
+"""The translation options of issue 32 on the CPU: their cost against plain beam search, and sampling and scoring
+against CTranslate2 at its best, on the same random weights.
+
+    OMP_NUM_THREADS=2 python benchmarks/cpu_options.py --rounds 3 --out runs/benchmarks/cpu_options.json
+    OMP_NUM_THREADS=2 python benchmarks/cpu_options.py --baseline-path /tmp/before --rounds 3   # + an older build
+
+The point is cpu_decoding.py's headline: the base model with a 37k vocabulary, 64 sentences of 20 source tokens plus
+EOS, 2 threads (torch's, OMP_NUM_THREADS), every compute type int8 (the fastest on both engines; --compute-type
+changes it). Every hypothesis is decoded to exactly 31 target tokens (EOS barred until it is forced, the decoding
+length fixed in CTranslate2), so that every system does the same work; scoring scores 30 random target tokens plus
+EOS per sentence. tokens_per_s counts those target tokens.
+
+Systems (each in a process of its own, in interleaved rounds; medians over the rounds; steady state first, as
+cpu_decoding.py reaches it):
+- beam4: plain beam search, beam 4 (the headline); beam4-baseline: the same with the fastformer package found in
+  --baseline-path (an installed package of an earlier commit), for "no slower than before";
+- beam4-prefix (a 3-token target prefix per sentence), beam4-ngram (no_repeat_ngram_size 3), beam4-repetition
+  (repetition_penalty 1.2), beam4-attention (return_attention): each option's cost over beam4;
+- greedy (beam 1), sampling (beam 1, top-k 10), ctranslate2-sampling (the same options);
+- score (Transformer.score) and ctranslate2-score (score_batch), and their ratio to beam4's time on the same sources.
+CTranslate2 runs in both threading modes where there is more than one thread ("intra": one batch on intra-op
+threads; "inter": inter_threads = threads, max_batch_size = ceil(sentences / threads)); ratios take its better one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+import bench_utils as bu
+from cpu_decoding import Point, cpu_description, shape_config, sources, steady_call
+
+SENTENCES, SOURCE_TOKENS, BEAM, TOP_K = 64, 20, 4, 10
+TARGET_TOKENS = Point(1, BEAM, SOURCE_TOKENS, (SENTENCES,)).target_tokens
+LENGTH_PENALTY = 0.6
+FASTFORMER_SYSTEMS = ("beam4", "beam4-baseline", "beam4-prefix", "beam4-ngram", "beam4-repetition",
+                      "beam4-attention", "greedy", "sampling", "score")
+CTRANSLATE2_SYSTEMS = ("ctranslate2-sampling", "ctranslate2-score")
+SYSTEMS = FASTFORMER_SYSTEMS + CTRANSLATE2_SYSTEMS
+# Option -> the keyword arguments of Transformer.translate it adds to plain beam search.
+OPTIONS = {"beam4": {}, "beam4-baseline": {}, "beam4-ngram": {"no_repeat_ngram_size": 3},
+           "beam4-repetition": {"repetition_penalty": 1.2}, "beam4-attention": {"return_attention": True}}
+
+Run = Callable[[], int]  # one timed call -> the target tokens it produced or scored
+
+
+def targets(config, n_sentences: int, length: int, seed: int) -> list[list[int]]:
+    """n_sentences random target id lists of `length` ids (no EOS)."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    return torch.randint(3, config.vocab_size, (n_sentences, length), generator=generator).tolist()
+
+
+def fastformer_run(system: str, model, src: torch.Tensor, compute_type: str) -> Run:
+    target_tokens = TARGET_TOKENS
+    if system == "score":
+        tgt = targets(model.config, src.shape[0], target_tokens - 1, 0)
+        return lambda: sum(len(t) for t in model.score(src, tgt, compute_type=compute_type))
+    beam = 1 if system in ("greedy", "sampling") else BEAM
+    options = dict(OPTIONS.get(system, {}))
+    if system == "sampling":
+        options.update(sampling_topk=TOP_K, seed=1)
+    if system == "beam4-prefix":
+        options["target_prefix"] = [row[:3] for row in targets(model.config, src.shape[0], 3, 1)]
+
+    def run() -> int:
+        # max_len_b so that EOS is forced at step target_tokens - 1 (cpu_decoding.py's fastformer_translator).
+        results = model.translate(src, beam_size=beam, length_penalty=LENGTH_PENALTY, max_len_a=1.0,
+                                  max_len_b=target_tokens - 1 - src.shape[1], min_len=model.config.max_positions,
+                                  compute_type=compute_type, return_scores=system not in ("greedy", "sampling"), **options)
+        return sum(len(sentence[0].tokens) + 1 for sentence in results)
+
+    return run
+
+
+def ctranslate2_run(system: str, model, src: torch.Tensor, compute_type: str, threading: str, threads: int) -> Run:
+    import ctranslate2
+    from baselines import placeholder_vocabulary
+    from fastformer.translation.export import to_ctranslate2
+
+    vocabulary = placeholder_vocabulary(model.config)
+    out_dir = Path(tempfile.mkdtemp(prefix="fastformer-ct2-"))
+    to_ctranslate2(model, vocabulary, out_dir, quantization=compute_type)
+    inter = threading == "inter"
+    engine = ctranslate2.Translator(str(out_dir), device="cpu", compute_type=compute_type,
+                                    inter_threads=threads if inter else 1, intra_threads=1 if inter else threads)
+    pieces = [[vocabulary[i] for i in row[:-1]] for row in src.tolist()]
+    max_batch_size = math.ceil(len(pieces) / threads) if inter else 0
+    target_tokens = TARGET_TOKENS
+    if system == "ctranslate2-score":
+        tgt = [[vocabulary[i] for i in row] for row in targets(model.config, len(pieces), target_tokens - 1, 0)]
+        return lambda: sum(len(r.log_probs) for r in engine.score_batch(pieces, tgt, max_batch_size=max_batch_size))
+
+    def run() -> int:
+        results = engine.translate_batch(pieces, beam_size=1, sampling_topk=TOP_K, min_decoding_length=target_tokens,
+                                         max_decoding_length=target_tokens, max_batch_size=max_batch_size)
+        return sum(len(result.hypotheses[0]) for result in results)
+
+    return run
+
+
+def run_worker(args: argparse.Namespace) -> None:
+    """Times args.worker once after reaching steady state; prints {"seconds": s, "tokens": n, "warmup_calls": c}."""
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)  # the same random weights in every process
+    from fastformer import Transformer
+
+    config = shape_config("b", args.vocab)
+    model = Transformer(config).eval()
+    src = sources(config, SENTENCES, SOURCE_TOKENS, args.seed)
+    run = (fastformer_run(args.worker, model, src, args.compute_type) if args.worker in FASTFORMER_SYSTEMS
+           else ctranslate2_run(args.worker, model, src, args.compute_type, args.threading, args.threads))
+    warmup_calls = steady_call(lambda _: run(), src)
+    start = time.perf_counter()
+    tokens = run()
+    seconds = time.perf_counter() - start
+    print(json.dumps({"seconds": seconds, "tokens": tokens, "warmup_calls": warmup_calls}))
+
+
+def processes(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(system, threading) of every process a round starts."""
+    runs = []
+    for system in args.systems:
+        if system == "beam4-baseline" and not args.baseline_path:
+            continue
+        modes = ("intra", "inter") if system.startswith("ctranslate2") and args.threads > 1 else ("intra",)
+        runs += [(system, mode) for mode in modes]
+    return runs
+
+
+def time_in_rounds(args: argparse.Namespace) -> tuple[dict[tuple[str, str], list[dict]], dict[str, str]]:
+    timed: dict[tuple[str, str], list[dict]] = {}
+    failed: dict[str, str] = {}
+    for round_index in range(args.rounds):
+        for system, threading in processes(args):
+            if system in failed:
+                continue
+            env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+            if system == "beam4-baseline":
+                env["PYTHONPATH"] = os.pathsep.join([str(args.baseline_path), env.get("PYTHONPATH", "")])
+            command = [sys.executable, __file__, "--worker", system, "--threading", threading, "--threads",
+                       str(args.threads), "--vocab", str(args.vocab), "--seed", str(args.seed), "--compute-type",
+                       args.compute_type]
+            done = subprocess.run(command, capture_output=True, text=True, env=env)
+            if done.returncode != 0:
+                failed[system] = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+                print(f"{system} failed: {failed[system]}", flush=True)
+                continue
+            timed.setdefault((system, threading), []).append(json.loads(done.stdout.splitlines()[-1]))
+            print(f"round {round_index + 1}/{args.rounds}: {system} ({threading}) done", flush=True)
+    return timed, failed
+
+
+def summary(rows: dict[str, dict]) -> dict[str, float]:
+    """The ratios issue 32 sets targets for (module docstring); a missing row leaves its ratio out."""
+    def best(prefix: str) -> dict | None:
+        kept = [row for name, row in rows.items() if name == prefix or name.startswith(prefix + " ")]
+        return max(kept, key=lambda row: row["tokens_per_s"]) if kept else None
+
+    def ratio(name: str, numerator: dict | None, denominator: dict | None, key: str = "tokens_per_s") -> None:
+        if numerator and denominator:
+            ratios[name] = round(numerator[key] / denominator[key], 3)
+
+    ratios: dict[str, float] = {}
+    beam4 = best("beam4")
+    ratio("beam4 / beam4-baseline (speed)", beam4, best("beam4-baseline"))
+    for option in ("prefix", "ngram", "repetition", "attention"):
+        ratio(f"beam4-{option} time / beam4 time", beam4, best(f"beam4-{option}"))
+    ratio("sampling / greedy (speed)", best("sampling"), best("greedy"))
+    ratio("sampling / CTranslate2 sampling at its best", best("sampling"), best("ctranslate2-sampling"))
+    ratio("score / CTranslate2 score_batch at its best", best("score"), best("ctranslate2-score"))
+    ratio("beam4 time / score time (same sources)", best("score"), beam4, key="seconds_inverse")
+    return ratios
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    parser.add_argument("--baseline-path", type=Path, help="a directory holding an installed fastformer package of an "
+                        "earlier commit: the beam4-baseline row imports it")
+    parser.add_argument("--compute-type", default="int8", choices=("float32", "int8"))
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--vocab", type=int, default=37000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="JSON to write (default: print only)")
+    parser.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
+    parser.add_argument("--threading", choices=("intra", "inter"), default="intra", help=argparse.SUPPRESS)
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
+    if args.worker:
+        run_worker(args)
+        return
+    timed, failed = time_in_rounds(args)
+    rows = {}
+    for (system, threading), samples in timed.items():
+        name = f"{system} {threading}" if system.startswith("ctranslate2") and args.threads > 1 else system
+        seconds = statistics.median(sample["seconds"] for sample in samples)
+        tokens = samples[0]["tokens"]
+        rows[name] = {"seconds": round(seconds, 4), "seconds_inverse": 1.0 / seconds, "tokens": tokens,
+                      "tokens_per_s": round(tokens / seconds, 1),
+                      "spread_tokens_per_s": [round(tokens / max(s["seconds"] for s in samples), 1),
+                                              round(tokens / min(s["seconds"] for s in samples), 1)],
+                      "warmup_calls": [sample["warmup_calls"] for sample in samples]}
+        print(f"{name:28s} {rows[name]['tokens_per_s']:>9} tok/s  {rows[name]['seconds']} s", flush=True)
+    ratios = summary(rows)
+    for name, value in ratios.items():
+        print(f"{name}: {value}", flush=True)
+    if args.out:
+        for row in rows.values():
+            del row["seconds_inverse"]
+        payload = {"command": " ".join([f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')}", "python",
+                                        *sys.argv]),
+                   "cpu": cpu_description(), "compute_type": args.compute_type, "threads": args.threads,
+                   "sentences": SENTENCES, "source_tokens": SOURCE_TOKENS, "target_tokens": TARGET_TOKENS,
+                   "rounds": args.rounds, **bu.environment(torch.device("cpu")), "rows": rows, "ratios": ratios,
+                   "failed": failed}
+        bu.write_json(args.out, payload)
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
