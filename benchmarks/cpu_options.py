@@ -4,9 +4,9 @@ against CTranslate2 at its best, on the same random weights.
     OMP_NUM_THREADS=2 python benchmarks/cpu_options.py --rounds 3 --out runs/benchmarks/cpu_options.json
     OMP_NUM_THREADS=2 python benchmarks/cpu_options.py --baseline-path /tmp/before --rounds 3   # + an older build
 
-The point is cpu_decoding.py's headline: the base model with a 37k vocabulary, 64 sentences of 20 source tokens plus
-EOS, 2 threads (torch's, OMP_NUM_THREADS), every compute type int8 (the fastest on both engines; --compute-type
-changes it). Every hypothesis is decoded to exactly 31 target tokens (EOS barred until it is forced, the decoding
+The point is cpu_decoding.py's headline: the base model (--shape b) with a 37k vocabulary, 64 sentences of 20
+source tokens plus EOS, 2 threads (torch's, OMP_NUM_THREADS), every compute type int8 (the fastest on both
+engines; --compute-type changes it). Every hypothesis is decoded to exactly 31 target tokens (EOS barred until it is forced, the decoding
 length fixed in CTranslate2), so that every system does the same work; scoring scores 30 random target tokens plus
 EOS per sentence. tokens_per_s counts those target tokens.
 
@@ -77,7 +77,8 @@ def fastformer_run(system: str, model, src: torch.Tensor, compute_type: str) -> 
         # max_len_b so that EOS is forced at step target_tokens - 1 (cpu_decoding.py's fastformer_translator).
         results = model.translate(src, beam_size=beam, length_penalty=LENGTH_PENALTY, max_len_a=1.0,
                                   max_len_b=target_tokens - 1 - src.shape[1], min_len=model.config.max_positions,
-                                  compute_type=compute_type, return_scores=system not in ("greedy", "sampling"), **options)
+                                  compute_type=compute_type, return_scores=system not in ("greedy", "sampling"),
+                                  **options)
         return sum(len(sentence[0].tokens) + 1 for sentence in results)
 
     return run
@@ -115,7 +116,7 @@ def run_worker(args: argparse.Namespace) -> None:
     torch.manual_seed(args.seed)  # the same random weights in every process
     from fastformer import Transformer
 
-    config = shape_config("b", args.vocab)
+    config = shape_config(args.shape, args.vocab)
     model = Transformer(config).eval()
     src = sources(config, SENTENCES, SOURCE_TOKENS, args.seed)
     run = (fastformer_run(args.worker, model, src, args.compute_type) if args.worker in FASTFORMER_SYSTEMS
@@ -149,8 +150,8 @@ def time_in_rounds(args: argparse.Namespace) -> tuple[dict[tuple[str, str], list
             if system == "beam4-baseline":
                 env["PYTHONPATH"] = os.pathsep.join([str(args.baseline_path), env.get("PYTHONPATH", "")])
             command = [sys.executable, __file__, "--worker", system, "--threading", threading, "--threads",
-                       str(args.threads), "--vocab", str(args.vocab), "--seed", str(args.seed), "--compute-type",
-                       args.compute_type]
+                       str(args.threads), "--shape", args.shape, "--vocab", str(args.vocab), "--seed", str(args.seed),
+                       "--compute-type", args.compute_type]
             done = subprocess.run(command, capture_output=True, text=True, env=env)
             if done.returncode != 0:
                 failed[system] = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
@@ -188,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     parser.add_argument("--baseline-path", type=Path, help="a directory holding an installed fastformer package of an "
                         "earlier commit: the beam4-baseline row imports it")
+    parser.add_argument("--shape", choices=("a", "b"), default="b", help="a: the tiny preset; b: the base model")
     parser.add_argument("--compute-type", default="int8", choices=("float32", "int8"))
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--vocab", type=int, default=37000)
@@ -224,9 +226,9 @@ def main() -> None:
             del row["seconds_inverse"]
         payload = {"command": " ".join([f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')}", "python",
                                         *sys.argv]),
-                   "cpu": cpu_description(), "compute_type": args.compute_type, "threads": args.threads,
-                   "sentences": SENTENCES, "source_tokens": SOURCE_TOKENS, "target_tokens": TARGET_TOKENS,
-                   "rounds": args.rounds, **bu.environment(torch.device("cpu")), "rows": rows, "ratios": ratios,
+                   "cpu": cpu_description(), "shape": args.shape, "compute_type": args.compute_type,
+                   "threads": args.threads, "sentences": SENTENCES, "source_tokens": SOURCE_TOKENS,
+                   "target_tokens": TARGET_TOKENS, "rounds": args.rounds, **bu.environment(torch.device("cpu")), "rows": rows, "ratios": ratios,
                    "failed": failed}
         bu.write_json(args.out, payload)
         print(f"wrote {args.out}")
