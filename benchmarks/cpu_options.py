@@ -6,9 +6,9 @@ against CTranslate2 at its best, on the same random weights.
 
 The point is cpu_decoding.py's headline: the base model (--shape b) with a 37k vocabulary, 64 sentences of 20
 source tokens plus EOS, 2 threads (torch's, OMP_NUM_THREADS), every compute type int8 (the fastest on both
-engines; --compute-type changes it). Every hypothesis is decoded to exactly 31 target tokens (EOS barred until it is forced, the decoding
-length fixed in CTranslate2), so that every system does the same work; scoring scores 30 random target tokens plus
-EOS per sentence. tokens_per_s counts those target tokens.
+engines; --compute-type changes it). Every hypothesis is decoded to exactly 31 target tokens (EOS barred until it
+is forced, the decoding length fixed in CTranslate2), so that every system does the same work; scoring scores 30
+random target tokens plus EOS per sentence. tokens_per_s counts those target tokens.
 
 Systems (each in a process of its own, in interleaved rounds; medians over the rounds; steady state first, as
 cpu_decoding.py reaches it):
@@ -228,8 +228,8 @@ def main() -> None:
                                         *sys.argv]),
                    "cpu": cpu_description(), "shape": args.shape, "compute_type": args.compute_type,
                    "threads": args.threads, "sentences": SENTENCES, "source_tokens": SOURCE_TOKENS,
-                   "target_tokens": TARGET_TOKENS, "rounds": args.rounds, **bu.environment(torch.device("cpu")), "rows": rows, "ratios": ratios,
-                   "failed": failed}
+                   "target_tokens": TARGET_TOKENS, "rounds": args.rounds, **bu.environment(torch.device("cpu")),
+                   "rows": rows, "ratios": ratios, "failed": failed}
         bu.write_json(args.out, payload)
         print(f"wrote {args.out}")
 
