@@ -12,7 +12,8 @@
 # Each step is time-limited so that the whole run ends within TOTAL_S seconds (default 540, under a 10-minute
 # limit; --quick: 420 and the benchmarks' quick modes). A failing step does not stop the later ones; the exit status
 # is non-zero if any failed. OUT_DIR/summary.txt lists each step's status and duration.
-# The steps: install, pytest-gpu-marked, pytest-gpu-files, memcheck, kernels, throughput. --only runs the listed ones,
+# The steps: install, pytest-gpu-marked, pytest-gpu-files, memcheck, extension-errors, kernels, throughput. --only runs
+# the listed ones,
 # so that a machine lent 10 minutes a command takes the whole check in parts, e.g. (each part on a fresh install):
 #     --only install,pytest-gpu-marked,memcheck    --only install,pytest-gpu-files    --only install,kernels
 #     --only install,throughput   (with TOTAL_S=560: throughput.py --train and --infer each need minutes)
@@ -119,7 +120,8 @@ fi
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 # A system-wide python3 may be marked externally managed; the GPU machine is throwaway.
 export PIP_BREAK_SYSTEM_PACKAGES=1
-run_step install 240 tail python3 -m pip install --no-build-isolation --no-deps --no-input .
+# -v keeps the compiler's command lines in install.log.
+run_step install 240 tail python3 -m pip install -v --no-build-isolation --no-deps --no-input .
 if [[ " ${FAILED[*]} " == *" install "* ]]; then
     # Without the install, the Triton kernels can still be tested from the source tree (translate needs _C).
     export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
@@ -152,6 +154,9 @@ print(model.translate(src, beam_size=4, n_best=2, max_len_b=10, shrink=\"every_s
 print(model.translate(src, beam_size=32, max_len_b=6)[0])
 print(model.half().translate(src, beam_size=8, max_len_b=10)[0])
 '"
+
+# An error raised in the extension's C++ must reach Python as a RuntimeError (benchmarks/extension_error_probe.py).
+run_step extension-errors 60 tail bash -c "cd '$OUT_DIR' && python3 '$REPO/benchmarks/extension_error_probe.py'"
 
 QUICK_FLAG=()
 [[ $QUICK == 1 ]] && QUICK_FLAG=(--quick)
