@@ -10,6 +10,7 @@ its own, whether it raised or how its process ended.
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -40,6 +41,7 @@ else:
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     for command in (["c++", "--version"], [sys.executable, "-c", "import fastformer._C as c; print(c.__file__)"]):
         done = subprocess.run(command, capture_output=True, text=True)
         print((done.stdout or done.stderr).splitlines()[0] if (done.stdout or done.stderr) else command)
