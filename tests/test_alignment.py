@@ -4,6 +4,7 @@ teacher forcing, and `hard_alignment` against a brute-force argmax."""
 import pytest
 import torch
 
+import fastformer
 from fastformer import Transformer
 from fastformer.decoding.alignment import hard_alignment
 from fastformer.reference.beam_search import Hypothesis, beam_search, last_cross_attention
@@ -205,3 +206,33 @@ def test_hard_alignment_of_a_source_of_eos_alone_is_empty():
 def test_hard_alignment_rejects_bad_arguments(args, error):
     with pytest.raises(ValueError, match=error):
         hard_alignment(*args)
+
+
+# GPU: the same attention from the CUDA search, its bucketed steps replayed as CUDA graphs. The reference runs under
+# the "reference" backend (plain PyTorch fp32).
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shrink", SHRINKS)
+@pytest.mark.parametrize("beam_size,n_best", [(1, 1), (4, 4)])
+def test_cuda_attention_matches_the_reference_search(beam_size, n_best, shrink):
+    model = peaked_model().cuda()
+    src = padded_sources(model, LENGTHS, seed=beam_size).cuda()
+    search = dict(beam_size=beam_size, n_best=n_best, return_attention=True, **SEARCH)
+    with fastformer.backend("reference"):
+        got = model.translate(src, shrink=shrink, **search)
+        expected = beam_search(model, src, **search)
+    assert_same_hypotheses(got, expected, atol=1e-4)
+    assert_same_attention(got, expected, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shrink", SHRINKS)
+def test_cuda_float16_attention_rows_are_distributions_over_the_real_source(shrink):
+    model = peaked_model().cuda()
+    src = padded_sources(model, LENGTHS, seed=3).cuda()
+    got = model.translate(src, beam_size=4, n_best=2, compute_type="float16", shrink=shrink, return_attention=True,
+                          **SEARCH)
+    for length, hyps in zip(LENGTHS, got):
+        for h in hyps:
+            assert h.attention.shape == (len(h.tokens) + 1, length) and h.attention.device.type == "cpu"
+            torch.testing.assert_close(h.attention.sum(dim=1), torch.ones(len(h.tokens) + 1), atol=1e-5, rtol=0)
