@@ -274,7 +274,7 @@ std::vector<Hypotheses> backtrack(const BeamState& state, int64_t beam_size, int
   const bool with_attention = state.history_attention.defined();
   const at::Tensor attention_rows =
       with_attention ? state.history_attention.cpu().view({-1, state.history_attention.size(2)}) : at::Tensor();
-  const at::Tensor src_lengths_cpu = src_lengths.to(at::kCPU, at::kLong);
+  const at::Tensor src_lengths_cpu = with_attention ? src_lengths.to(at::kCPU, at::kLong) : at::Tensor();
   const int32_t* tokens_at = history_tokens.data_ptr<int32_t>();
   const int32_t* beams_at = history_beams.data_ptr<int32_t>();
   const int64_t k = beam_size, n_sentences = count.numel(), n_slots = n_sentences * k;
