@@ -79,7 +79,8 @@ void bind_structs(pybind11::module_& m) {
       .def_readwrite("bos_id", &SearchOptions::bos_id)
       .def_readwrite("eos_id", &SearchOptions::eos_id)
       .def_readwrite("shrink", &SearchOptions::shrink)
-      .def_readwrite("return_scores", &SearchOptions::return_scores);
+      .def_readwrite("return_scores", &SearchOptions::return_scores)
+      .def_readwrite("return_attention", &SearchOptions::return_attention);
 }
 
 // The converted linear layers (linear.h, encoder.h, decoder.h): made once, kept by fastformer/decoding/search.py.
@@ -197,7 +198,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                        max_lens, n_best, std::move(linears));
       },
       "memory [n_sentences, src_len, d_model], src_lengths [n_sentences], max_lens [n_sentences] -> per sentence up "
-      "to n_best (tokens, score), best first",
+      "to n_best (tokens, score, attention [len(tokens) + 1, src_length] or None), best first",
       py::arg("memory"), py::arg("src_lengths"), py::arg("weights"), py::arg("decoder_options"),
       py::arg("search_options"), py::arg("max_lens"), py::arg("n_best"), py::arg("linears") = nullptr);
   py::class_<CachedDecoder>(m, "CachedDecoder",

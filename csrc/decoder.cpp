@@ -379,12 +379,30 @@ at::Tensor CachedDecoder::self_block(const at::Tensor& h, int64_t layer, const a
   return linear.self_out(attended);
 }
 
-at::Tensor CachedDecoder::cross_block(const at::Tensor& h, int64_t layer, const at::Tensor& row_slots) {
+at::Tensor CachedDecoder::cross_block(const at::Tensor& h, int64_t layer, const at::Tensor& row_slots,
+                                      at::Tensor* query) {
   const DecoderLayerLinears& linear = linears_->layers[layer];
   const at::Tensor keys_values = cross_keys_values_[layer];
-  const at::Tensor attended =
-      cross_attention(linear.cross_q(h), keys_values[0], keys_values[1], src_lengths_, row_slots, beam_size_);
+  const at::Tensor q = linear.cross_q(h);
+  if (query) *query = q;
+  const at::Tensor attended = cross_attention(q, keys_values[0], keys_values[1], src_lengths_, row_slots, beam_size_);
   return linear.cross_out(attended);
+}
+
+at::Tensor CachedDecoder::last_cross_attention(const at::Tensor& query, const at::Tensor& row_slots) const {
+  const at::Tensor keys = cross_keys_values_[n_layers_ - 1][0].to(at::kFloat);  // [n_sentences, heads, src_len, hd]
+  const int64_t n_sentences = keys.size(0), heads = keys.size(1), src_len = keys.size(2), head_dim = keys.size(3);
+  const at::Tensor slots = row_slots.to(at::kLong);
+  // Every slot's query (zero where no row has it), so that one batched product per sentence and head scores its
+  // beams against its keys without copying them per row.
+  at::Tensor queries = at::zeros({n_slots_, d_model_}, keys.options());
+  queries.index_copy_(0, slots, query.to(at::kFloat));
+  at::Tensor scores = at::matmul(queries.view({n_sentences, beam_size_, heads, head_dim}).transpose(1, 2),
+                                 keys.transpose(2, 3))
+                          .div_(std::sqrt(static_cast<double>(head_dim)));  // [n_sentences, heads, k, src_len]
+  const at::Tensor padding = at::arange(src_len, src_lengths_.options()).ge(src_lengths_.unsqueeze(1));
+  scores.masked_fill_(padding.view({n_sentences, 1, 1, src_len}), -std::numeric_limits<float>::infinity());
+  return at::softmax(scores, -1).mean(1).reshape({n_slots_, src_len}).index_select(0, slots);
 }
 
 at::Tensor CachedDecoder::feed_forward(const at::Tensor& h, int64_t layer) const {
@@ -399,7 +417,7 @@ at::Tensor CachedDecoder::step(const at::Tensor& tokens, const at::Tensor& row_s
 }
 
 at::Tensor CachedDecoder::step(const at::Tensor& tokens, const at::Tensor& row_slots, const at::Tensor& indirection,
-                               const at::Tensor& step) {
+                               const at::Tensor& step, at::Tensor* cross_attention) {
   c10::InferenceMode inference;
   c10::DeviceGuard guard(tokens.device());
   check_step(step, cache_len_, tokens.device());
@@ -409,18 +427,21 @@ at::Tensor CachedDecoder::step(const at::Tensor& tokens, const at::Tensor& row_s
   // position is gathered on the device (a graph replays this step at every position).
   at::Tensor x = at::embedding(weights_.embedding, tokens).mul(options_.embedding_scale)
                      .add(at::index_select(weights_.positions, 0, step));
+  at::Tensor last_query;
   for (int64_t layer = 0; layer < n_layers_; ++layer) {
     const DecoderLayerWeights& w = weights_.layers[layer];
+    at::Tensor* query = cross_attention && layer == n_layers_ - 1 ? &last_query : nullptr;
     if (options_.norm_first) {
       x = x + self_block(layer_norm(x, w.norm1), layer, row_slots, indirection, step);
-      x = x + cross_block(layer_norm(x, w.norm2), layer, row_slots);
+      x = x + cross_block(layer_norm(x, w.norm2), layer, row_slots, query);
       x = x + feed_forward(layer_norm(x, w.norm3), layer);
     } else {
       x = layer_norm(x + self_block(x, layer, row_slots, indirection, step), w.norm1);
-      x = layer_norm(x + cross_block(x, layer, row_slots), w.norm2);
+      x = layer_norm(x + cross_block(x, layer, row_slots, query), w.norm2);
       x = layer_norm(x + feed_forward(x, layer), w.norm3);
     }
   }
+  if (cross_attention) *cross_attention = last_cross_attention(last_query, row_slots);
   if (weights_.final_norm) x = layer_norm(x, *weights_.final_norm);
   return linears_->output(x);
 }

@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -146,6 +147,9 @@ struct SearchOptions {
   // false: the caller wants the hypotheses' tokens only, and greedy search (beam_size 1) on the CPU takes each
   // step's argmax without a log-softmax (beam_ops.h's BeamStepArgs::with_scores).
   bool return_scores = true;
+  // true: each hypothesis also gets its alignment, the last decoder layer's cross-attention probabilities averaged
+  // over heads at each of its steps (BeamState::history_attention), computed apart from the fused cross-attention.
+  bool return_attention = false;
 };
 
 // The search's per-sentence state, n_slots = n_sentences * beam_size slots (see beam_ops.h for each field's
@@ -163,6 +167,9 @@ struct BeamState {
   at::Tensor candidate_scores;  // [n_slots, 2 * beam_size] float32 workspace
   at::Tensor candidate_ids;     // [n_slots, 2 * beam_size] int32 workspace
   at::Tensor step;              // [1] int32: the step decoded next
+  // [cache_len, n_slots, src_len] float32 with SearchOptions::return_attention (else undefined): at step t, slot's
+  // cross-attention row (CachedDecoder::step's cross_attention) as it predicted the token after position t.
+  at::Tensor history_attention;
 
   BeamState(int64_t n_sentences, int64_t beam_size, int64_t cache_len, int64_t bos_id, const at::Device& device);
   // [n_slots, cache_len] int32: the cache indirection this step reads, and the one it writes for the next.
@@ -197,8 +204,10 @@ class CachedDecoder {
 
   // tokens: [n_rows] ids at position `step` of the rows' hypotheses, row_slots: [n_rows] int32, indirection:
   // [n_slots, cache_len] int32, step: [1] int32 (step_tensor) or an int -> logits [n_rows, vocab].
+  // cross_attention, when given, receives the last layer's cross-attention probabilities averaged over heads,
+  // [n_rows, src_len] float32 (zero past each sentence's source length).
   at::Tensor step(const at::Tensor& tokens, const at::Tensor& row_slots, const at::Tensor& indirection,
-                  const at::Tensor& step);
+                  const at::Tensor& step, at::Tensor* cross_attention = nullptr);
   at::Tensor step(const at::Tensor& tokens, const at::Tensor& row_slots, const at::Tensor& indirection,
                   int64_t step);
 
@@ -208,7 +217,12 @@ class CachedDecoder {
  private:
   at::Tensor self_block(const at::Tensor& h, int64_t layer, const at::Tensor& row_slots,
                         const at::Tensor& indirection, const at::Tensor& step);
-  at::Tensor cross_block(const at::Tensor& h, int64_t layer, const at::Tensor& row_slots);
+  // query, when given, receives the block's cross-attention queries [n_rows, d_model].
+  at::Tensor cross_block(const at::Tensor& h, int64_t layer, const at::Tensor& row_slots,
+                         at::Tensor* query = nullptr);
+  // The last layer's cross-attention probabilities averaged over heads for its queries [n_rows, d_model] ->
+  // [n_rows, src_len] float32, in plain ATen ops (the fused cross_attention never forms them).
+  at::Tensor last_cross_attention(const at::Tensor& query, const at::Tensor& row_slots) const;
   at::Tensor feed_forward(const at::Tensor& h, int64_t layer) const;
   at::Tensor layer_norm(const at::Tensor& x, const LayerNormWeights& norm) const;
 
@@ -225,8 +239,10 @@ class CachedDecoder {
   std::vector<at::Tensor> k_cache_, v_cache_;
 };
 
-// (tokens without BOS/EOS, score) of a sentence's hypotheses, best first.
-using Hypotheses = std::vector<std::pair<std::vector<int64_t>, double>>;
+// (tokens without BOS/EOS, score, attention) of a sentence's hypotheses, best first; attention (with
+// SearchOptions::return_attention, else none): [len(tokens) + 1, the sentence's src_length] float32 on the CPU, one
+// row per output token, EOS last.
+using Hypotheses = std::vector<std::tuple<std::vector<int64_t>, double, std::optional<at::Tensor>>>;
 
 // The whole search (rules of fastformer/reference/beam_search.py) for memory [n_sentences, src_len, d_model] and
 // src_lengths [n_sentences]; max_lens: per sentence, the step at which EOS is forced. -> up to n_best per sentence.

@@ -48,12 +48,26 @@ struct Rows {
   at::Tensor row_slots_long;  // the same as int64, for index_select
 };
 
+// The decoder's logits for the rows at `row_slots` at state.step; with SearchOptions::return_attention their
+// cross-attention rows are written into state.history_attention at (step, slot), the step read on the device (a
+// CUDA graph replays this at every step).
+at::Tensor decode_rows(CachedDecoder& decoder, BeamState& state, const at::Tensor& row_slots,
+                       const at::Tensor& row_slots_long, const SearchOptions& options) {
+  const at::Tensor tokens = state.tokens.index_select(0, row_slots_long);
+  if (!options.return_attention) return decoder.step(tokens, row_slots, state.indirection_in(), state.step);
+  at::Tensor attention;
+  at::Tensor logits = decoder.step(tokens, row_slots, state.indirection_in(), state.step, &attention);
+  const int64_t n_slots = state.history_attention.size(1);
+  state.history_attention.view({-1, state.history_attention.size(2)})
+      .index_copy_(0, state.step.to(at::kLong) * n_slots + row_slots_long, attention);
+  return logits;
+}
+
 // One step of the search over `rows` at state.step: the decoder's logits, then beam_step (the indirection written,
 // the step not advanced).
 void decode_step(CachedDecoder& decoder, BeamState& state, const Rows& rows, const at::Tensor& max_lens,
                  const SearchOptions& options) {
-  const at::Tensor logits = decoder.step(state.tokens.index_select(0, rows.row_slots_long), rows.row_slots,
-                                         state.indirection_in(), state.step);
+  const at::Tensor logits = decode_rows(decoder, state, rows.row_slots, rows.row_slots_long, options);
   beam_step(logits, rows.active, max_lens, state, options);
 }
 
@@ -64,8 +78,7 @@ void decode_first_step(CachedDecoder& decoder, BeamState& state, const Rows& row
   const int64_t k = options.beam_size;
   if (k == 1) return decode_step(decoder, state, rows, max_lens, options);
   const at::Tensor first_beams = rows.row_slots.view({-1, k}).select(1, 0).contiguous();
-  const at::Tensor first_logits = decoder.step(state.tokens.index_select(0, first_beams.to(at::kLong)), first_beams,
-                                               state.indirection_in(), state.step);
+  const at::Tensor first_logits = decode_rows(decoder, state, first_beams, first_beams.to(at::kLong), options);
   const int64_t vocab = first_logits.size(1);
   at::Tensor logits = at::zeros({rows.row_slots.numel(), vocab}, first_logits.options());
   logits.view({-1, k, vocab}).select(1, 0).copy_(first_logits);
@@ -251,11 +264,17 @@ void search_in_buckets(CachedDecoder& decoder, BeamState& state, const at::Tenso
 }
 
 // Each sentence's finished hypotheses, back-tracked through the history: best score first, ties in finishing
-// order, at most n_best. The state's sentence 0 is the batch's sentence first_sentence.
-std::vector<Hypotheses> backtrack(const BeamState& state, int64_t beam_size, int64_t n_best, int64_t first_sentence) {
+// order, at most n_best. The state's sentence 0 is the batch's sentence first_sentence; src_lengths: [n_sentences]
+// the state's sentences' (their attention's width).
+std::vector<Hypotheses> backtrack(const BeamState& state, int64_t beam_size, int64_t n_best, int64_t first_sentence,
+                                  const at::Tensor& src_lengths) {
   const at::Tensor count = state.finished_count.cpu(), scores = state.finished_scores.cpu();
   const at::Tensor steps = state.finished_steps.cpu(), beams = state.finished_beams.cpu();
   const at::Tensor history_tokens = state.history_tokens.cpu(), history_beams = state.history_beams.cpu();
+  const bool with_attention = state.history_attention.defined();
+  const at::Tensor attention_rows =
+      with_attention ? state.history_attention.cpu().view({-1, state.history_attention.size(2)}) : at::Tensor();
+  const at::Tensor src_lengths_cpu = with_attention ? src_lengths.to(at::kCPU, at::kLong) : at::Tensor();
   const int32_t* tokens_at = history_tokens.data_ptr<int32_t>();
   const int32_t* beams_at = history_beams.data_ptr<int32_t>();
   const int64_t k = beam_size, n_sentences = count.numel(), n_slots = n_sentences * k;
@@ -274,12 +293,23 @@ std::vector<Hypotheses> backtrack(const BeamState& state, int64_t beam_size, int
       const int length = steps.data_ptr<int32_t>()[s * 2 * k + order[i]];
       int beam = beams.data_ptr<int32_t>()[s * 2 * k + order[i]];
       std::vector<int64_t> tokens(length);
+      // The attention rows of the output tokens, EOS last: the token at `position` was predicted at step `position`
+      // by its parent beam, and EOS at step `length` by the finished beam.
+      std::vector<int64_t> rows(length + 1);
+      rows[length] = length * n_slots + s * k + beam;
       for (int position = length - 1; position >= 0; --position) {
         const int64_t at = position * n_slots + s * k + beam;
         tokens[position] = tokens_at[at];
         beam = beams_at[at];
+        rows[position] = position * n_slots + s * k + beam;
       }
-      results[s].emplace_back(std::move(tokens), sentence_scores[order[i]]);
+      std::optional<at::Tensor> attention;
+      if (with_attention) {
+        attention = attention_rows.index_select(0, at::tensor(rows, at::kLong))
+                        .narrow(1, 0, src_lengths_cpu.data_ptr<int64_t>()[s])
+                        .contiguous();
+      }
+      results[s].emplace_back(std::move(tokens), sentence_scores[order[i]], std::move(attention));
     }
   }
   return results;
@@ -308,13 +338,17 @@ std::vector<Hypotheses> search_sentences(const at::Tensor& memory, const at::Ten
   CachedDecoder decoder(group_memory, src_lengths.narrow(0, begin, end - begin), weights, decoder_options, k,
                         cache_len, linears);
   BeamState state(end - begin, k, cache_len, search_options.bos_id, memory.device());
+  if (search_options.return_attention) {
+    state.history_attention = at::empty({cache_len, decoder.n_slots(), memory.size(1)},
+                                        memory.options().dtype(at::kFloat));
+  }
   const at::Tensor max_lens_tensor = at::tensor(group_max_lens, at::kLong).to(memory.device(), at::kInt);
   if (in_buckets) {
     search_in_buckets(decoder, state, max_lens_tensor, search_options);
   } else {
     search_every_step(decoder, state, max_lens_tensor, search_options);
   }
-  return backtrack(state, k, n_best, begin);
+  return backtrack(state, k, n_best, begin, src_lengths.narrow(0, begin, end - begin));
 }
 
 // How many groups of sentences the CPU search runs side by side: one per intra-op thread, each group at least

@@ -300,7 +300,7 @@ class Transformer(nn.Module):
     def translate(self, src_tokens: torch.Tensor, beam_size: int = 4, length_penalty: float = 0.6,
                   max_len_a: float = 1.0, max_len_b: int = 50, min_len: int = 1, n_best: int = 1,
                   length_penalty_form: str = "gnmt", shrink: str = "auto", compute_type: str | None = None,
-                  return_scores: bool = True) -> list[list[search.Hypothesis]]:
+                  return_scores: bool = True, return_attention: bool = False) -> list[list[search.Hypothesis]]:
         """src_tokens: [batch, src_len] right-padded -> per sentence, its n_best hypotheses, best first.
 
         Incremental beam search with a KV cache in the compiled extension; beam_size=1 is greedy search. `shrink`:
@@ -308,9 +308,11 @@ class Transformer(nn.Module):
         `compute_type`: the linear layers' type, "float32", "bfloat16", "int8" (CPU), "float16" (CUDA) or "auto";
         None: the model's dtype (fastformer/decoding/compiled.py). The converted weights are kept until a parameter
         changes. `return_scores=False`: each Hypothesis.score is None, and greedy search on the CPU takes each step's
-        argmax without a log-softmax.
+        argmax without a log-softmax. `return_attention=True`: each Hypothesis.attention is its alignment, the last
+        decoder layer's cross-attention averaged over heads, [len(tokens) + 1, src_length] float32 on the CPU (one
+        row per output token, EOS last; fastformer.decoding.alignment.hard_alignment makes fairseq's pairs of it).
         """
         return search.translate(self, src_tokens, beam_size=beam_size, length_penalty=length_penalty,
                                   max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len, n_best=n_best,
                                   length_penalty_form=length_penalty_form, shrink=shrink, compute_type=compute_type,
-                                  return_scores=return_scores)
+                                  return_scores=return_scores, return_attention=return_attention)

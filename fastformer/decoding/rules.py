@@ -26,6 +26,9 @@ def length_penalty_divisor(length: int, length_penalty: float, form: str = "gnmt
 class Hypothesis(NamedTuple):
     tokens: list[int]  # without BOS/EOS
     score: float | None  # sum of log-probabilities (EOS included) / length_penalty_divisor(len(tokens) + 1, ...)
+    # [len(tokens) + 1, src_length] float32 on the CPU, one row per output token (EOS last) over the source's real
+    # tokens (its EOS included): the last decoder layer's cross-attention averaged over heads; None unless asked for.
+    attention: torch.Tensor | None = None
 
 
 def check_search_arguments(beam_size: int, length_penalty: float, max_len_a: float, max_len_b: int, min_len: int,

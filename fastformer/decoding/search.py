@@ -33,12 +33,14 @@ SHRINK_MODES = ("auto", "every_step", "buckets")
 def translate(model, src_tokens: torch.Tensor, beam_size: int = 4, length_penalty: float = 0.6,
               max_len_a: float = 1.0, max_len_b: int = 50, min_len: int = 1, n_best: int = 1,
               length_penalty_form: str = "gnmt", shrink: str = "auto", compute_type: str | None = None,
-              return_scores: bool = True) -> list[list[Hypothesis]]:
+              return_scores: bool = True, return_attention: bool = False) -> list[list[Hypothesis]]:
     """src_tokens: [batch, src_len] right-padded -> per sentence, up to n_best hypotheses, best first (their scores
-    None where return_scores is False)."""
+    None where return_scores is False, their attention [len(tokens) + 1, src_length] where return_attention)."""
     check_search_arguments(beam_size, length_penalty, max_len_a, max_len_b, min_len, n_best, length_penalty_form)
     if shrink not in SHRINK_MODES:
         raise ValueError(f"shrink must be one of {SHRINK_MODES}, got {shrink!r}")
+    if not isinstance(return_attention, bool):
+        raise TypeError(f"return_attention must be a bool, got {return_attention!r}")
     config = model.config
     _C = extension()
     with torch.no_grad(), _eval_mode(model):
@@ -52,11 +54,12 @@ def translate(model, src_tokens: torch.Tensor, beam_size: int = 4, length_penalt
         search_options = named_struct(_C.SearchOptions(), beam_size=beam_size, length_penalty=float(length_penalty),
                                 length_penalty_form=length_penalty_form, min_len=min_len, pad_id=config.pad_id,
                                 bos_id=config.bos_id, eos_id=config.eos_id, shrink=shrink,
-                                return_scores=return_scores)
+                                return_scores=return_scores, return_attention=return_attention)
         results = _C.beam_search(memory.to(weights.embedding.dtype).contiguous(), src_lengths, weights,
                                  decoder_options(model), search_options, max_lens=max_lens, n_best=n_best,
                                  linears=compiled.decoder_linears)
-    return [[Hypothesis(list(tokens), score if return_scores else None) for tokens, score in sentence]
+    return [[Hypothesis(list(tokens), score if return_scores else None, attention)
+             for tokens, score, attention in sentence]
             for sentence in results]
 
 

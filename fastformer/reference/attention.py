@@ -34,10 +34,28 @@ def attention(q: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | 
         q, k, v = q.unbind(2)
     elif v is None:
         k, v = k.unbind(2)
+    probabilities = attention_weights(q, k, k_lengths, causal, attn_mask)
+    if dropout_mask is not None:
+        probabilities = probabilities * dropout_mask / (1.0 - dropout_p)
+    elif dropout_p > 0.0:
+        probabilities = F.dropout(probabilities, dropout_p)
+    out = probabilities @ v.transpose(1, 2).to(probabilities.dtype)  # [batch, heads, q_len, head_dim]
+    if q_lengths is not None:
+        query_positions = torch.arange(q.shape[1], device=q.device)
+        padded_query = query_positions[None, :] >= q_lengths.to(q.device)[:, None]  # [batch, q_len]
+        out = out.masked_fill(padded_query[:, None, :, None], 0.0)
+    return out.transpose(1, 2).to(q.dtype)
+
+
+def attention_weights(q: torch.Tensor, k: torch.Tensor, k_lengths: torch.Tensor | None = None, causal: bool = False,
+                      attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """q: [batch, q_len, heads, head_dim], k: [batch, k_len, heads, head_dim] -> the attention probabilities
+    [batch, heads, q_len, k_len] in at least fp32, masked as `attention` masks them (zero rows where no key is
+    visible)."""
     batch, q_len, _, head_dim = q.shape
     k_len = k.shape[1]
     compute_dtype = torch.promote_types(q.dtype, torch.float32)
-    q_, k_, v_ = (t.transpose(1, 2).to(compute_dtype) for t in (q, k, v))  # [batch, heads, len, head_dim]
+    q_, k_ = (t.transpose(1, 2).to(compute_dtype) for t in (q, k))  # [batch, heads, len, head_dim]
     scores = q_ @ k_.transpose(-1, -2) / math.sqrt(head_dim)  # [batch, heads, q_len, k_len]
 
     hidden = torch.zeros(batch, 1, q_len, k_len, dtype=torch.bool, device=q.device)
@@ -55,13 +73,4 @@ def attention(q: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | 
     scores = scores.masked_fill(hidden, float("-inf"))
     # A row that sees no key gets zero weights instead of softmax's NaN.
     visible = torch.isfinite(scores).any(dim=-1, keepdim=True)
-    probabilities = torch.softmax(scores.masked_fill(~visible, 0.0), dim=-1) * visible
-    if dropout_mask is not None:
-        probabilities = probabilities * dropout_mask / (1.0 - dropout_p)
-    elif dropout_p > 0.0:
-        probabilities = F.dropout(probabilities, dropout_p)
-    out = probabilities @ v_  # [batch, heads, q_len, head_dim]
-    if q_lengths is not None:
-        padded_query = query_positions[None, :] >= q_lengths.to(q.device)[:, None]  # [batch, q_len]
-        out = out.masked_fill(padded_query[:, None, :, None], 0.0)
-    return out.transpose(1, 2).to(q.dtype)
+    return torch.softmax(scores.masked_fill(~visible, 0.0), dim=-1) * visible

@@ -20,20 +20,28 @@ The scoring rules (fairseq's candidate rule) that every beam search in fastforme
   2 * beam_size - 1 finished ones); the first beam_size non-EOS candidates stay alive.
 - A sentence is done once beam_size hypotheses have finished or none is alive. Its hypotheses are returned best
   score first (ties in the order they finished), at most n_best of them.
+- With return_attention, a hypothesis's attention has a row per output token (EOS last): the last decoder layer's
+  cross-attention probabilities averaged over heads at the step that chose the token, over the source's real
+  tokens (its EOS included).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.nn.functional as F
 
 from fastformer.decoding.rules import Hypothesis, check_search_arguments, length_penalty_divisor, max_target_lengths
+from fastformer.reference.attention import attention_weights
 
 
 def beam_search(model, src_tokens: torch.Tensor, beam_size: int = 4, length_penalty: float = 0.6,
                 max_len_a: float = 1.0, max_len_b: int = 50, min_len: int = 1, n_best: int = 1,
-                length_penalty_form: str = "gnmt") -> list[list[Hypothesis]]:
-    """src_tokens: [batch, src_len] right-padded -> per sentence, up to n_best hypotheses, best first.
+                length_penalty_form: str = "gnmt", return_attention: bool = False) -> list[list[Hypothesis]]:
+    """src_tokens: [batch, src_len] right-padded -> per sentence, up to n_best hypotheses, best first (each with its
+    attention [len(tokens) + 1, src_length] float32 on the CPU where return_attention).
 
     `model` is a fastformer.Transformer; each sentence is searched on its own with `model.decode` over the whole
     prefix at every step (no cache), which is slow and obviously faithful to the rules above.
@@ -43,17 +51,43 @@ def beam_search(model, src_tokens: torch.Tensor, beam_size: int = 4, length_pena
         encoder_out = model.encode(src_tokens)
         max_lens = max_target_lengths(encoder_out.src_lengths, max_len_a, max_len_b, model.config.max_positions)
         return [_search_sentence(model, encoder_out, i, beam_size, length_penalty, length_penalty_form, max_lens[i],
-                                 min_len)[:n_best]
+                                 min_len, return_attention)[:n_best]
                 for i in range(src_tokens.shape[0])]
 
 
+@contextmanager
+def last_cross_attention(model) -> Iterator[list[torch.Tensor]]:
+    """Within the block, each call of `model`'s decoder appends to the yielded list its last layer's cross-attention
+    probabilities averaged over heads, [batch, tgt_len, src_len] float32, recomputed from that layer's inputs."""
+    found: list[torch.Tensor] = []
+
+    def record(module, args, kwargs, output) -> None:
+        e, heads = module.embed_dim, module.num_heads
+
+        def project(x: torch.Tensor, part: slice) -> torch.Tensor:  # -> [batch, len, heads, head_dim]
+            bias = module.in_proj_bias[part] if module.in_proj_bias is not None else None
+            return F.linear(x, module.in_proj_weight[part], bias).unflatten(-1, (heads, e // heads))
+
+        q, k = project(args[0], slice(0, e)), project(args[1], slice(e, 2 * e))
+        found.append(attention_weights(q, k, k_lengths=kwargs["key_lengths"]).mean(dim=1).float())
+
+    handle = model.decoder.layers[-1].multihead_attn.register_forward_hook(record, with_kwargs=True)
+    try:
+        yield found
+    finally:
+        handle.remove()
+
+
 def _search_sentence(model, encoder_out, sentence: int, beam_size: int, length_penalty: float,
-                     length_penalty_form: str, max_len: int, min_len: int) -> list[Hypothesis]:
+                     length_penalty_form: str, max_len: int, min_len: int,
+                     return_attention: bool = False) -> list[Hypothesis]:
     """encoder_out: the whole batch's EncoderOutput; searches one sentence -> its finished hypotheses, best first."""
     config = model.config
     memory, src_lengths = encoder_out
     device = memory.device
+    src_length = int(src_lengths[sentence])
     alive: list[list[int]] = [[]]
+    alive_attention: list[list[torch.Tensor]] = [[]]  # per alive hypothesis, the attention row of each token
     alive_sums = torch.zeros(1, dtype=torch.float32, device=device)
     finished: list[Hypothesis] = []
     for step in range(max_len + 1):
@@ -62,7 +96,10 @@ def _search_sentence(model, encoder_out, sentence: int, beam_size: int, length_p
         # The sentence's memory row of the padded batch, so that the compiled decoder sees the very same numbers.
         beams_out = encoder_out._replace(memory=memory[sentence:sentence + 1].expand(n_alive, -1, -1),
                                          src_lengths=src_lengths[sentence:sentence + 1].expand(n_alive))
-        log_probs = F.log_softmax(model.decode(prefixes, beams_out)[:, -1].float(), dim=-1)
+        with last_cross_attention(model) if return_attention else nullcontext([]) as found:
+            log_probs = F.log_softmax(model.decode(prefixes, beams_out)[:, -1].float(), dim=-1)
+        # [n_alive, src_length]: each alive hypothesis's row for the token this step chooses.
+        step_attention = found[0][:, -1, :src_length].cpu() if return_attention else None
         log_probs[:, [config.pad_id, config.bos_id]] = float("-inf")
         if step == max_len:
             eos_column = log_probs[:, config.eos_id].clone()
@@ -72,23 +109,26 @@ def _search_sentence(model, encoder_out, sentence: int, beam_size: int, length_p
             log_probs[:, config.eos_id] = float("-inf")
         candidates = (alive_sums[:, None] + log_probs).flatten()
         ranked_sums, ranked = torch.sort(candidates, descending=True, stable=True)
-        next_alive, next_sums = [], []
+        next_alive, next_sums, next_attention = [], [], []
         vocab = log_probs.shape[1]
         for rank, (running_sum, index) in enumerate(zip(ranked_sums[:2 * beam_size].tolist(),
                                                        ranked[:2 * beam_size].tolist())):
             if running_sum == float("-inf"):
                 break
             beam, token = divmod(index, vocab)
+            rows = alive_attention[beam] + [step_attention[beam]] if return_attention else []
             if token == config.eos_id:
                 if rank < beam_size:
                     divisor = length_penalty_divisor(step + 1, length_penalty, length_penalty_form)
-                    finished.append(Hypothesis(alive[beam], running_sum / divisor))
+                    attention = torch.stack(rows) if return_attention else None
+                    finished.append(Hypothesis(alive[beam], running_sum / divisor, attention))
             elif len(next_alive) < beam_size:
                 next_alive.append(alive[beam] + [token])
                 next_sums.append(running_sum)
+                next_attention.append(rows)
         if len(finished) >= beam_size or not next_alive:
             break
-        alive = next_alive
+        alive, alive_attention = next_alive, next_attention
         alive_sums = torch.tensor(next_sums, dtype=torch.float32, device=memory.device)
     return sorted(finished, key=lambda hypothesis: -hypothesis.score)
 
