@@ -20,6 +20,13 @@ The scoring rules (fairseq's candidate rule) that every beam search in fastforme
   2 * beam_size - 1 finished ones); the first beam_size non-EOS candidates stay alive.
 - A sentence is done once beam_size hypotheses have finished or none is alive. Its hypotheses are returned best
   score first (ties in the order they finished), at most n_best of them.
+- Options acting on a hypothesis's tokens so far (its generated tokens, a target prefix's included, BOS not), as
+  CTranslate2 defines them, on the logits before the log-softmax: repetition_penalty divides the logit of every token
+  the hypothesis holds where it is positive and multiplies it where negative; no_repeat_ngram_size = n gives -inf to
+  every token that would complete an n-gram the hypothesis holds already. They act after a target prefix only.
+- target_prefix: at step t < len(prefix) a hypothesis may take only prefix[t], scored by its log-probability (as
+  CTranslate2, which forces a prefix whatever the other options say); the prefix is part of the returned tokens and
+  counts towards min_len and max_len.
 """
 
 from __future__ import annotations
@@ -27,28 +34,57 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fastformer.decoding.rules import Hypothesis, check_search_arguments, length_penalty_divisor, max_target_lengths
+from fastformer.decoding.rules import (Hypothesis, check_history_arguments, check_search_arguments, check_target_prefix,
+                                      length_penalty_divisor, max_target_lengths)
 
 
 def beam_search(model, src_tokens: torch.Tensor, beam_size: int = 4, length_penalty: float = 0.6,
                 max_len_a: float = 1.0, max_len_b: int = 50, min_len: int = 1, n_best: int = 1,
-                length_penalty_form: str = "gnmt") -> list[list[Hypothesis]]:
+                length_penalty_form: str = "gnmt", target_prefix: list[list[int] | None] | None = None,
+                no_repeat_ngram_size: int = 0, repetition_penalty: float = 1.0) -> list[list[Hypothesis]]:
     """src_tokens: [batch, src_len] right-padded -> per sentence, up to n_best hypotheses, best first.
 
     `model` is a fastformer.Transformer; each sentence is searched on its own with `model.decode` over the whole
     prefix at every step (no cache), which is slow and obviously faithful to the rules above.
     """
     check_search_arguments(beam_size, length_penalty, max_len_a, max_len_b, min_len, n_best, length_penalty_form)
+    check_history_arguments(no_repeat_ngram_size, repetition_penalty)
+    config = model.config
     with torch.no_grad():
         encoder_out = model.encode(src_tokens)
-        max_lens = max_target_lengths(encoder_out.src_lengths, max_len_a, max_len_b, model.config.max_positions)
+        max_lens = max_target_lengths(encoder_out.src_lengths, max_len_a, max_len_b, config.max_positions)
+        check_target_prefix(target_prefix, max_lens, config.vocab_size, (config.pad_id, config.bos_id, config.eos_id))
+        history_rules = _HistoryRules(no_repeat_ngram_size, repetition_penalty)
         return [_search_sentence(model, encoder_out, i, beam_size, length_penalty, length_penalty_form, max_lens[i],
-                                 min_len)[:n_best]
+                                 min_len, (target_prefix[i] if target_prefix else None) or [], history_rules)[:n_best]
                 for i in range(src_tokens.shape[0])]
 
 
+class _HistoryRules:
+    """no_repeat_ngram_size and repetition_penalty (the module docstring) on one hypothesis's logits."""
+
+    def __init__(self, no_repeat_ngram_size: int, repetition_penalty: float) -> None:
+        self.n, self.penalty = no_repeat_ngram_size, repetition_penalty
+
+    def apply(self, logits: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+        """logits: [vocab] of the hypothesis `tokens` -> the logits it is ranked by."""
+        logits = logits.clone()
+        if self.penalty != 1.0:
+            for token in set(tokens):
+                value = logits[token]
+                logits[token] = value / self.penalty if value > 0 else value * self.penalty
+        n = self.n
+        if n > 0:
+            tail = tokens[len(tokens) - n + 1:] if n > 1 else []
+            for i in range(len(tokens) - n + 1):
+                if tokens[i:i + n - 1] == tail:
+                    logits[tokens[i + n - 1]] = float("-inf")
+        return logits
+
+
 def _search_sentence(model, encoder_out, sentence: int, beam_size: int, length_penalty: float,
-                     length_penalty_form: str, max_len: int, min_len: int) -> list[Hypothesis]:
+                     length_penalty_form: str, max_len: int, min_len: int, prefix: list[int],
+                     history_rules: _HistoryRules) -> list[Hypothesis]:
     """encoder_out: the whole batch's EncoderOutput; searches one sentence -> its finished hypotheses, best first."""
     config = model.config
     memory, src_lengths = encoder_out
@@ -62,8 +98,15 @@ def _search_sentence(model, encoder_out, sentence: int, beam_size: int, length_p
         # The sentence's memory row of the padded batch, so that the compiled decoder sees the very same numbers.
         beams_out = encoder_out._replace(memory=memory[sentence:sentence + 1].expand(n_alive, -1, -1),
                                          src_lengths=src_lengths[sentence:sentence + 1].expand(n_alive))
-        log_probs = F.log_softmax(model.decode(prefixes, beams_out)[:, -1].float(), dim=-1)
+        logits = model.decode(prefixes, beams_out)[:, -1].float()
+        if step >= len(prefix):
+            logits = torch.stack([history_rules.apply(row, tokens) for row, tokens in zip(logits, alive)])
+        log_probs = F.log_softmax(logits, dim=-1)
         log_probs[:, [config.pad_id, config.bos_id]] = float("-inf")
+        if step < len(prefix):  # step < max_len: a prefix is at most max_len long
+            forced_column = log_probs[:, prefix[step]].clone()
+            log_probs.fill_(float("-inf"))
+            log_probs[:, prefix[step]] = forced_column
         if step == max_len:
             eos_column = log_probs[:, config.eos_id].clone()
             log_probs.fill_(float("-inf"))
