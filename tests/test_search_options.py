@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import fastformer
 from fastformer import Transformer
 from fastformer.reference.beam_search import beam_search
 from test_beam_search import assert_same_hypotheses, make_model, padded_sources, real_token_ids
@@ -230,3 +231,34 @@ def test_ctranslate2_returns_the_same_hypotheses(tmp_path):
                                              **ct2_options)
         got = [[tokens.index(p) for p in r.hypotheses[0]] for r in results]
         assert got == [h[0].tokens for h in expected], options
+
+
+# GPU: the same rules on the CUDA kernels (the forced tokens in beam_step's kernel, the ATen rules inside the
+# bucketed search's CUDA graphs). The reference runs under the "reference" backend (plain PyTorch fp32).
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shrink", ["every_step", "buckets"])
+@pytest.mark.parametrize("name", OPTIONS)
+def test_cuda_options_match_the_reference_search(name, shrink):
+    model = make_model(eos_scale=1.5).cuda()
+    src = padded_sources(model, LENGTHS).cuda()
+    search = dict(beam_size=4, n_best=4, max_len_a=0.5, max_len_b=5, **OPTIONS[name])
+    with fastformer.backend("reference"):
+        assert_same_hypotheses(model.translate(src, shrink=shrink, **search), beam_search(model, src, **search),
+                               atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("options", [SAMPLING, dict(SAMPLING, target_prefix=PREFIXES, repetition_penalty=1.2,
+                                                    sampling_topk=0, n_best=5)])
+def test_cuda_sampling_is_the_same_alone_in_a_batch_and_in_buckets(options):
+    model = make_model(eos_scale=1.5).cuda()
+    src = padded_sources(model, LENGTHS).cuda()
+    search = dict(dict(max_len_a=0.5, max_len_b=5), **options)
+    every_step = model.translate(src, shrink="every_step", **search)
+    for _ in range(2):  # the second search replays the buckets' graphs from a warm start
+        assert_same_hypotheses(model.translate(src, shrink="buckets", **search), every_step, atol=1e-4)
+    for i, length in enumerate(LENGTHS):
+        alone = dict(search, target_prefix=[PREFIXES[i]]) if "target_prefix" in search else search
+        assert [h.tokens for h in model.translate(src[i:i + 1, :length], **alone)[0]] == \
+            [h.tokens for h in every_step[i]]
