@@ -173,7 +173,8 @@ BeamStepArgs beam_step_args(const at::Tensor& logits, const at::Tensor& active, 
   args.pad_id = static_cast<int>(options.pad_id);
   args.bos_id = static_cast<int>(options.bos_id);
   args.eos_id = static_cast<int>(options.eos_id);
-  args.with_scores = options.return_scores || options.beam_size > 1;
+  // Blocked n-grams' -inf logits would read as a non-finite row to the greedy path (beam_ops_cpu.inc's greedy_token).
+  args.with_scores = options.return_scores || options.beam_size > 1 || options.no_repeat_ngram_size > 0;
   args.length_penalty = options.length_penalty;
   args.length_penalty_form = parse_length_penalty_form(options.length_penalty_form);
   args.forced_tokens = state.forced_tokens.defined() ? state.forced_tokens.data_ptr<int32_t>() : nullptr;

@@ -93,6 +93,7 @@ class StepRules {
 
   // The logits beam_step ranks at state.step for `rows` ([n_rows, vocab]), with state.forced_tokens set.
   at::Tensor before_step(const at::Tensor& logits, const Rows& rows, BeamState& state) const {
+    if (!history_.defined() && !state.forced_tokens.defined()) return logits;
     const at::Tensor step = state.step.to(at::kLong);
     at::Tensor ranked = logits;
     if (history_.defined()) {

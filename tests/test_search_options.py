@@ -11,8 +11,11 @@ import torch.nn.functional as F
 
 import fastformer
 from fastformer import Transformer
+from fastformer.data import EOS_ID
 from fastformer.reference.beam_search import beam_search
+from marian_models import CALIBRATION
 from test_beam_search import assert_same_hypotheses, make_model, padded_sources, real_token_ids
+from test_translator import tiny_checkpoint  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -109,6 +112,17 @@ def test_every_option_translates_a_sentence_the_same_alone_and_in_a_batch(option
         alone = model.translate(src[i:i + 1, :length], **alone_search)
         assert [h.tokens for h in alone[0]] == [h.tokens for h in batch[i]]
         assert [h.score for h in alone[0]] == [h.score for h in batch[i]]
+
+
+@pytest.mark.parametrize("options", [*OPTIONS.values(), SAMPLING, dict(SAMPLING, no_repeat_ngram_size=1)])
+def test_every_option_takes_the_same_tokens_without_scores(options):
+    """return_scores=False: greedy search and sampling on the CPU take the unscored path where it can run."""
+    model = make_model(eos_scale=1.5)
+    src = padded_sources(model, LENGTHS)
+    search = dict(dict(beam_size=1, max_len_a=0.5, max_len_b=5), **options)
+    scored = model.translate(src, **search)
+    assert [[h.tokens for h in s] for s in model.translate(src, return_scores=False, **search)] == \
+        [[h.tokens for h in s] for s in scored]
 
 
 def first_step_probabilities(model: Transformer, src: torch.Tensor, topk: int, topp: float,
@@ -231,6 +245,26 @@ def test_ctranslate2_returns_the_same_hypotheses(tmp_path):
                                              **ct2_options)
         got = [[tokens.index(p) for p in r.hypotheses[0]] for r in results]
         assert got == [h[0].tokens for h in expected], options
+
+
+def test_translator_passes_every_option_through(tiny_checkpoint):
+    """Translator.translate (text prefixes, batches sorted by length) against each sentence alone through
+    Transformer.translate with the prefix's pieces."""
+    path, model, tokenizer = tiny_checkpoint
+    sources = CALIBRATION[:6]
+    prefixes = ["Der", None, "Die kleine", None, "Ein", None]
+    options = dict(beam_size=1, sampling_topk=0, sampling_temperature=0.7, seed=4, no_repeat_ngram_size=2,
+                   repetition_penalty=1.2)
+    expected = []
+    for ids, prefix in zip(tokenizer.encode(sources), prefixes):
+        prefix_ids = tokenizer.encode([prefix])[0] if prefix else None
+        best = model.translate(torch.tensor([ids + [EOS_ID]]), target_prefix=[prefix_ids], **options)[0][0]
+        assert best.tokens[:len(prefix_ids or [])] == (prefix_ids or [])
+        expected.append(tokenizer.decode([best.tokens])[0])
+    translator = fastformer.load_translator(path, device="cpu")
+    assert translator.translate(sources, target_prefix=prefixes, batch_tokens=40, **options) == expected
+    with pytest.raises(ValueError, match="one entry per sentence"):
+        translator.translate(sources, target_prefix=prefixes[:2])
 
 
 # GPU: the same rules on the CUDA kernels (the forced tokens in beam_step's kernel, the ATen rules inside the

@@ -72,7 +72,7 @@ def translate(model, src_tokens: torch.Tensor, beam_size: int = 4, length_penalt
                                 no_repeat_ngram_size=no_repeat_ngram_size,
                                 repetition_penalty=float(repetition_penalty))
         if sampling:
-            search_options.sampling_keys = sampling_keys(src_tokens, src_lengths, seed, n_samples)
+            search_options.sampling_keys = _sampling_keys(src_tokens, src_lengths, seed, n_samples)
         if target_prefix is not None:
             search_options.target_prefix = _prefix_matrix([p for p in target_prefix for _ in range(n_samples)])
         if n_samples > 1:  # each sample is a sentence of its own: its memory repeated
@@ -88,13 +88,13 @@ def translate(model, src_tokens: torch.Tensor, beam_size: int = 4, length_penalt
             for sentence in results]
 
 
-def sampling_keys(src_tokens: torch.Tensor, src_lengths: torch.Tensor, seed: int, n_samples: int) -> list[int]:
+def _sampling_keys(src_tokens: torch.Tensor, src_lengths: torch.Tensor, seed: int, n_samples: int) -> list[int]:
     """src_tokens: [batch, src_len], src_lengths: [batch] -> per sentence and sample (sentence-major), the key of its
     random stream: a hash of (seed, the sentence's real source ids, the sample's index), never of its batch."""
     keys = []
     for row, length in zip(src_tokens.tolist(), src_lengths.tolist()):
         for sample in range(n_samples):
-            data = struct.pack(f"<qq{length}q", seed, sample, *row[:length])
+            data = struct.pack(f"<Qq{length}q", seed % 2**64, sample, *row[:length])
             keys.append(int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True))
     return keys
 
