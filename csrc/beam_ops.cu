@@ -164,7 +164,7 @@ __global__ void row_candidates_kernel(BeamStepArgs a) {
 #pragma unroll
   for (int i = 0; i < kListSize; ++i) list[i] = Candidate{-INFINITY, INT_MAX};
   for (int t = threadIdx.x; t < a.vocab; t += blockDim.x) {
-    if (!token_allowed(a, step, t, max_len)) continue;
+    if (!token_allowed(a, step, sentence, t, max_len)) continue;
     const Candidate c{running + ((to_float(logits[t]) - max_logit) - log_total), j * a.vocab + t};
     if (!(c.score > -INFINITY) || !ranks_before(c, list[kListSize - 1])) continue;
     list[kListSize - 1] = c;

@@ -88,6 +88,9 @@ struct BeamStepArgs {
   int with_scores;
   double length_penalty;
   LengthPenaltyForm length_penalty_form;
+  // [n_sentences] or null: the token each sentence must take at this step (a target prefix's, or the one sampling
+  // drew), -1 for none. Forcing EOS at max_len wins over it; a forced token's score is its log-probability.
+  const int32_t* forced_tokens;
 };
 
 // A candidate of a sentence's step: id = beam * vocab + token.
@@ -101,10 +104,19 @@ FASTFORMER_HOST_DEVICE inline bool ranks_before(Candidate a, Candidate b) {
   return a.score > b.score || (a.score == b.score && a.id < b.id);
 }
 
-// Whether `token` may follow a hypothesis of `step` real tokens (forcing EOS wins over barring it).
-FASTFORMER_HOST_DEVICE inline bool token_allowed(const BeamStepArgs& args, int step, int token, int max_len) {
+// The token `sentence` must take at `step` (BeamStepArgs::forced_tokens), or -1: none, or EOS is forced instead.
+FASTFORMER_HOST_DEVICE inline int forced_token(const BeamStepArgs& args, int step, int sentence, int max_len) {
+  return args.forced_tokens && step < max_len ? args.forced_tokens[sentence] : -1;
+}
+
+// Whether `token` may follow a hypothesis of `sentence` of `step` real tokens (forcing EOS wins over barring it and
+// over a forced token).
+FASTFORMER_HOST_DEVICE inline bool token_allowed(const BeamStepArgs& args, int step, int sentence, int token,
+                                                 int max_len) {
   if (token == args.pad_id || token == args.bos_id) return false;
   if (step >= max_len) return token == args.eos_id;
+  const int forced = forced_token(args, step, sentence, max_len);
+  if (forced >= 0) return token == forced;
   return token != args.eos_id || step >= args.min_len;
 }
 

@@ -80,7 +80,14 @@ void bind_structs(pybind11::module_& m) {
       .def_readwrite("eos_id", &SearchOptions::eos_id)
       .def_readwrite("shrink", &SearchOptions::shrink)
       .def_readwrite("return_scores", &SearchOptions::return_scores)
-      .def_readwrite("return_attention", &SearchOptions::return_attention);
+      .def_readwrite("return_attention", &SearchOptions::return_attention)
+      .def_readwrite("sampling_topk", &SearchOptions::sampling_topk)
+      .def_readwrite("sampling_topp", &SearchOptions::sampling_topp)
+      .def_readwrite("sampling_temperature", &SearchOptions::sampling_temperature)
+      .def_readwrite("sampling_keys", &SearchOptions::sampling_keys)
+      .def_readwrite("target_prefix", &SearchOptions::target_prefix)
+      .def_readwrite("no_repeat_ngram_size", &SearchOptions::no_repeat_ngram_size)
+      .def_readwrite("repetition_penalty", &SearchOptions::repetition_penalty);
 }
 
 // The converted linear layers (linear.h, encoder.h, decoder.h): made once, kept by fastformer/decoding/search.py.

@@ -125,6 +125,11 @@ void check_beam_step_inputs(const at::Tensor& logits, const at::Tensor& active, 
       {"done", &state.done, at::kInt, n_sentences},
       {"candidate_scores", &state.candidate_scores, at::kFloat, n_active * k * 2 * k},
       {"candidate_ids", &state.candidate_ids, at::kInt, n_active * k * 2 * k}};
+  if (state.forced_tokens.defined()) {
+    check_int32(state.forced_tokens, "forced_tokens", device);
+    TORCH_CHECK(state.forced_tokens.numel() == n_sentences, "forced_tokens must have n_sentences=", n_sentences,
+                " entries");
+  }
   for (const auto& [name, tensor, dtype, numel] : tensors) {
     TORCH_CHECK(tensor->scalar_type() == dtype && tensor->is_contiguous() && tensor->device() == device, "beam state ",
                 name, " must be a contiguous ", dtype, " tensor on ", device);
@@ -168,9 +173,11 @@ BeamStepArgs beam_step_args(const at::Tensor& logits, const at::Tensor& active, 
   args.pad_id = static_cast<int>(options.pad_id);
   args.bos_id = static_cast<int>(options.bos_id);
   args.eos_id = static_cast<int>(options.eos_id);
-  args.with_scores = options.return_scores || options.beam_size > 1;
+  // Blocked n-grams' -inf logits would read as a non-finite row to the greedy path (beam_ops_cpu.inc's greedy_token).
+  args.with_scores = options.return_scores || options.beam_size > 1 || options.no_repeat_ngram_size > 0;
   args.length_penalty = options.length_penalty;
   args.length_penalty_form = parse_length_penalty_form(options.length_penalty_form);
+  args.forced_tokens = state.forced_tokens.defined() ? state.forced_tokens.data_ptr<int32_t>() : nullptr;
   return args;
 }
 

@@ -150,6 +150,20 @@ struct SearchOptions {
   // true: each hypothesis also gets its alignment, the last decoder layer's cross-attention probabilities averaged
   // over heads at each of its steps (BeamState::history_attention), computed apart from the fused cross-attention.
   bool return_attention = false;
+  // Random sampling, CTranslate2's options (beam_size 1): sampling_topk 1 is no sampling, 0 the whole vocabulary,
+  // k > 1 the k most likely tokens; then sampling_topp in (0, 1] keeps the smallest most likely set whose
+  // probability reaches it; sampling_temperature divides the logits first.
+  int64_t sampling_topk = 1;
+  double sampling_topp = 1.0, sampling_temperature = 1.0;
+  // When sampling, one per sentence: the key of its random stream (the caller hashes the seed, the sentence's source
+  // ids and the sample's index into it), so that a sentence draws the same whatever its batch.
+  std::vector<int64_t> sampling_keys;
+  // [n_sentences, prefix_len] int32: each sentence's forced first tokens, -1 past its prefix; none when unset.
+  std::optional<at::Tensor> target_prefix;
+  // CTranslate2's no_repeat_ngram_size (0: off) and repetition_penalty (1: off), over each hypothesis's tokens so far
+  // (a target prefix's included).
+  int64_t no_repeat_ngram_size = 0;
+  double repetition_penalty = 1.0;
 };
 
 // The search's per-sentence state, n_slots = n_sentences * beam_size slots (see beam_ops.h for each field's
@@ -170,6 +184,7 @@ struct BeamState {
   // [cache_len, n_slots, src_len] float32 with SearchOptions::return_attention (else undefined): at step t, slot's
   // cross-attention row (CachedDecoder::step's cross_attention) as it predicted the token after position t.
   at::Tensor history_attention;
+  at::Tensor forced_tokens;     // [n_sentences] int32 (BeamStepArgs::forced_tokens), or undefined: none
 
   BeamState(int64_t n_sentences, int64_t beam_size, int64_t cache_len, int64_t bos_id, const at::Device& device);
   // [n_slots, cache_len] int32: the cache indirection this step reads, and the one it writes for the next.

@@ -7,12 +7,15 @@
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <numeric>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -63,26 +66,188 @@ at::Tensor decode_rows(CachedDecoder& decoder, BeamState& state, const at::Tenso
   return logits;
 }
 
+// The options that act on each step's logits (SearchOptions): a target prefix and sampling force each sentence's
+// token through BeamState::forced_tokens; no_repeat_ngram_size and repetition_penalty change the logits from each
+// hypothesis's tokens so far. All of it is ATen work where the data lives, reading the step from its tensor (no host
+// sync, so that the bucketed search's CUDA graphs replay it too); an option that is off makes and runs nothing.
+class StepRules {
+ public:
+  // The rules of the batch's sentences [begin, end) (their state `state`, on `device`).
+  StepRules(const SearchOptions& options, BeamState& state, int64_t begin, int64_t end, int64_t cache_len,
+            const at::Device& device)
+      : options_(options), sampling_(options.sampling_topk != 1) {
+    const int64_t n_sentences = end - begin, k = options.beam_size, n_slots = n_sentences * k;
+    const auto ints = at::TensorOptions().dtype(at::kInt).device(device);
+    if (options.target_prefix) {
+      const at::Tensor& prefix = *options.target_prefix;
+      const int64_t width = std::min(prefix.size(1), cache_len);  // past each sentence's length limit: all -1
+      prefix_ = at::full({n_sentences, cache_len}, -1, ints);
+      prefix_.narrow(1, 0, width).copy_(prefix.narrow(0, begin, n_sentences).narrow(1, 0, width));
+    }
+    if (sampling_) {
+      std::vector<float> uniforms(cache_len * n_sentences);
+      for (int64_t step = 0; step < cache_len; ++step) {
+        for (int64_t s = 0; s < n_sentences; ++s) {
+          uniforms[step * n_sentences + s] = uniform(options.sampling_keys[begin + s], step);
+        }
+      }
+      uniforms_ = at::tensor(uniforms, at::kFloat).view({cache_len, n_sentences}).to(device);
+    }
+    if (prefix_.defined() || sampling_) state.forced_tokens = at::full({n_sentences}, -1, ints);
+    if (options.no_repeat_ngram_size > 0 || options.repetition_penalty != 1.0) {
+      history_ = at::zeros({n_slots, cache_len}, ints);
+      const auto longs = at::TensorOptions().dtype(at::kLong).device(device);
+      slots_ = at::arange(n_slots, longs);
+      first_slots_ = slots_ - slots_.remainder(k);
+      positions_ = at::arange(cache_len, longs);
+      // beam_step leaves a finished sentence's history unwritten: -1 there reads as "no parent, no token".
+      state.history_beams.fill_(-1);
+      state.history_tokens.fill_(-1);
+    }
+  }
+
+  // The logits beam_step ranks at state.step for `rows` ([n_rows, vocab]), with state.forced_tokens set.
+  at::Tensor before_step(const at::Tensor& logits, const Rows& rows, BeamState& state) const {
+    if (!history_.defined() && !state.forced_tokens.defined()) return logits;
+    const at::Tensor step = state.step.to(at::kLong);
+    at::Tensor ranked = logits;
+    if (history_.defined()) {
+      ranked = apply_history(logits, history_.index_select(0, rows.row_slots_long), state.step);
+      if (prefix_.defined()) {  // a prefix's token is taken as it is, scored by the model's own logits
+        const at::Tensor row_forced = prefix_.index_select(1, step).view({-1}).index_select(
+            0, at::floor_divide(rows.row_slots_long, options_.beam_size));
+        ranked = at::where(row_forced.ge(0).unsqueeze(1), logits, ranked);
+      }
+    }
+    if (!state.forced_tokens.defined()) return ranked;
+    at::Tensor forced = prefix_.defined() ? prefix_.index_select(1, step).view({-1})
+                                          : at::full_like(state.forced_tokens, -1);
+    if (sampling_) {
+      // beam_size 1: row r is sentence rows.active[r]; a prefix's token wins over the draw.
+      const at::Tensor drawn = sample(ranked, uniforms_.index_select(0, step).view({-1}).index_select(
+                                                  0, rows.row_slots_long), state.step);
+      const at::Tensor row_forced = forced.index_select(0, rows.row_slots_long);
+      forced = forced.index_copy(0, rows.row_slots_long, at::where(row_forced.ge(0), row_forced, drawn));
+    }
+    state.forced_tokens.copy_(forced);
+    return ranked;
+  }
+
+  // After beam_step at state.step: each slot's history becomes its new parent's, plus the token it took.
+  void after_step(const BeamState& state) {
+    if (!history_.defined()) return;
+    const at::Tensor step = state.step.to(at::kLong);
+    const at::Tensor beams = state.history_beams.index_select(0, step).view({-1}).to(at::kLong);
+    const at::Tensor tokens = state.history_tokens.index_select(0, step).view({-1, 1});
+    at::Tensor next = history_.index_select(0, at::where(beams.ge(0), first_slots_ + beams, slots_));
+    next.index_copy_(1, step, tokens);
+    history_.copy_(next);
+  }
+
+ private:
+  // A uniform draw in [0, 1 - 2^-24] of 24 random bits: splitmix64's finalizer over the sentence's key and the step.
+  static float uniform(int64_t key, int64_t step) {
+    uint64_t x = static_cast<uint64_t>(key) + static_cast<uint64_t>(step + 1) * 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    x ^= x >> 31;
+    return static_cast<float>(x >> 40) * (1.0f / 16777216.0f);
+  }
+
+  // logits [n_rows, vocab] changed by the rows' hypotheses (history [n_rows, cache_len], its first `step` columns):
+  // CTranslate2's RepetitionPenalty and NoRepeatNgram (decoding_utils.cc), whose history is every token taken so
+  // far, a target prefix's included and the start token not.
+  at::Tensor apply_history(const at::Tensor& logits, const at::Tensor& history, const at::Tensor& step) const {
+    const int64_t vocab = logits.size(1), n_rows = logits.size(0), cache_len = history.size(1);
+    // Positions not taken yet (and a finished sentence's -1) point at a column past the vocabulary.
+    const at::Tensor tokens = history.to(at::kLong).masked_fill(positions_.ge(step) | history.lt(0), vocab);
+    auto mark = [&](const at::Tensor& ids) {  // [n_rows, vocab] bool: the ids of each row
+      return at::zeros({n_rows, vocab + 1}, logits.options().dtype(at::kBool)).scatter_(1, ids, true)
+          .narrow(1, 0, vocab);
+    };
+    at::Tensor out = logits;
+    const double penalty = options_.repetition_penalty;
+    if (penalty != 1.0) {
+      // A token taken before: its logit divided by the penalty where positive, multiplied where negative.
+      out = at::where(mark(tokens), at::where(logits.gt(0), logits / penalty, logits * penalty), logits);
+    }
+    const int64_t n = options_.no_repeat_ngram_size;
+    if (n > 0 && n <= cache_len) {
+      // The token that would complete an n-gram the hypothesis holds already: window i (i + n <= step) whose first
+      // n - 1 tokens are the hypothesis's last n - 1 bans its last.
+      const at::Tensor windows = tokens.unfold(1, n, 1);  // [n_rows, cache_len - n + 1, n]
+      at::Tensor banned = positions_.narrow(0, 0, windows.size(1)).le(step - n).unsqueeze(0);
+      if (n > 1) {
+        const at::Tensor tail = tokens.index_select(
+            1, (step.to(at::kLong) - (n - 1) + positions_.narrow(0, 0, n - 1)).clamp_min(0));
+        banned = banned & windows.narrow(2, 0, n - 1).eq(tail.unsqueeze(1)).all(2);
+      }
+      out = out.masked_fill(mark(windows.select(2, n - 1).masked_fill(banned.logical_not(), vocab)),
+                            -std::numeric_limits<double>::infinity());
+    }
+    return out;
+  }
+
+  // One token per row of logits [n_rows, vocab] by inverse CDF at uniforms [n_rows]: the logits over the
+  // temperature, pad and BOS barred, EOS barred before min_len, then top-k and top-p (SearchOptions).
+  at::Tensor sample(const at::Tensor& logits, const at::Tensor& uniforms, const at::Tensor& step) const {
+    const double inf = std::numeric_limits<double>::infinity();
+    at::Tensor x = logits.to(at::kFloat).div(options_.sampling_temperature);  // a copy: beam_step reads logits
+    x.select(1, options_.pad_id).fill_(-inf);
+    x.select(1, options_.bos_id).fill_(-inf);
+    x.select(1, options_.eos_id).masked_fill_(step.lt(options_.min_len), -inf);
+    const int64_t topk = options_.sampling_topk;
+    const double topp = options_.sampling_topp;
+    at::Tensor values = x, ids;  // ids undefined: the vocabulary's order
+    if (topk > 0 && topk < x.size(1)) {
+      std::tie(values, ids) = x.topk(topk);
+    } else if (topp < 1.0) {
+      std::tie(values, ids) = x.sort(/*dim=*/-1, /*descending=*/true);
+    }
+    at::Tensor probs = values.softmax(-1);
+    if (topp < 1.0) probs = probs * (probs.cumsum(-1) - probs).lt(topp);  // the most likely set reaching topp
+    const at::Tensor cdf = probs.cumsum(-1);
+    // uniforms <= 1 - 2^-24 keep the target below the total (so the token drawn has a positive probability).
+    const at::Tensor target = cdf.narrow(1, cdf.size(1) - 1, 1) * uniforms.unsqueeze(1);
+    const at::Tensor choice = cdf.le(target).sum(1, /*keepdim=*/true);
+    return (ids.defined() ? ids.gather(1, choice) : choice).view({-1}).to(at::kInt);
+  }
+
+  const SearchOptions& options_;
+  bool sampling_;
+  at::Tensor prefix_;     // [n_sentences, cache_len] int32, -1 past each prefix; undefined: none
+  at::Tensor uniforms_;   // [cache_len, n_sentences] float32: each sentence's draw at each step; undefined: none
+  at::Tensor history_;    // [n_slots, cache_len] int32: each slot's tokens so far; undefined: neither option on
+  at::Tensor slots_, first_slots_, positions_;  // [n_slots], [n_slots] (its sentence's first), [cache_len] int64
+};
+
+// The step's beam_step over the decoder's logits for `rows`, under `rules`.
+void ruled_beam_step(const at::Tensor& logits, const Rows& rows, const at::Tensor& max_lens, BeamState& state,
+                     const SearchOptions& options, StepRules& rules) {
+  beam_step(rules.before_step(logits, rows, state), rows.active, max_lens, state, options);
+  rules.after_step(state);
+}
+
 // One step of the search over `rows` at state.step: the decoder's logits, then beam_step (the indirection written,
 // the step not advanced).
 void decode_step(CachedDecoder& decoder, BeamState& state, const Rows& rows, const at::Tensor& max_lens,
-                 const SearchOptions& options) {
+                 const SearchOptions& options, StepRules& rules) {
   const at::Tensor logits = decode_rows(decoder, state, rows.row_slots, rows.row_slots_long, options);
-  beam_step(logits, rows.active, max_lens, state, options);
+  ruled_beam_step(logits, rows, max_lens, state, options, rules);
 }
 
 // Step 0 of the search: only beam 0 of each sentence holds a hypothesis (BeamState), so only its rows are decoded
 // (a beam_size-th of the step's work); beam_step skips the other rows for their -inf sums, and reads zeros there.
 void decode_first_step(CachedDecoder& decoder, BeamState& state, const Rows& rows, const at::Tensor& max_lens,
-                       const SearchOptions& options) {
+                       const SearchOptions& options, StepRules& rules) {
   const int64_t k = options.beam_size;
-  if (k == 1) return decode_step(decoder, state, rows, max_lens, options);
+  if (k == 1) return decode_step(decoder, state, rows, max_lens, options, rules);
   const at::Tensor first_beams = rows.row_slots.view({-1, k}).select(1, 0).contiguous();
   const at::Tensor first_logits = decode_rows(decoder, state, first_beams, first_beams.to(at::kLong), options);
   const int64_t vocab = first_logits.size(1);
   at::Tensor logits = at::zeros({rows.row_slots.numel(), vocab}, first_logits.options());
   logits.view({-1, k, vocab}).select(1, 0).copy_(first_logits);
-  beam_step(logits, rows.active, max_lens, state, options);
+  ruled_beam_step(logits, rows, max_lens, state, options, rules);
 }
 
 std::vector<int32_t> every_sentence(int64_t n_sentences) {
@@ -102,12 +267,12 @@ std::pair<std::vector<int32_t>, std::vector<int32_t>> split_by_done(const std::v
 // shrink = "every_step": finished sentences leave the rows after each step, which the host learns by reading the
 // done flags the step wrote (a wait for the step on CUDA, nothing on the CPU).
 void search_every_step(CachedDecoder& decoder, BeamState& state, const at::Tensor& max_lens,
-                       const SearchOptions& options) {
+                       const SearchOptions& options, StepRules& rules) {
   const at::Device device = state.sums.device();
   std::vector<int32_t> searching = every_sentence(state.finished_count.numel());
   Rows rows(searching, options.beam_size, device);
   for (int64_t step = 0; step < decoder.cache_len() && !searching.empty(); ++step) {
-    (step == 0 ? decode_first_step : decode_step)(decoder, state, rows, max_lens, options);
+    (step == 0 ? decode_first_step : decode_step)(decoder, state, rows, max_lens, options, rules);
     state.swap_indirection();
     state.step.add_(1);
     const at::Tensor flags = state.done.cpu();
@@ -230,7 +395,7 @@ int64_t bucket_size(int64_t n, int64_t n_sentences) {
 // shrink = "buckets" (SearchOptions): the rows come in power-of-two buckets of sentences, finished ones skipped by
 // beam_step until the next smaller bucket holds the ones still searching, which the host learns a step late.
 void search_in_buckets(CachedDecoder& decoder, BeamState& state, const at::Tensor& max_lens,
-                       const SearchOptions& options) {
+                       const SearchOptions& options, StepRules& rules) {
   const int64_t n_sentences = state.finished_count.numel();
   const at::Device device = state.sums.device();
   std::vector<int32_t> sentences = every_sentence(n_sentences);
@@ -244,7 +409,7 @@ void search_in_buckets(CachedDecoder& decoder, BeamState& state, const at::Tenso
     const Rows& rows = *buckets.back();
     // Step 0 is the first bucket's first run, which runs eagerly on CUDA too: no graph holds decode_first_step.
     steps.run(static_cast<int64_t>(sentences.size()), [&] {
-      (step == 0 ? decode_first_step : decode_step)(decoder, state, rows, max_lens, options);
+      (step == 0 ? decode_first_step : decode_step)(decoder, state, rows, max_lens, options, rules);
       state.copy_indirection_back();
       state.step.add_(1);
     });
@@ -261,6 +426,45 @@ void search_in_buckets(CachedDecoder& decoder, BeamState& state, const at::Tenso
   }
   // Also waits for the queued steps, before their graphs and rows are freed.
   TORCH_CHECK(state.done.all().item<bool>(), "internal error: the search ended with sentences still searching");
+}
+
+// Checks the options StepRules applies against the batch (max_lens: per sentence; vocab: the logits' width), so that
+// a bad one fails before any work.
+void check_step_rules(const SearchOptions& options, int64_t n_sentences, const std::vector<int64_t>& max_lens,
+                      int64_t vocab) {
+  TORCH_CHECK(options.sampling_topk >= 0, "sampling_topk must be >= 0, got ", options.sampling_topk);
+  TORCH_CHECK(options.sampling_topp > 0 && options.sampling_topp <= 1, "sampling_topp must be in (0, 1], got ",
+              options.sampling_topp);
+  TORCH_CHECK(options.sampling_temperature > 0, "sampling_temperature must be > 0, got ",
+              options.sampling_temperature);
+  if (options.sampling_topk != 1) {
+    TORCH_CHECK(options.beam_size == 1, "sampling (sampling_topk != 1) needs beam_size 1, got ", options.beam_size);
+    TORCH_CHECK(static_cast<int64_t>(options.sampling_keys.size()) == n_sentences, "sampling needs one key per "
+                "sentence (", n_sentences, "), got ", options.sampling_keys.size());
+  }
+  TORCH_CHECK(options.no_repeat_ngram_size >= 0, "no_repeat_ngram_size must be >= 0, got ",
+              options.no_repeat_ngram_size);
+  TORCH_CHECK(options.repetition_penalty > 0, "repetition_penalty must be > 0, got ", options.repetition_penalty);
+  if (!options.target_prefix) return;
+  const at::Tensor& prefix = *options.target_prefix;
+  TORCH_CHECK(prefix.dim() == 2 && prefix.size(0) == n_sentences && prefix.scalar_type() == at::kInt &&
+                  prefix.is_cpu() && prefix.is_contiguous(),
+              "target_prefix must be a contiguous [n_sentences=", n_sentences, ", prefix_len] int32 CPU tensor");
+  for (int64_t s = 0; s < n_sentences; ++s) {
+    const int32_t* ids = prefix.data_ptr<int32_t>() + s * prefix.size(1);
+    int64_t length = 0;
+    while (length < prefix.size(1) && ids[length] >= 0) {
+      const int32_t id = ids[length++];
+      TORCH_CHECK(id < vocab && id != options.pad_id && id != options.bos_id && id != options.eos_id,
+                  "target_prefix of sentence ", s, " holds id ", id, ": not in [0, vocab=", vocab,
+                  ") or pad/bos/eos");
+    }
+    for (int64_t i = length; i < prefix.size(1); ++i) {
+      TORCH_CHECK(ids[i] == -1, "target_prefix of sentence ", s, " must end in -1 padding only");
+    }
+    TORCH_CHECK(length <= max_lens[s], "target_prefix of sentence ", s, " has ", length,
+                " tokens, more than its length limit of ", max_lens[s]);
+  }
 }
 
 // Each sentence's finished hypotheses, back-tracked through the history: best score first, ties in finishing
@@ -343,10 +547,11 @@ std::vector<Hypotheses> search_sentences(const at::Tensor& memory, const at::Ten
                                         memory.options().dtype(at::kFloat));
   }
   const at::Tensor max_lens_tensor = at::tensor(group_max_lens, at::kLong).to(memory.device(), at::kInt);
+  StepRules rules(search_options, state, begin, end, cache_len, memory.device());
   if (in_buckets) {
-    search_in_buckets(decoder, state, max_lens_tensor, search_options);
+    search_in_buckets(decoder, state, max_lens_tensor, search_options, rules);
   } else {
-    search_every_step(decoder, state, max_lens_tensor, search_options);
+    search_every_step(decoder, state, max_lens_tensor, search_options, rules);
   }
   return backtrack(state, k, n_best, begin, src_lengths.narrow(0, begin, end - begin));
 }
@@ -407,6 +612,7 @@ std::vector<Hypotheses> beam_search(const at::Tensor& memory, const at::Tensor& 
   TORCH_CHECK(static_cast<int64_t>(max_lens.size()) == n_sentences, "max_lens must have one entry per sentence");
   TORCH_CHECK(n_best >= 1 && n_best <= k, "n_best must be in [1, beam_size]");
   const bool in_buckets = shrinks_in_buckets(search_options);  // checked before any work
+  check_step_rules(search_options, n_sentences, max_lens, weights.output_weight.size(0));
   if (n_sentences == 0) return {};
 #ifdef FASTFORMER_WITH_CUDA
   std::optional<SearchStream> search_stream;

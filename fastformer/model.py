@@ -300,7 +300,10 @@ class Transformer(nn.Module):
     def translate(self, src_tokens: torch.Tensor, beam_size: int = 4, length_penalty: float = 0.6,
                   max_len_a: float = 1.0, max_len_b: int = 50, min_len: int = 1, n_best: int = 1,
                   length_penalty_form: str = "gnmt", shrink: str = "auto", compute_type: str | None = None,
-                  return_scores: bool = True, return_attention: bool = False) -> list[list[search.Hypothesis]]:
+                  return_scores: bool = True, sampling_topk: int = 1, sampling_topp: float = 1.0,
+                  sampling_temperature: float = 1.0, seed: int = 0,
+                  target_prefix: list[list[int] | None] | None = None, no_repeat_ngram_size: int = 0,
+                  repetition_penalty: float = 1.0, return_attention: bool = False) -> list[list[search.Hypothesis]]:
         """src_tokens: [batch, src_len] right-padded -> per sentence, its n_best hypotheses, best first.
 
         Incremental beam search with a KV cache in the compiled extension; beam_size=1 is greedy search. `shrink`:
@@ -311,8 +314,16 @@ class Transformer(nn.Module):
         argmax without a log-softmax. `return_attention=True`: each Hypothesis.attention is its alignment, the last
         decoder layer's cross-attention averaged over heads, [len(tokens) + 1, src_length] float32 on the CPU (one
         row per output token, EOS last; fastformer.decoding.alignment.hard_alignment makes fairseq's pairs of it).
+
+        As CTranslate2's options: `sampling_topk` (1: no sampling, 0: the whole vocabulary), `sampling_topp`,
+        `sampling_temperature` and `seed` sample with beam_size 1, n_best=N giving N independent samples;
+        `target_prefix` (per sentence a list of ids without BOS/EOS, or None) is forced, then the search goes on;
+        `no_repeat_ngram_size` (0: off) and `repetition_penalty` (1.0: off) act on each hypothesis's tokens so far.
         """
         return search.translate(self, src_tokens, beam_size=beam_size, length_penalty=length_penalty,
                                   max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len, n_best=n_best,
                                   length_penalty_form=length_penalty_form, shrink=shrink, compute_type=compute_type,
-                                  return_scores=return_scores, return_attention=return_attention)
+                                  return_scores=return_scores, sampling_topk=sampling_topk,
+                                  sampling_topp=sampling_topp, sampling_temperature=sampling_temperature, seed=seed,
+                                  target_prefix=target_prefix, no_repeat_ngram_size=no_repeat_ngram_size,
+                                  repetition_penalty=repetition_penalty, return_attention=return_attention)

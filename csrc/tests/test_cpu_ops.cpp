@@ -7,6 +7,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -134,9 +135,10 @@ struct Expected {
   std::vector<int> finished_beams;
 };
 
-// The rules of one step for one sentence, spelled out over every candidate in double precision.
+// The rules of one step for one sentence, spelled out over every candidate in double precision; forced: the token
+// the sentence must take, or -1.
 Expected brute_force_step(const float* logits, const float* sums, int beam, int vocab, int step, int min_len,
-                          int max_len, int pad, int bos, int eos, double length_penalty, bool gnmt) {
+                          int max_len, int pad, int bos, int eos, double length_penalty, bool gnmt, int forced) {
   struct Scored {
     double score;
     int beam, token;
@@ -147,7 +149,8 @@ Expected brute_force_step(const float* logits, const float* sums, int beam, int 
     double total = 0;
     for (int t = 0; t < vocab; ++t) total += std::exp(double(row[t]));
     for (int t = 0; t < vocab; ++t) {
-      const bool allowed = t != pad && t != bos && (step == max_len ? t == eos : (t != eos || step >= min_len));
+      const bool allowed = t != pad && t != bos &&
+                           (step == max_len ? t == eos : forced >= 0 ? t == forced : (t != eos || step >= min_len));
       if (allowed && std::isfinite(sums[j])) all.push_back({sums[j] + row[t] - std::log(total), j, t});
     }
   }
@@ -200,9 +203,10 @@ struct StepBuffers {
 };
 
 // with_scores false (beam 1 only): the greedy path, which takes the same tokens and leaves the scores uncomputed.
+// forced: each sentence's forced token (BeamStepArgs::forced_tokens), or empty for none.
 void test_beam_step(int beam, int vocab, int step, int min_len, int max_len,
                     fastformer::LengthPenaltyForm form = fastformer::LengthPenaltyForm::kGnmt,
-                    bool with_scores = true) {
+                    bool with_scores = true, std::vector<int32_t> forced = {}) {
   const int n_sentences = 4, pad = 0, bos = 1, eos = 2, cache_len = step + 2;
   const int n_slots = n_sentences * beam;
   const double length_penalty = 0.6;
@@ -245,6 +249,7 @@ void test_beam_step(int beam, int vocab, int step, int min_len, int max_len,
   args.length_penalty = length_penalty;
   args.length_penalty_form = form;
   args.with_scores = with_scores;
+  args.forced_tokens = forced.empty() ? nullptr : forced.data();
   loops->beam_step(args);
 
   for (int untouched : {1, 3}) {
@@ -261,7 +266,7 @@ void test_beam_step(int beam, int vocab, int step, int min_len, int max_len,
     const int already = s == 0 ? 1 : 0;
     const Expected e = brute_force_step(b.logits.data() + size_t(a) * beam * vocab, sums_before.data() + s * beam,
                                         beam, vocab, step, min_len, max_len, pad, bos, eos, length_penalty,
-                                        form == fastformer::LengthPenaltyForm::kGnmt);
+                                        form == fastformer::LengthPenaltyForm::kGnmt, forced.empty() ? -1 : forced[s]);
     const int n_finished = int(e.finished_scores.size());
     // The greedy path takes the best candidate only: a sentence that finishes keeps no beam (it is done either way).
     const int n_alive = with_scores ? int(e.parents.size()) : n_finished > 0 ? 0 : std::min<int>(1, e.parents.size());
@@ -395,6 +400,18 @@ int main() {
     for (int vocab : {9, 40, 300}) {  // the greedy path, around the vector width
       for (auto [min_len, max_len] : {std::pair{1, 10}, std::pair{5, 10}, std::pair{1, 3}}) {
         test_beam_step(1, vocab, 3, min_len, max_len, fastformer::LengthPenaltyForm::kGnmt, /*with_scores=*/false);
+      }
+    }
+    // Forced tokens (a target prefix's, or sampling's draw): an ordinary token, none, EOS before min_len; each
+    // loses to EOS forced at max_len.
+    for (const std::vector<int32_t>& forced : {std::vector<int32_t>{5, 7, -1, 7}, std::vector<int32_t>{-1, 7, 2, 7}}) {
+      for (int beam : {1, 2, 4}) {
+        for (auto [vocab, min_len, max_len] : {std::tuple{9, 1, 10}, std::tuple{300, 5, 10}, std::tuple{40, 1, 3}}) {
+          test_beam_step(beam, vocab, 3, min_len, max_len, fastformer::LengthPenaltyForm::kGnmt, true, forced);
+          if (beam == 1) {
+            test_beam_step(1, vocab, 3, min_len, max_len, fastformer::LengthPenaltyForm::kGnmt, false, forced);
+          }
+        }
       }
     }
     test_greedy_step_on_a_non_finite_row();

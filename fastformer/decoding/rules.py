@@ -32,8 +32,9 @@ class Hypothesis(NamedTuple):
 
 
 def check_search_arguments(beam_size: int, length_penalty: float, max_len_a: float, max_len_b: int, min_len: int,
-                           n_best: int, length_penalty_form: str = "gnmt") -> None:
-    """Raises a ValueError/TypeError naming the first bad argument of a beam search."""
+                           n_best: int, length_penalty_form: str = "gnmt", sampling: bool = False) -> None:
+    """Raises a ValueError/TypeError naming the first bad argument of a beam search (sampling: n_best counts
+    independent samples, not beams)."""
     if length_penalty_form not in LENGTH_PENALTY_FORMS:
         raise ValueError(f"length_penalty_form must be one of {LENGTH_PENALTY_FORMS}, got {length_penalty_form!r}")
     for name, value in (("beam_size", beam_size), ("max_len_b", max_len_b), ("min_len", min_len),
@@ -45,7 +46,7 @@ def check_search_arguments(beam_size: int, length_penalty: float, max_len_a: flo
             raise ValueError(f"{name} must be a finite number, got {value!r}")
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
-    if not 1 <= n_best <= beam_size:
+    if n_best < 1 or (n_best > beam_size and not sampling):
         raise ValueError(f"n_best must be in [1, beam_size={beam_size}], got {n_best}")
     if min_len < 0:
         raise ValueError(f"min_len must be >= 0, got {min_len}")
@@ -57,3 +58,53 @@ def max_target_lengths(src_lengths: torch.Tensor, max_len_a: float, max_len_b: i
     """src_lengths: [batch] -> per sentence, the most real target tokens before EOS is forced."""
     # The decoder's input at the forced step is [BOS, max_len tokens], which must fit the position table.
     return [min(math.floor(max_len_a * n + max_len_b), max_positions - 1) for n in src_lengths.tolist()]
+
+
+def check_sampling_arguments(beam_size: int, sampling_topk: int, sampling_topp: float, sampling_temperature: float,
+                             seed: int) -> None:
+    """Raises a ValueError/TypeError naming the first bad sampling argument (CTranslate2's meanings)."""
+    for name, value in (("sampling_topk", sampling_topk), ("seed", seed)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if sampling_topk < 0:
+        raise ValueError(f"sampling_topk must be >= 0 (0: the whole vocabulary, 1: no sampling), got {sampling_topk}")
+    if not isinstance(sampling_topp, (int, float)) or not 0 < sampling_topp <= 1:
+        raise ValueError(f"sampling_topp must be in (0, 1], got {sampling_topp!r}")
+    if not isinstance(sampling_temperature, (int, float)) or not sampling_temperature > 0 \
+            or not math.isfinite(sampling_temperature):
+        raise ValueError(f"sampling_temperature must be a finite number > 0, got {sampling_temperature!r}")
+    if sampling_topk != 1 and beam_size != 1:
+        raise ValueError(f"sampling (sampling_topk={sampling_topk}) with beam_size={beam_size} would be a stochastic "
+                         "beam search, which fastformer does not run: use beam_size=1, and n_best=N for N independent "
+                         "samples per sentence")
+
+
+def check_history_arguments(no_repeat_ngram_size: int, repetition_penalty: float) -> None:
+    """Raises a ValueError/TypeError naming a bad no_repeat_ngram_size or repetition_penalty."""
+    if not isinstance(no_repeat_ngram_size, int) or isinstance(no_repeat_ngram_size, bool):
+        raise TypeError(f"no_repeat_ngram_size must be an int, got {type(no_repeat_ngram_size).__name__}")
+    if no_repeat_ngram_size < 0:
+        raise ValueError(f"no_repeat_ngram_size must be >= 0 (0: off), got {no_repeat_ngram_size}")
+    if not isinstance(repetition_penalty, (int, float)) or not repetition_penalty > 0 \
+            or not math.isfinite(repetition_penalty):
+        raise ValueError(f"repetition_penalty must be a finite number > 0 (1: off), got {repetition_penalty!r}")
+
+
+def check_target_prefix(target_prefix: list[list[int] | None] | None, max_lens: list[int], vocab_size: int,
+                        special_ids: tuple[int, ...]) -> None:
+    """Raises a ValueError naming the first bad prefix: per sentence a list of ids (no BOS/EOS) or None, each id an
+    ordinary token of the vocabulary, at most its sentence's length limit (max_lens) long."""
+    if target_prefix is None:
+        return
+    if len(target_prefix) != len(max_lens):
+        raise ValueError(f"target_prefix must have one entry per sentence ({len(max_lens)}), got {len(target_prefix)}")
+    for i, (prefix, max_len) in enumerate(zip(target_prefix, max_lens)):
+        if prefix is None:
+            continue
+        bad = [t for t in prefix if not isinstance(t, int) or not 0 <= t < vocab_size or t in special_ids]
+        if bad:
+            raise ValueError(f"target_prefix of sentence {i} holds {bad[0]!r}: ids must be in [0, vocab_size="
+                             f"{vocab_size}) and not pad, bos or eos {special_ids}")
+        if len(prefix) > max_len:
+            raise ValueError(f"target_prefix of sentence {i} has {len(prefix)} tokens, more than its length limit of "
+                             f"{max_len} (max_len_a * source length + max_len_b)")

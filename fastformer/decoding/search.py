@@ -16,6 +16,8 @@ passed the GPU tests on a GPU (docs/gpu.md); "buckets" runs it by name.
 
 from __future__ import annotations
 
+import hashlib
+import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -23,7 +25,8 @@ import torch
 
 from fastformer.decoding.compiled import (COMPUTE_TYPES, CompiledModel, compiled_model, decoder_options, extension,
                                           named_struct, resolve_compute_type)
-from fastformer.decoding.rules import Hypothesis, check_search_arguments, max_target_lengths
+from fastformer.decoding.rules import (Hypothesis, check_history_arguments, check_sampling_arguments,
+                                      check_search_arguments, check_target_prefix, max_target_lengths)
 
 __all__ = ["COMPUTE_TYPES", "Hypothesis", "SHRINK_MODES", "translate", "cached_decoder", "encode"]
 
@@ -33,16 +36,30 @@ SHRINK_MODES = ("auto", "every_step", "buckets")
 def translate(model, src_tokens: torch.Tensor, beam_size: int = 4, length_penalty: float = 0.6,
               max_len_a: float = 1.0, max_len_b: int = 50, min_len: int = 1, n_best: int = 1,
               length_penalty_form: str = "gnmt", shrink: str = "auto", compute_type: str | None = None,
-              return_scores: bool = True, return_attention: bool = False) -> list[list[Hypothesis]]:
+              return_scores: bool = True, sampling_topk: int = 1, sampling_topp: float = 1.0,
+              sampling_temperature: float = 1.0, seed: int = 0, target_prefix: list[list[int] | None] | None = None,
+              no_repeat_ngram_size: int = 0, repetition_penalty: float = 1.0,
+              return_attention: bool = False) -> list[list[Hypothesis]]:
     """src_tokens: [batch, src_len] right-padded -> per sentence, up to n_best hypotheses, best first (their scores
-    None where return_scores is False, their attention [len(tokens) + 1, src_length] where return_attention)."""
-    check_search_arguments(beam_size, length_penalty, max_len_a, max_len_b, min_len, n_best, length_penalty_form)
+    None where return_scores is False, their attention [len(tokens) + 1, src_length] where return_attention).
+    Sampling (sampling_topk != 1, beam_size 1): n_best independent samples per sentence, each sentence's random
+    stream keyed by (seed, its source ids, the sample's index)."""
+    sampling = sampling_topk != 1
+    check_search_arguments(beam_size, length_penalty, max_len_a, max_len_b, min_len, n_best, length_penalty_form,
+                           sampling=sampling)
+    check_sampling_arguments(beam_size, sampling_topk, sampling_topp, sampling_temperature, seed)
+    check_history_arguments(no_repeat_ngram_size, repetition_penalty)
     if shrink not in SHRINK_MODES:
         raise ValueError(f"shrink must be one of {SHRINK_MODES}, got {shrink!r}")
     if not isinstance(return_attention, bool):
         raise TypeError(f"return_attention must be a bool, got {return_attention!r}")
     config = model.config
+    if target_prefix is not None:
+        src_lengths = model.lengths(src_tokens, "src_tokens")
+        check_target_prefix(target_prefix, max_target_lengths(src_lengths, max_len_a, max_len_b, config.max_positions),
+                            config.vocab_size, (config.pad_id, config.bos_id, config.eos_id))
     _C = extension()
+    n_samples = n_best if sampling else 1
     with torch.no_grad(), _eval_mode(model):
         compiled = _compiled(model, compute_type)
         memory, src_lengths = encode(model, src_tokens, compiled)
@@ -54,13 +71,47 @@ def translate(model, src_tokens: torch.Tensor, beam_size: int = 4, length_penalt
         search_options = named_struct(_C.SearchOptions(), beam_size=beam_size, length_penalty=float(length_penalty),
                                 length_penalty_form=length_penalty_form, min_len=min_len, pad_id=config.pad_id,
                                 bos_id=config.bos_id, eos_id=config.eos_id, shrink=shrink,
-                                return_scores=return_scores, return_attention=return_attention)
+                                return_scores=return_scores or n_samples > 1, sampling_topk=sampling_topk,
+                                sampling_topp=float(sampling_topp), sampling_temperature=float(sampling_temperature),
+                                no_repeat_ngram_size=no_repeat_ngram_size,
+                                repetition_penalty=float(repetition_penalty), return_attention=return_attention)
+        if sampling:
+            search_options.sampling_keys = _sampling_keys(src_tokens, src_lengths, seed, n_samples)
+        if target_prefix is not None:
+            search_options.target_prefix = _prefix_matrix([p for p in target_prefix for _ in range(n_samples)])
+        if n_samples > 1:  # each sample is a sentence of its own: its memory repeated
+            memory, src_lengths = memory.repeat_interleave(n_samples, 0), src_lengths.repeat_interleave(n_samples, 0)
+            max_lens = [m for m in max_lens for _ in range(n_samples)]
         results = _C.beam_search(memory.to(weights.embedding.dtype).contiguous(), src_lengths, weights,
-                                 decoder_options(model), search_options, max_lens=max_lens, n_best=n_best,
-                                 linears=compiled.decoder_linears)
+                                 decoder_options(model), search_options, max_lens=max_lens,
+                                 n_best=1 if sampling else n_best, linears=compiled.decoder_linears)
+    if n_samples > 1:  # a sentence's samples, best score first (ties in sample order)
+        results = [sorted((h for sample in results[i:i + n_samples] for h in sample), key=lambda h: -h[1])
+                   for i in range(0, len(results), n_samples)]
     return [[Hypothesis(list(tokens), score if return_scores else None, attention)
              for tokens, score, attention in sentence]
             for sentence in results]
+
+
+def _sampling_keys(src_tokens: torch.Tensor, src_lengths: torch.Tensor, seed: int, n_samples: int) -> list[int]:
+    """src_tokens: [batch, src_len], src_lengths: [batch] -> per sentence and sample (sentence-major), the key of its
+    random stream: a hash of (seed, the sentence's real source ids, the sample's index), never of its batch."""
+    keys = []
+    for row, length in zip(src_tokens.tolist(), src_lengths.tolist()):
+        for sample in range(n_samples):
+            data = struct.pack(f"<Qq{length}q", seed % 2**64, sample, *row[:length])
+            keys.append(int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True))
+    return keys
+
+
+def _prefix_matrix(target_prefix: list[list[int] | None]) -> torch.Tensor:
+    """Per sentence a list of ids or None -> [n_sentences, longest] int32, -1 past each prefix."""
+    width = max([len(p) for p in target_prefix if p] + [1])
+    matrix = torch.full((len(target_prefix), width), -1, dtype=torch.int32)
+    for i, prefix in enumerate(target_prefix):
+        if prefix:
+            matrix[i, :len(prefix)] = torch.tensor(prefix, dtype=torch.int32)
+    return matrix
 
 
 def _compiled(model, compute_type: str | None) -> CompiledModel:

@@ -23,6 +23,13 @@ The scoring rules (fairseq's candidate rule) that every beam search in fastforme
 - With return_attention, a hypothesis's attention has a row per output token (EOS last): the last decoder layer's
   cross-attention probabilities averaged over heads at the step that chose the token, over the source's real
   tokens (its EOS included).
+- Options acting on a hypothesis's tokens so far (its generated tokens, a target prefix's included, BOS not), as
+  CTranslate2 defines them, on the logits before the log-softmax: repetition_penalty divides the logit of every token
+  the hypothesis holds where it is positive and multiplies it where negative; no_repeat_ngram_size = n gives -inf to
+  every token that would complete an n-gram the hypothesis holds already. They act after a target prefix only.
+- target_prefix: at step t < len(prefix) a hypothesis may take only prefix[t], scored by its log-probability (as
+  CTranslate2, which forces a prefix whatever the other options say); the prefix is part of the returned tokens and
+  counts towards min_len and max_len.
 """
 
 from __future__ import annotations
@@ -33,13 +40,16 @@ from contextlib import contextmanager, nullcontext
 import torch
 import torch.nn.functional as F
 
-from fastformer.decoding.rules import Hypothesis, check_search_arguments, length_penalty_divisor, max_target_lengths
+from fastformer.decoding.rules import (Hypothesis, check_history_arguments, check_search_arguments, check_target_prefix,
+                                      length_penalty_divisor, max_target_lengths)
 from fastformer.reference.attention import attention_weights
 
 
 def beam_search(model, src_tokens: torch.Tensor, beam_size: int = 4, length_penalty: float = 0.6,
                 max_len_a: float = 1.0, max_len_b: int = 50, min_len: int = 1, n_best: int = 1,
-                length_penalty_form: str = "gnmt", return_attention: bool = False) -> list[list[Hypothesis]]:
+                length_penalty_form: str = "gnmt", target_prefix: list[list[int] | None] | None = None,
+                no_repeat_ngram_size: int = 0, repetition_penalty: float = 1.0,
+                return_attention: bool = False) -> list[list[Hypothesis]]:
     """src_tokens: [batch, src_len] right-padded -> per sentence, up to n_best hypotheses, best first (each with its
     attention [len(tokens) + 1, src_length] float32 on the CPU where return_attention).
 
@@ -47,11 +57,16 @@ def beam_search(model, src_tokens: torch.Tensor, beam_size: int = 4, length_pena
     prefix at every step (no cache), which is slow and obviously faithful to the rules above.
     """
     check_search_arguments(beam_size, length_penalty, max_len_a, max_len_b, min_len, n_best, length_penalty_form)
+    check_history_arguments(no_repeat_ngram_size, repetition_penalty)
+    config = model.config
     with torch.no_grad():
         encoder_out = model.encode(src_tokens)
-        max_lens = max_target_lengths(encoder_out.src_lengths, max_len_a, max_len_b, model.config.max_positions)
+        max_lens = max_target_lengths(encoder_out.src_lengths, max_len_a, max_len_b, config.max_positions)
+        check_target_prefix(target_prefix, max_lens, config.vocab_size, (config.pad_id, config.bos_id, config.eos_id))
+        history_rules = _HistoryRules(no_repeat_ngram_size, repetition_penalty)
         return [_search_sentence(model, encoder_out, i, beam_size, length_penalty, length_penalty_form, max_lens[i],
-                                 min_len, return_attention)[:n_best]
+                                 min_len, (target_prefix[i] if target_prefix else None) or [], history_rules,
+                                 return_attention)[:n_best]
                 for i in range(src_tokens.shape[0])]
 
 
@@ -78,9 +93,31 @@ def last_cross_attention(model) -> Iterator[list[torch.Tensor]]:
         handle.remove()
 
 
+class _HistoryRules:
+    """no_repeat_ngram_size and repetition_penalty (the module docstring) on one hypothesis's logits."""
+
+    def __init__(self, no_repeat_ngram_size: int, repetition_penalty: float) -> None:
+        self.n, self.penalty = no_repeat_ngram_size, repetition_penalty
+
+    def apply(self, logits: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+        """logits: [vocab] of the hypothesis `tokens` -> the logits it is ranked by."""
+        logits = logits.clone()
+        if self.penalty != 1.0:
+            for token in set(tokens):
+                value = logits[token]
+                logits[token] = value / self.penalty if value > 0 else value * self.penalty
+        n = self.n
+        if n > 0:
+            tail = tokens[len(tokens) - n + 1:] if n > 1 else []
+            for i in range(len(tokens) - n + 1):
+                if tokens[i:i + n - 1] == tail:
+                    logits[tokens[i + n - 1]] = float("-inf")
+        return logits
+
+
 def _search_sentence(model, encoder_out, sentence: int, beam_size: int, length_penalty: float,
-                     length_penalty_form: str, max_len: int, min_len: int,
-                     return_attention: bool = False) -> list[Hypothesis]:
+                     length_penalty_form: str, max_len: int, min_len: int, prefix: list[int],
+                     history_rules: _HistoryRules, return_attention: bool = False) -> list[Hypothesis]:
     """encoder_out: the whole batch's EncoderOutput; searches one sentence -> its finished hypotheses, best first."""
     config = model.config
     memory, src_lengths = encoder_out
@@ -97,10 +134,17 @@ def _search_sentence(model, encoder_out, sentence: int, beam_size: int, length_p
         beams_out = encoder_out._replace(memory=memory[sentence:sentence + 1].expand(n_alive, -1, -1),
                                          src_lengths=src_lengths[sentence:sentence + 1].expand(n_alive))
         with last_cross_attention(model) if return_attention else nullcontext([]) as found:
-            log_probs = F.log_softmax(model.decode(prefixes, beams_out)[:, -1].float(), dim=-1)
+            logits = model.decode(prefixes, beams_out)[:, -1].float()
         # [n_alive, src_length]: each alive hypothesis's row for the token this step chooses.
         step_attention = found[0][:, -1, :src_length].cpu() if return_attention else None
+        if step >= len(prefix):
+            logits = torch.stack([history_rules.apply(row, tokens) for row, tokens in zip(logits, alive)])
+        log_probs = F.log_softmax(logits, dim=-1)
         log_probs[:, [config.pad_id, config.bos_id]] = float("-inf")
+        if step < len(prefix):  # step < max_len: a prefix is at most max_len long
+            forced_column = log_probs[:, prefix[step]].clone()
+            log_probs.fill_(float("-inf"))
+            log_probs[:, prefix[step]] = forced_column
         if step == max_len:
             eos_column = log_probs[:, config.eos_id].clone()
             log_probs.fill_(float("-inf"))

@@ -47,9 +47,13 @@ class Translator:
 
     def translate(self, sentences: list[str], beam_size: int = 4, length_penalty: float = 0.6,
                   batch_tokens: int = 4096, max_len_a: float = 1.0, max_len_b: int = 50, min_len: int = 1,
-                  length_penalty_form: str = "gnmt", on_truncated: OnTruncated | None = None) -> list[str]:
+                  length_penalty_form: str = "gnmt", on_truncated: OnTruncated | None = None, sampling_topk: int = 1,
+                  sampling_topp: float = 1.0, sampling_temperature: float = 1.0, seed: int = 0,
+                  target_prefix: list[str | None] | None = None, no_repeat_ngram_size: int = 0,
+                  repetition_penalty: float = 1.0) -> list[str]:
         """Translates sentences in length-sorted batches of about batch_tokens source tokens (padding included);
-        the output keeps the input order. The search options are those of `Transformer.translate`.
+        the output keeps the input order. The search options are those of `Transformer.translate`; target_prefix:
+        per sentence a text (its pieces are forced) or None.
 
         A blank sentence translates to "" (so that output stays line-aligned with input). A sentence longer than the
         model's positions is cut to them, and on_truncated is told (by default a warning: never a silent cut)."""
@@ -65,6 +69,11 @@ class Translator:
                 report(i, len(ids), limit)
             sources[i] = ids[:limit] + [config.eos_id]  # EOS ends every source, as in training
         sizes = [len(sources.get(i, ())) for i in range(len(sentences))]
+        if target_prefix is not None and len(target_prefix) != len(sentences):
+            raise ValueError(f"target_prefix must have one entry per sentence ({len(sentences)}), got "
+                             f"{len(target_prefix)}")
+        prefixes = {} if target_prefix is None else dict(zip(kept, self.target_tokenizer.encode(
+            [target_prefix[i] or "" for i in kept])))
         translations = [""] * len(sentences)
         for indices in token_budget_batches(sorted(kept, key=sizes.__getitem__), sizes, batch_tokens):
             src = torch.nn.utils.rnn.pad_sequence([torch.tensor(sources[i]) for i in indices], batch_first=True,
@@ -72,7 +81,12 @@ class Translator:
             hypotheses = self.model.translate(src, beam_size=beam_size, length_penalty=length_penalty,
                                               max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len,
                                               length_penalty_form=length_penalty_form, compute_type=self.compute_type,
-                                              return_scores=False)
+                                              return_scores=False, sampling_topk=sampling_topk,
+                                              sampling_topp=sampling_topp, sampling_temperature=sampling_temperature,
+                                              seed=seed,
+                                              target_prefix=[prefixes[i] for i in indices] if prefixes else None,
+                                              no_repeat_ngram_size=no_repeat_ngram_size,
+                                              repetition_penalty=repetition_penalty)
             for i, text in zip(indices, self.target_tokenizer.decode([best[0].tokens for best in hypotheses])):
                 translations[i] = text
         return translations
