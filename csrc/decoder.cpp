@@ -367,8 +367,27 @@ CachedDecoder::CachedDecoder(const at::Tensor& memory, const at::Tensor& src_len
 }
 
 
-at::Tensor CachedDecoder::layer_norm(const at::Tensor& x, const LayerNormWeights& norm) const {
-  return at::layer_norm(x, {d_model_}, norm.weight, norm.bias, norm.eps);
+at::Tensor decoder_layers(at::Tensor x, const DecoderWeights& weights, const DecoderLinears& linears,
+                          const DecoderOptions& options, Activation activation, const DecoderBlock& self_block,
+                          const DecoderBlock& cross_block) {
+  auto layer_norm = [&](const at::Tensor& y, const LayerNormWeights& norm) {
+    return at::layer_norm(y, {y.size(-1)}, norm.weight, norm.bias, norm.eps);
+  };
+  for (int64_t layer = 0; layer < static_cast<int64_t>(weights.layers.size()); ++layer) {
+    const DecoderLayerWeights& w = weights.layers[layer];
+    const DecoderLayerLinears& linear = linears.layers[layer];
+    auto feed_forward = [&](const at::Tensor& h) { return linear.linear2(linear.linear1(h, activation)); };
+    if (options.norm_first) {
+      x = x + self_block(layer_norm(x, w.norm1), layer);
+      x = x + cross_block(layer_norm(x, w.norm2), layer);
+      x = x + feed_forward(layer_norm(x, w.norm3));
+    } else {
+      x = layer_norm(x + self_block(x, layer), w.norm1);
+      x = layer_norm(x + cross_block(x, layer), w.norm2);
+      x = layer_norm(x + feed_forward(x), w.norm3);
+    }
+  }
+  return weights.final_norm ? layer_norm(x, *weights.final_norm) : x;
 }
 
 at::Tensor CachedDecoder::self_block(const at::Tensor& h, int64_t layer, const at::Tensor& row_slots,
@@ -385,11 +404,6 @@ at::Tensor CachedDecoder::cross_block(const at::Tensor& h, int64_t layer, const 
   const at::Tensor attended =
       cross_attention(linear.cross_q(h), keys_values[0], keys_values[1], src_lengths_, row_slots, beam_size_);
   return linear.cross_out(attended);
-}
-
-at::Tensor CachedDecoder::feed_forward(const at::Tensor& h, int64_t layer) const {
-  const DecoderLayerLinears& linear = linears_->layers[layer];
-  return linear.linear2(linear.linear1(h, activation_));
 }
 
 at::Tensor CachedDecoder::step(const at::Tensor& tokens, const at::Tensor& row_slots, const at::Tensor& indirection,
@@ -409,19 +423,10 @@ at::Tensor CachedDecoder::step(const at::Tensor& tokens, const at::Tensor& row_s
   // position is gathered on the device (a graph replays this step at every position).
   at::Tensor x = at::embedding(weights_.embedding, tokens).mul(options_.embedding_scale)
                      .add(at::index_select(weights_.positions, 0, step));
-  for (int64_t layer = 0; layer < n_layers_; ++layer) {
-    const DecoderLayerWeights& w = weights_.layers[layer];
-    if (options_.norm_first) {
-      x = x + self_block(layer_norm(x, w.norm1), layer, row_slots, indirection, step);
-      x = x + cross_block(layer_norm(x, w.norm2), layer, row_slots);
-      x = x + feed_forward(layer_norm(x, w.norm3), layer);
-    } else {
-      x = layer_norm(x + self_block(x, layer, row_slots, indirection, step), w.norm1);
-      x = layer_norm(x + cross_block(x, layer, row_slots), w.norm2);
-      x = layer_norm(x + feed_forward(x, layer), w.norm3);
-    }
-  }
-  if (weights_.final_norm) x = layer_norm(x, *weights_.final_norm);
+  x = decoder_layers(
+      x, weights_, *linears_, options_, activation_,
+      [&](const at::Tensor& h, int64_t layer) { return self_block(h, layer, row_slots, indirection, step); },
+      [&](const at::Tensor& h, int64_t layer) { return cross_block(h, layer, row_slots); });
   return linears_->output(x);
 }
 
