@@ -236,7 +236,7 @@ def _run_score(args: argparse.Namespace) -> None:
         raise ValueError(f"{source_name} has {len(sources)} lines but {target_name} has {len(targets)}: score needs "
                          "one target line per source line")
     translator = load_translator(_newest_checkpoint(args), _inference_device(args.device), args.compute_type)
-    lines = score_lines(translator, list(zip(sources, targets)), args.tokens, args.batch_tokens)
+    lines = _score_lines(translator, list(zip(sources, targets)), args.tokens, args.batch_tokens)
     text = "".join(line + "\n" for line in lines)
     if args.output:
         Path(args.output).write_text(text, encoding="utf-8")
@@ -244,7 +244,7 @@ def _run_score(args: argparse.Namespace) -> None:
         sys.stdout.write(text)
 
 
-def score_lines(translator: Translator, pairs: list[tuple[str, str]], with_tokens: bool,
+def _score_lines(translator: Translator, pairs: list[tuple[str, str]], with_tokens: bool,
                 batch_tokens: int) -> list[str]:
     """(source, target) lines -> one output line each: `total<TAB>normalized`, and with_tokens a third column of each
     token's log-probability (EOS last), space-separated."""

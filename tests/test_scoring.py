@@ -14,6 +14,7 @@ from fastformer import Transformer
 from fastformer.__main__ import main
 from fastformer.data import EOS_ID
 from fastformer.translation.translator import ScoreResult, Translator
+from marian_models import CALIBRATION, built  # noqa: F401 (a fixture)
 from test_beam_search import MARIAN, make_model, padded_sources, real_token_ids
 from test_translator import tiny_checkpoint  # noqa: F401 (a fixture)
 
@@ -216,6 +217,22 @@ def test_translator_scores_in_its_compute_type(tiny_checkpoint):
         torch.testing.assert_close(torch.tensor(got.token_scores), torch.tensor(want.token_scores),
                                    atol=LOW_PRECISION_ATOL["int8"], rtol=0)
     assert [got.token_scores for got in int8] != [want.token_scores for want in float32]
+
+
+def test_translator_scores_a_marian_model_as_transformers_does(built):
+    """A Marian (OPUS-MT) directory: the pieces and log-probabilities of transformers' MarianMTModel given the labels
+    (teacher forcing from the pad token) and MarianTokenizer's target side."""
+    directory, reference, tokenizer = built("swish-scaled-bias")
+    sources, targets = CALIBRATION[:6], CALIBRATION[6:12]
+    results = fastformer.load_translator(directory, device="cpu").score(sources, targets)
+    for result, source, target in zip(results, sources, targets):
+        batch = tokenizer([source], text_target=[target], return_tensors="pt")
+        labels = batch.pop("labels")
+        with torch.no_grad():
+            logits = reference(**batch, labels=labels).logits
+        want = F.log_softmax(logits.double(), dim=-1)[0].gather(1, labels[0, :, None])[:, 0]
+        assert result.tokens == tokenizer.convert_ids_to_tokens(labels[0].tolist())
+        torch.testing.assert_close(torch.tensor(result.token_scores, dtype=torch.float64), want, atol=5e-5, rtol=0)
 
 
 @pytest.mark.parametrize("sources,targets,match", [

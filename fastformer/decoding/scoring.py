@@ -22,7 +22,7 @@ def score(model, src_tokens: torch.Tensor, target_tokens: list[list[int]],
     EOS -> per sentence [len(target) + 1] float32 on the CPU: log p of each target token, then of EOS."""
     config = model.config
     target_tokens = [[int(token) for token in target] for target in target_tokens]
-    check_targets(config, src_tokens.shape[0], target_tokens)
+    check_targets(config, len(src_tokens), target_tokens)
     with torch.no_grad(), _eval_mode(model):
         compiled = _compiled(model, compute_type)
         memory, src_lengths = encode(model, src_tokens, compiled)
