@@ -1,6 +1,7 @@
 // The incremental decoder and the whole beam-search loop in C++ (ATen for the GEMMs, the fused ops for the rest),
 // plus the ATen-level wrappers of the fused ops (device dispatch and checks) that the torch ops register. The decoder,
-// the search's state and the wrappers are defined in decoder.cpp, the loop over the steps (beam_search) in search.cpp.
+// the search's state and the wrappers are defined in decoder.cpp, the loop over the steps (beam_search) in search.cpp,
+// and teacher-forced scoring (score_targets: the decoder over whole targets at once) in scorer.cpp.
 //
 // The Python side hands the decoder over as named structs (DecoderWeights, DecoderOptions, SearchOptions), bound
 // field by field in bindings.cpp and filled by name in fastformer/decoding/search.py: a new model feature is one field
