@@ -73,13 +73,14 @@ def test_score_equals_the_references_teacher_forced_log_softmax(norm_first, opti
                         rtol=1e-5)
 
 
-def test_score_takes_any_target_token_and_a_long_target():
-    """Targets holding BOS and EOS ids score as any token does, and a target of max_positions - 1 tokens fits (its
-    decoder input fills every position)."""
+def test_score_takes_any_target_token_long_targets_and_many_rows():
+    """Targets holding BOS and EOS ids score as any token does; targets of max_positions - 1 tokens fit (their
+    decoder input fills every position); and 10 of them are 320 rows, past the 256 the output projection takes at a
+    time."""
     model = make_model(True, max_positions=32)
-    src = padded_sources(model, [4, 6], seed=3)
+    src = padded_sources(model, [4, 6, 2, 9, 5, 3, 7, 1, 8, 4, 6], seed=3)
     config = model.config
-    targets = [[config.eos_id, config.bos_id, 5, config.eos_id], random_targets(model, [31])[0]]
+    targets = [[config.eos_id, config.bos_id, 5, config.eos_id]] + random_targets(model, [31] * 10)
     assert_scores_close(model.score(src, targets), teacher_forced_log_probs(model, src, targets), atol=2e-5,
                         rtol=1e-5)
 
