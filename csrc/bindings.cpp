@@ -1,5 +1,6 @@
 // fastformer._C: the torch ops fastformer::{self_attention_step, cross_attention} (CPU, CUDA and Meta kernels) and
-// the pybind11 module with the whole beam search, the incremental decoder and their named argument structs.
+// the pybind11 module with the whole beam search, teacher-forced scoring, the incremental decoder and their named
+// argument structs.
 #include <torch/extension.h>
 #include <torch/library.h>
 
@@ -208,6 +209,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "to n_best (tokens, score, attention [len(tokens) + 1, src_length] or None), best first",
       py::arg("memory"), py::arg("src_lengths"), py::arg("weights"), py::arg("decoder_options"),
       py::arg("search_options"), py::arg("max_lens"), py::arg("n_best"), py::arg("linears") = nullptr);
+  m.def(
+      "score_targets",
+      [](const at::Tensor& memory, const at::Tensor& src_lengths, const at::Tensor& decoder_input,
+         const at::Tensor& targets, const at::Tensor& tgt_lengths, const fastformer::DecoderWeights& weights,
+         const fastformer::DecoderOptions& decoder_options, std::shared_ptr<fastformer::DecoderLinears> linears) {
+        py::gil_scoped_release no_gil;
+        return fastformer::score_targets(memory, src_lengths, decoder_input, targets, tgt_lengths, weights,
+                                         decoder_options, std::move(linears));
+      },
+      "teacher forcing: memory [n_sentences, src_len, d_model], src_lengths [n_sentences], decoder_input and targets "
+      "[n_sentences, tgt_len] int64 (BOS + target, target + EOS; padded), tgt_lengths [n_sentences] -> "
+      "[n_sentences, tgt_len] float32 log-probabilities of the targets, 0 at padding",
+      py::arg("memory"), py::arg("src_lengths"), py::arg("decoder_input"), py::arg("targets"), py::arg("tgt_lengths"),
+      py::arg("weights"), py::arg("decoder_options"), py::arg("linears") = nullptr);
   py::class_<CachedDecoder>(m, "CachedDecoder",
                             "The decoder one position at a time over a preallocated KV cache (decoder.h)")
       .def(py::init<const at::Tensor&, const at::Tensor&, fastformer::DecoderWeights, fastformer::DecoderOptions,

@@ -374,8 +374,27 @@ CachedDecoder::CachedDecoder(const at::Tensor& memory, const at::Tensor& src_len
 }
 
 
-at::Tensor CachedDecoder::layer_norm(const at::Tensor& x, const LayerNormWeights& norm) const {
-  return at::layer_norm(x, {d_model_}, norm.weight, norm.bias, norm.eps);
+at::Tensor decoder_layers(at::Tensor x, const DecoderWeights& weights, const DecoderLinears& linears,
+                          const DecoderOptions& options, Activation activation, const DecoderBlock& self_block,
+                          const DecoderBlock& cross_block) {
+  auto layer_norm = [&](const at::Tensor& y, const LayerNormWeights& norm) {
+    return at::layer_norm(y, {y.size(-1)}, norm.weight, norm.bias, norm.eps);
+  };
+  for (int64_t layer = 0; layer < static_cast<int64_t>(weights.layers.size()); ++layer) {
+    const DecoderLayerWeights& w = weights.layers[layer];
+    const DecoderLayerLinears& linear = linears.layers[layer];
+    auto feed_forward = [&](const at::Tensor& h) { return linear.linear2(linear.linear1(h, activation)); };
+    if (options.norm_first) {
+      x = x + self_block(layer_norm(x, w.norm1), layer);
+      x = x + cross_block(layer_norm(x, w.norm2), layer);
+      x = x + feed_forward(layer_norm(x, w.norm3));
+    } else {
+      x = layer_norm(x + self_block(x, layer), w.norm1);
+      x = layer_norm(x + cross_block(x, layer), w.norm2);
+      x = layer_norm(x + feed_forward(x), w.norm3);
+    }
+  }
+  return weights.final_norm ? layer_norm(x, *weights.final_norm) : x;
 }
 
 at::Tensor CachedDecoder::self_block(const at::Tensor& h, int64_t layer, const at::Tensor& row_slots,
@@ -412,11 +431,6 @@ at::Tensor CachedDecoder::last_cross_attention(const at::Tensor& query, const at
   return at::softmax(scores, -1).mean(1).reshape({n_slots_, src_len}).index_select(0, slots);
 }
 
-at::Tensor CachedDecoder::feed_forward(const at::Tensor& h, int64_t layer) const {
-  const DecoderLayerLinears& linear = linears_->layers[layer];
-  return linear.linear2(linear.linear1(h, activation_));
-}
-
 at::Tensor CachedDecoder::step(const at::Tensor& tokens, const at::Tensor& row_slots, const at::Tensor& indirection,
                                int64_t step) {
   TORCH_CHECK(step >= 0 && step < cache_len_, "step must be in [0, cache_len=", cache_len_, "), got ", step);
@@ -435,21 +449,13 @@ at::Tensor CachedDecoder::step(const at::Tensor& tokens, const at::Tensor& row_s
   at::Tensor x = at::embedding(weights_.embedding, tokens).mul(options_.embedding_scale)
                      .add(at::index_select(weights_.positions, 0, step));
   at::Tensor last_query;
-  for (int64_t layer = 0; layer < n_layers_; ++layer) {
-    const DecoderLayerWeights& w = weights_.layers[layer];
-    at::Tensor* query = cross_attention && layer == n_layers_ - 1 ? &last_query : nullptr;
-    if (options_.norm_first) {
-      x = x + self_block(layer_norm(x, w.norm1), layer, row_slots, indirection, step);
-      x = x + cross_block(layer_norm(x, w.norm2), layer, row_slots, query);
-      x = x + feed_forward(layer_norm(x, w.norm3), layer);
-    } else {
-      x = layer_norm(x + self_block(x, layer, row_slots, indirection, step), w.norm1);
-      x = layer_norm(x + cross_block(x, layer, row_slots, query), w.norm2);
-      x = layer_norm(x + feed_forward(x, layer), w.norm3);
-    }
-  }
+  x = decoder_layers(
+      x, weights_, *linears_, options_, activation_,
+      [&](const at::Tensor& h, int64_t layer) { return self_block(h, layer, row_slots, indirection, step); },
+      [&](const at::Tensor& h, int64_t layer) {
+        return cross_block(h, layer, row_slots, cross_attention && layer == n_layers_ - 1 ? &last_query : nullptr);
+      });
   if (cross_attention) *cross_attention = last_cross_attention(last_query, row_slots);
-  if (weights_.final_norm) x = layer_norm(x, *weights_.final_norm);
   return linears_->output(x);
 }
 

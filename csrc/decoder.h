@@ -1,6 +1,7 @@
 // The incremental decoder and the whole beam-search loop in C++ (ATen for the GEMMs, the fused ops for the rest),
 // plus the ATen-level wrappers of the fused ops (device dispatch and checks) that the torch ops register. The decoder,
-// the search's state and the wrappers are defined in decoder.cpp, the loop over the steps (beam_search) in search.cpp.
+// the search's state and the wrappers are defined in decoder.cpp, the loop over the steps (beam_search) in search.cpp,
+// and teacher-forced scoring (score_targets: the decoder over whole targets at once) in scorer.cpp.
 //
 // The Python side hands the decoder over as named structs (DecoderWeights, DecoderOptions, SearchOptions), bound
 // field by field in bindings.cpp and filled by name in fastformer/decoding/search.py: a new model feature is one field
@@ -10,6 +11,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -206,6 +208,16 @@ struct BeamState {
 void beam_step(const at::Tensor& logits, const at::Tensor& active, const at::Tensor& max_lens, BeamState& state,
                const SearchOptions& options);
 
+// An attention block of decoder layer `layer`: its input rows [rows, d_model] -> its output [rows, d_model].
+using DecoderBlock = std::function<at::Tensor(const at::Tensor& h, int64_t layer)>;
+
+// x [rows, d_model] (the embedded tokens) through the decoder's layers, pre-LN or post-LN (options.norm_first), their
+// feed-forward blocks and the final norm -> the hidden states [rows, d_model] the output projection takes. The
+// attention blocks are the caller's: the incremental decoder attends over its cache, the scorer over whole targets.
+at::Tensor decoder_layers(at::Tensor x, const DecoderWeights& weights, const DecoderLinears& linears,
+                          const DecoderOptions& options, Activation activation, const DecoderBlock& self_block,
+                          const DecoderBlock& cross_block);
+
 // The decoder of fastformer.Transformer, one position at a time, with a preallocated self-attention cache
 // ([layers, n_sentences * beam_size, heads, cache_len, head_dim] in the weights' dtype) and the encoder's
 // keys/values computed once per layer ([n_sentences, heads, src_len, head_dim], shared by a sentence's beams).
@@ -238,8 +250,6 @@ class CachedDecoder {
   // The last layer's cross-attention probabilities averaged over heads for its queries [n_rows, d_model] ->
   // [n_rows, src_len] float32, in plain ATen ops (the fused cross_attention never forms them).
   at::Tensor last_cross_attention(const at::Tensor& query, const at::Tensor& row_slots) const;
-  at::Tensor feed_forward(const at::Tensor& h, int64_t layer) const;
-  at::Tensor layer_norm(const at::Tensor& x, const LayerNormWeights& norm) const;
 
   DecoderWeights weights_;
   std::shared_ptr<const DecoderLinears> linears_;
@@ -254,6 +264,9 @@ class CachedDecoder {
   std::vector<at::Tensor> k_cache_, v_cache_;
 };
 
+// How many groups of sentences a CPU search (or scoring) runs side by side, one group per thread (search.cpp).
+int64_t cpu_sentence_groups(int64_t n_sentences);
+
 // (tokens without BOS/EOS, score, attention) of a sentence's hypotheses, best first; attention (with
 // SearchOptions::return_attention, else none): [len(tokens) + 1, the sentence's src_length] float32 on the CPU, one
 // row per output token, EOS last.
@@ -266,5 +279,15 @@ std::vector<Hypotheses> beam_search(const at::Tensor& memory, const at::Tensor& 
                                     const DecoderOptions& decoder_options, const SearchOptions& search_options,
                                     const std::vector<int64_t>& max_lens, int64_t n_best,
                                     std::shared_ptr<const DecoderLinears> linears = nullptr);
+
+// Teacher-forced log-probabilities of given targets, the decoder run over every position at once: memory
+// [n_sentences, src_len, d_model] and src_lengths [n_sentences] as beam_search takes them, decoder_input [n_sentences,
+// tgt_len] int64 (BOS + the target, right-padded), targets [n_sentences, tgt_len] int64 (the target + EOS, padded),
+// tgt_lengths [n_sentences] (each target's length + 1, in [1, tgt_len]) -> [n_sentences, tgt_len] float32:
+// log p(targets[s, t] | decoder_input[s, :t + 1], source s), 0 at padding. linears: the decoder's converted linear
+// layers (DecoderLinears, any compute type), built here in float32 when null.
+at::Tensor score_targets(const at::Tensor& memory, const at::Tensor& src_lengths, const at::Tensor& decoder_input,
+                         const at::Tensor& targets, const at::Tensor& tgt_lengths, const DecoderWeights& weights,
+                         const DecoderOptions& options, std::shared_ptr<const DecoderLinears> linears = nullptr);
 
 }  // namespace fastformer

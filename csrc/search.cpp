@@ -556,13 +556,6 @@ std::vector<Hypotheses> search_sentences(const at::Tensor& memory, const at::Ten
   return backtrack(state, k, n_best, begin, src_lengths.narrow(0, begin, end - begin));
 }
 
-// How many groups of sentences the CPU search runs side by side: one per intra-op thread, each group at least
-// kMinSentencesPerGroup sentences so that its GEMMs keep enough rows.
-int64_t cpu_sentence_groups(int64_t n_sentences) {
-  constexpr int64_t kMinSentencesPerGroup = 4;
-  return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n_sentences / kMinSentencesPerGroup));
-}
-
 #ifdef FASTFORMER_WITH_CUDA
 // The stream this thread's searches run on, on `device`: taken from PyTorch's pool at the thread's first search
 // there and kept for every later one. The caching allocator hands a freed block only to allocations on the stream
@@ -600,6 +593,13 @@ class SearchStream {
 #endif
 
 }  // namespace
+
+// One group per intra-op thread, each group at least kMinSentencesPerGroup sentences so that its GEMMs keep enough
+// rows.
+int64_t cpu_sentence_groups(int64_t n_sentences) {
+  constexpr int64_t kMinSentencesPerGroup = 4;
+  return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n_sentences / kMinSentencesPerGroup));
+}
 
 std::vector<Hypotheses> beam_search(const at::Tensor& memory, const at::Tensor& src_lengths, DecoderWeights weights,
                                     const DecoderOptions& decoder_options, const SearchOptions& search_options,

@@ -1,6 +1,6 @@
 """fastformer: train, translate, evaluate and average Transformer translation models (the paper's recipe).
 
-The command line, `fastformer {demo,train,prepare,translate,evaluate,average,export,plot}` (also
+The command line, `fastformer {demo,train,prepare,translate,score,evaluate,average,export,plot}` (also
 `python -m fastformer`).
 `fastformer demo` is the whole job on the bundled corpus: train the tiny preset a fixed number of updates, translate
 the held-out test split with beam search, print sacreBLEU and throughput. It runs unchanged under torchrun and on a
@@ -34,7 +34,7 @@ from fastformer.training.run_corpus import prepare_run_corpora
 from fastformer.training.options import TrainOptions
 from fastformer.training.trainer import TrainResult, check_run, process_rank, train
 from fastformer.translation import evaluate, export
-from fastformer.translation.translator import OnTruncated, load_checkpoint_tokenizers, load_translator
+from fastformer.translation.translator import OnTruncated, Translator, load_checkpoint_tokenizers, load_translator
 
 # The demo fits the bundled corpus and a few CPU minutes: small updates, so that it takes many steps, with a short
 # warmup and a raised peak learning rate. Its length is a fixed number of updates, not a time, so that its result is
@@ -228,6 +228,33 @@ def _run_translate(args: argparse.Namespace) -> None:
         sys.stdout.write(text)
 
 
+def _run_score(args: argparse.Namespace) -> None:
+    # Read both files first: a decoding error or a count mismatch must not wait for loading the model.
+    sources, source_name = _read_sentences(args.input)
+    targets, target_name = _read_sentences(args.targets)
+    if len(sources) != len(targets):
+        raise ValueError(f"{source_name} has {len(sources)} lines but {target_name} has {len(targets)}: score needs "
+                         "one target line per source line")
+    translator = load_translator(_newest_checkpoint(args), _inference_device(args.device), args.compute_type)
+    lines = _score_lines(translator, list(zip(sources, targets)), args.tokens, args.batch_tokens)
+    text = "".join(line + "\n" for line in lines)
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+
+
+def _score_lines(translator: Translator, pairs: list[tuple[str, str]], with_tokens: bool,
+                batch_tokens: int) -> list[str]:
+    """(source, target) lines -> one output line each: `total<TAB>normalized`, and with_tokens a third column of each
+    token's log-probability (EOS last), space-separated."""
+    results = translator.score([source for source, _ in pairs], [target for _, target in pairs],
+                               batch_tokens=batch_tokens)
+    return ["\t".join([f"{result.total:.6f}", f"{result.normalized:.6f}"]
+                      + ([" ".join(f"{value:.6f}" for value in result.token_scores)] if with_tokens else []))
+            for result in results]
+
+
 def _run_evaluate(args: argparse.Namespace) -> None:
     _evaluate(_newest_checkpoint(args), None if args.data_dir is None else Path(args.data_dir), args.split,
               args.src_lang, args.tgt_lang, args.beam, args.length_penalty, _inference_device(args.device),
@@ -269,21 +296,26 @@ def _run_plot(args: argparse.Namespace) -> None:
     print(f"drew the curves of {len(out_dirs)} run{'s' if len(out_dirs) > 1 else ''} into {output}")
 
 
-def _add_inference_options(parser: argparse.ArgumentParser) -> None:
+def _add_model_options(parser: argparse.ArgumentParser, batch_help: str) -> None:
+    """The options of every command that runs a trained model: which model, where and in which type, and batches."""
     parser.add_argument("--checkpoint", help="a checkpoint file or a Marian (OPUS-MT) model directory in the "
                         "transformers layout (default: the newest checkpoint in --out-dir)")
     parser.add_argument("--out-dir", default="runs/demo", help="the training run's directory")
+    parser.add_argument("--batch-tokens", type=int, default=4096, help=batch_help)
+    parser.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda or cuda:N")
+    parser.add_argument("--compute-type", choices=COMPUTE_TYPES,
+                        help="the linear layers' type: on the CPU float32, bfloat16 or int8, on CUDA float16 or "
+                        "bfloat16 (float32 too), auto: the fastest this machine has (default: the checkpoint's dtype)")
+
+
+def _add_inference_options(parser: argparse.ArgumentParser) -> None:
+    _add_model_options(parser, "source tokens per translation batch")
     parser.add_argument("--beam", type=int, default=4, help="beam size (1: greedy)")
     parser.add_argument("--length-penalty", type=float, default=0.6,
                         help="alpha of the length penalty (0: none)")
     parser.add_argument("--length-penalty-form", choices=LENGTH_PENALTY_FORMS, default="gnmt",
                         help="gnmt: divide by ((5 + |Y|) / 6) ** alpha; length: by |Y| ** alpha (fairseq, "
                         "transformers, CTranslate2, Marian)")
-    parser.add_argument("--batch-tokens", type=int, default=4096, help="source tokens per translation batch")
-    parser.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda or cuda:N")
-    parser.add_argument("--compute-type", choices=COMPUTE_TYPES,
-                        help="the linear layers' type: on the CPU float32, bfloat16 or int8, on CUDA float16 or "
-                        "bfloat16 (float32 too), auto: the fastest this machine has (default: the checkpoint's dtype)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -311,6 +343,17 @@ def build_parser() -> argparse.ArgumentParser:
     translate.add_argument("--input", help="a file of source sentences (default: stdin)")
     translate.add_argument("--output", help="where to write translations (default: stdout)")
     translate.set_defaults(run=_run_translate)
+
+    score = commands.add_parser("score", help="score given translations: per line pair, the sum of the target's "
+                                "log-probabilities and that sum per token (EOS included), tab-separated",
+                                **HELP_FORMAT)
+    _add_model_options(score, "source tokens per scoring batch")
+    score.add_argument("--input", required=True, help="a file of source sentences")
+    score.add_argument("--targets", required=True, help="a file of target sentences, one per source line")
+    score.add_argument("--output", help="where to write the scores (default: stdout)")
+    score.add_argument("--tokens", action="store_true",
+                       help="a third column: each target token's log-probability, space-separated, EOS last")
+    score.set_defaults(run=_run_score)
 
     evaluate_parser = commands.add_parser("evaluate", help="translate a test split and print sacreBLEU",
                                           **HELP_FORMAT)

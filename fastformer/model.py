@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastformer.config import TransformerConfig
-from fastformer.decoding import search
+from fastformer.decoding import scoring, search
 from fastformer.nn import LinearCrossEntropyLoss, MultiheadAttention, ResidualLayerNorm
 
 
@@ -327,3 +327,15 @@ class Transformer(nn.Module):
                                   sampling_topp=sampling_topp, sampling_temperature=sampling_temperature, seed=seed,
                                   target_prefix=target_prefix, no_repeat_ngram_size=no_repeat_ngram_size,
                                   repetition_penalty=repetition_penalty, return_attention=return_attention)
+
+    @torch.no_grad()
+    def score(self, src_tokens: torch.Tensor, target_tokens: list[list[int]],
+              compute_type: str | None = None) -> list[torch.Tensor]:
+        """src_tokens: [batch, src_len] right-padded; target_tokens: per sentence its ids without EOS -> per sentence
+        a [len(target) + 1] float32 tensor: the log-probability of each target token and of EOS under teacher forcing
+        (CTranslate2's score_batch), the decoder run once over all positions in the compiled extension.
+
+        `compute_type` as in `translate` (fastformer/decoding/compiled.py). A count of targets other than the batch's,
+        an empty target, an id outside the vocabulary or a target over max_positions - 1 tokens is a ValueError.
+        """
+        return scoring.score(self, src_tokens, target_tokens, compute_type=compute_type)

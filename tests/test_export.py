@@ -12,6 +12,7 @@ from fastformer import Transformer, TransformerConfig
 from fastformer.data.tokenizer import Tokenizer, train_tokenizer
 from fastformer.reference.beam_search import beam_search
 from fastformer.translation.export import to_ctranslate2, vocabulary
+from test_scoring import teacher_forced_log_probs
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
@@ -109,18 +110,6 @@ def vocabulary_for(config: TransformerConfig) -> list[str]:
 def export(model: Transformer, tmp_path, quantization: str = "float32"):
     out_dir = to_ctranslate2(model, vocabulary_for(model.config), tmp_path / "ct2", quantization=quantization)
     return ctranslate2.Translator(str(out_dir), device="cpu", intra_threads=1)
-
-
-def teacher_forced_log_probs(model: Transformer, src: torch.Tensor, targets: list[list[int]]) -> list[torch.Tensor]:
-    """Per sentence, fastformer's log-probability of each target token and of the final EOS: [len + 1]."""
-    config = model.config
-    rows_in = [torch.tensor([config.bos_id] + t) for t in targets]
-    rows_out = [torch.tensor(t + [config.eos_id]) for t in targets]
-    tgt_in = torch.nn.utils.rnn.pad_sequence(rows_in, batch_first=True, padding_value=config.pad_id)
-    tgt_out = torch.nn.utils.rnn.pad_sequence(rows_out, batch_first=True, padding_value=config.pad_id)
-    with torch.no_grad(), fastformer.backend("reference"):
-        log_probs = F.log_softmax(model(src, tgt_in).double(), dim=-1).gather(-1, tgt_out[..., None])[..., 0]
-    return [log_probs[i, :len(t) + 1] for i, t in enumerate(targets)]
 
 
 @pytest.mark.parametrize("name", CONFIGS)

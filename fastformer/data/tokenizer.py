@@ -29,6 +29,8 @@ class TextTokenizer(Protocol):
 
     def decode(self, ids: list[list[int]]) -> list[str]: ...
 
+    def pieces(self, ids: list[int]) -> list[str]: ...
+
 
 class Tokenizer:
     """A sentencepiece model: text <-> ids; ids never include BOS/EOS (callers add them)."""
@@ -76,6 +78,10 @@ class Tokenizer:
     def decode(self, ids: list[list[int]]) -> list[str]:
         return self.processor.decode(ids)
 
+    def pieces(self, ids: list[int]) -> list[str]:
+        """-> the piece of each id, specials included ("</s>" for EOS)."""
+        return [self.processor.id_to_piece(index) for index in ids]
+
 
 def train_tokenizer(sentences: Iterable[str], vocab_size: int = 37000, seed_sentences: int = 2_000_000,
                     reserved: tuple[str, ...] = ()) -> Tokenizer:
@@ -116,7 +122,7 @@ class MarianTokenizer:
     def __init__(self, processor: spm.SentencePieceProcessor, vocab: dict[str, int]) -> None:
         self.processor = processor
         self.vocab = vocab
-        self.pieces = {index: piece for piece, index in vocab.items()}
+        self.pieces_by_id = {index: piece for piece, index in vocab.items()}
         self.unk_id = vocab[UNK_PIECE]
         self.special_ids = {vocab[piece] for piece in (EOS_PIECE, UNK_PIECE, PAD_PIECE) if piece in vocab}
 
@@ -139,8 +145,12 @@ class MarianTokenizer:
         """-> the text of each id list; EOS, PAD and UNK are dropped (transformers' skip_special_tokens)."""
         return [self._decode(sentence) for sentence in ids]
 
+    def pieces(self, ids: list[int]) -> list[str]:
+        """-> the piece of each id, specials included ("</s>" for EOS)."""
+        return [self.pieces_by_id.get(index, UNK_PIECE) for index in ids]
+
     def _decode(self, ids: list[int]) -> str:
-        pieces = [self.pieces.get(index, UNK_PIECE) for index in ids if index not in self.special_ids]
+        pieces = self.pieces([index for index in ids if index not in self.special_ids])
         return self.processor.decode_pieces(pieces).replace("\u2581", " ").strip()
 
 

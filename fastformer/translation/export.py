@@ -76,10 +76,10 @@ def vocabulary(tokenizer: Tokenizer | MarianTokenizer | Sequence[str]) -> list[s
         processor = tokenizer.processor
         tokens = [processor.id_to_piece(i) for i in range(tokenizer.vocab_size)]
     elif isinstance(tokenizer, MarianTokenizer):
-        missing = [i for i in range(tokenizer.vocab_size) if i not in tokenizer.pieces]
+        missing = [i for i in range(tokenizer.vocab_size) if i not in tokenizer.pieces_by_id]
         if missing:
             raise ValueError(f"the Marian vocabulary has no piece for ids {missing[:5]}: CTranslate2 needs one per id")
-        tokens = [tokenizer.pieces[i] for i in range(tokenizer.vocab_size)]
+        tokens = [tokenizer.pieces_by_id[i] for i in range(tokenizer.vocab_size)]
     elif isinstance(tokenizer, Sequence) and not isinstance(tokenizer, str):
         tokens = list(tokenizer)
         if not all(isinstance(token, str) and token for token in tokens):

@@ -2,13 +2,15 @@
 
     translator = fastformer.load_translator("opus-mt-en-de")   # or "runs/demo/checkpoint_00004000.pt"
     translator.translate(["The house is small."], beam_size=4)
+    translator.score(["The house is small."], ["Das Haus ist klein."])   # [ScoreResult(total, normalized, ...)]
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -17,11 +19,21 @@ from fastformer.config import TransformerConfig
 from fastformer.data import Tokenizer, token_budget_batches
 from fastformer.data.tokenizer import TextTokenizer, Tokenizers
 from fastformer.decoding import compiled
+from fastformer.decoding.scoring import right_padded
 from fastformer.model import Transformer
 from fastformer.translation import marian
 
 # (index of the sentence, its source tokens, the model's limit) -> reports that only the first `limit` are translated.
 OnTruncated = Callable[[int, int, int], None]
+
+
+class ScoreResult(NamedTuple):
+    """A target scored given its source: the sum of its log-probabilities, that sum over its scored tokens (EOS
+    included), the target's pieces with EOS last, and each one's log-probability."""
+    total: float
+    normalized: float
+    tokens: list[str]
+    token_scores: list[float]
 
 
 class Translator:
@@ -57,27 +69,15 @@ class Translator:
 
         A blank sentence translates to "" (so that output stays line-aligned with input). A sentence longer than the
         model's positions is cut to them, and on_truncated is told (by default a warning: never a silent cut)."""
-        if batch_tokens < 1:
-            raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
-        config = self.model.config
-        limit = config.max_positions - 1  # and EOS
-        report = on_truncated if on_truncated is not None else _warn_long_sentence
         kept = [i for i, sentence in enumerate(sentences) if sentence.strip()]
-        sources: dict[int, list[int]] = {}
-        for i, ids in zip(kept, self.source_tokenizer.encode([sentences[i] for i in kept])):
-            if len(ids) > limit:
-                report(i, len(ids), limit)
-            sources[i] = ids[:limit] + [config.eos_id]  # EOS ends every source, as in training
-        sizes = [len(sources.get(i, ())) for i in range(len(sentences))]
         if target_prefix is not None and len(target_prefix) != len(sentences):
             raise ValueError(f"target_prefix must have one entry per sentence ({len(sentences)}), got "
                              f"{len(target_prefix)}")
         prefixes = {} if target_prefix is None else dict(zip(kept, self.target_tokenizer.encode(
             [target_prefix[i] or "" for i in kept])))
+        batches = self._source_batches(sentences, kept, batch_tokens, on_truncated or _warn_long_sentence)
         translations = [""] * len(sentences)
-        for indices in token_budget_batches(sorted(kept, key=sizes.__getitem__), sizes, batch_tokens):
-            src = torch.nn.utils.rnn.pad_sequence([torch.tensor(sources[i]) for i in indices], batch_first=True,
-                                                  padding_value=config.pad_id).to(self.model.output_weight.device)
+        for indices, src in batches:
             hypotheses = self.model.translate(src, beam_size=beam_size, length_penalty=length_penalty,
                                               max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len,
                                               length_penalty_form=length_penalty_form, compute_type=self.compute_type,
@@ -91,10 +91,64 @@ class Translator:
                 translations[i] = text
         return translations
 
+    def score(self, sources: list[str], targets: list[str], batch_tokens: int = 4096) -> list[ScoreResult]:
+        """Each target's log-probabilities given its source (`Transformer.score`, teacher forcing), in length-sorted
+        batches of about batch_tokens source tokens as `translate` makes them; the output keeps the input order.
+
+        Unequal numbers of sources and targets, a blank source or target, or one over the model's positions is a
+        ValueError naming the line (1-based), raised before any scoring."""
+        if len(sources) != len(targets):
+            raise ValueError(f"score got {len(sources)} sources and {len(targets)} targets: it needs one target per "
+                             "source")
+        for i, (source, target) in enumerate(zip(sources, targets)):
+            for side, text in (("source", source), ("target", target)):
+                if not text.strip():
+                    raise ValueError(f"line {i + 1}: the {side} is blank: scoring needs a source and a target")
+        config = self.model.config
+        limit = config.max_positions - 1  # and BOS
+        target_ids = self.target_tokenizer.encode(targets)
+        for i, ids in enumerate(target_ids):
+            if not 1 <= len(ids) <= limit:
+                raise ValueError(f"line {i + 1}: the target has {len(ids)} tokens, the model scores 1 to {limit}")
+        batches = self._source_batches(sources, list(range(len(sources))), batch_tokens, _reject_long_source)
+        results: list[ScoreResult] = [None] * len(sources)  # type: ignore[list-item]
+        for indices, src in batches:
+            scores = self.model.score(src, [target_ids[i] for i in indices], compute_type=self.compute_type)
+            for i, token_scores in zip(indices, scores):
+                values = token_scores.tolist()
+                total = sum(values)
+                results[i] = ScoreResult(total, total / len(values),
+                                         self.target_tokenizer.pieces(target_ids[i] + [config.eos_id]), values)
+        return results
+
+    def _source_batches(self, sentences: list[str], indices: list[int], batch_tokens: int,
+                        report: OnTruncated) -> Iterator[tuple[list[int], torch.Tensor]]:
+        """The sentences at `indices`, encoded now (one longer than the model's positions cut to them and `report`
+        told; EOS appended, as in training) -> per length-sorted batch of about batch_tokens source tokens (padding
+        included): (its sentences' indices, src [batch, src_len] on the model's device), padded as it is reached."""
+        if batch_tokens < 1:
+            raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
+        config = self.model.config
+        limit = config.max_positions - 1  # and EOS
+        sources: dict[int, list[int]] = {}
+        for i, ids in zip(indices, self.source_tokenizer.encode([sentences[i] for i in indices])):
+            if len(ids) > limit:
+                report(i, len(ids), limit)
+            sources[i] = ids[:limit] + [config.eos_id]
+        sizes = [len(sources.get(i, ())) for i in range(len(sentences))]
+        device = self.model.output_weight.device
+        return ((batch.tolist(), right_padded([sources[i] for i in batch], config.pad_id, device))
+                for batch in token_budget_batches(sorted(indices, key=sizes.__getitem__), sizes, batch_tokens))
+
 
 def _warn_long_sentence(index: int, n_tokens: int, limit: int) -> None:
     warnings.warn(f"sentence {index + 1} has {n_tokens} source tokens, more than the model's limit of {limit}: only "
-                  f"its first {limit} were translated", stacklevel=3)
+                  f"its first {limit} were translated", stacklevel=4)
+
+
+def _reject_long_source(index: int, n_tokens: int, limit: int) -> None:
+    raise ValueError(f"line {index + 1}: the source has {n_tokens} tokens, more than the model's limit of {limit}: a "
+                     "score of a cut source would not be the pair's")
 
 
 def load_translator(path: str | Path, device: str | torch.device | None = None,

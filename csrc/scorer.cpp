@@ -1,0 +1,140 @@
+// Teacher-forced scoring (decoder.h's score_targets): the decoder over whole targets at once, with the search's
+// linear layers (DecoderLinears, so every compute type) and layers (decoder_layers), causal self-attention, and the
+// output projection's log-softmax taken a chunk of rows at a time.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <utility>
+
+#include "decoder.h"
+
+namespace fastformer {
+namespace {
+
+// The output projection's rows at a time: only their logits ([rows, vocab], 37 MB at a 37k vocabulary) are ever held.
+constexpr int64_t kScoreChunkRows = 256;
+
+// A projection's rows [n * len, parts * d_model] -> [parts, n, heads, len, head_dim].
+at::Tensor split_heads(const at::Tensor& projected, int64_t n, int64_t len, int64_t parts, int64_t heads) {
+  const int64_t head_dim = projected.size(1) / (parts * heads);
+  return projected.view({n, len, parts, heads, head_dim}).permute({2, 0, 3, 1, 4});
+}
+
+// [n, heads, len, head_dim] -> rows [n * len, heads * head_dim].
+at::Tensor merge_heads(const at::Tensor& attended) {
+  return attended.transpose(1, 2).reshape({attended.size(0) * attended.size(2), -1});
+}
+
+// The batch's sentences [begin, end) scored into their rows of scores [n_sentences, tgt_len].
+void score_sentences(const at::Tensor& memory, const at::Tensor& src_lengths, const at::Tensor& decoder_input,
+                     const at::Tensor& targets, const at::Tensor& tgt_lengths, const DecoderWeights& weights,
+                     const DecoderOptions& options, const DecoderLinears& linears, Activation activation,
+                     int64_t begin, int64_t end, at::Tensor& scores) {
+  const int64_t n = end - begin, src_len = memory.size(1), d_model = memory.size(2), tgt_len = decoder_input.size(1);
+  const int64_t heads = options.n_heads;
+  const at::Tensor memory_rows = memory.narrow(0, begin, n).reshape({n * src_len, d_model});
+  const auto longs = at::TensorOptions().dtype(at::kLong).device(memory.device());
+  // [n, 1, 1, src_len]: true at each sentence's real source positions (src_lengths >= 1: no row is all masked).
+  const at::Tensor source_keys =
+      (at::arange(src_len, longs).unsqueeze(0) < src_lengths.narrow(0, begin, n).unsqueeze(1)).view({n, 1, 1, src_len});
+  // The model's embed(): embedding * embedding_scale + the positions, in the same operation order.
+  const at::Tensor x = at::embedding(weights.embedding, decoder_input.narrow(0, begin, n))
+                           .mul(options.embedding_scale)
+                           .add(weights.positions.narrow(0, 0, tgt_len))
+                           .view({n * tgt_len, d_model});
+  // Causal self-attention over the target: a real position sees only real ones (right padding); a padding position
+  // sees at least position 0, so that it stays finite.
+  auto self_block = [&](const at::Tensor& h, int64_t layer) {
+    const DecoderLayerLinears& linear = linears.layers[layer];
+    const at::Tensor qkv = split_heads(linear.self_qkv(h), n, tgt_len, 3, heads);
+    return linear.self_out(merge_heads(
+        at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], std::nullopt, 0.0, /*is_causal=*/true)));
+  };
+  auto cross_block = [&](const at::Tensor& h, int64_t layer) {
+    const DecoderLayerLinears& linear = linears.layers[layer];
+    const at::Tensor q = split_heads(linear.cross_q(h), n, tgt_len, 1, heads)[0];
+    const at::Tensor keys_values = split_heads(linear.cross_kv(memory_rows), n, src_len, 2, heads);
+    return linear.cross_out(
+        merge_heads(at::scaled_dot_product_attention(q, keys_values[0], keys_values[1], source_keys)));
+  };
+  const at::Tensor hidden = decoder_layers(x, weights, linears, options, activation, self_block, cross_block);
+  // Only the real positions reach the output projection.
+  const at::Tensor real_rows =
+      (at::arange(tgt_len, longs).unsqueeze(0) < tgt_lengths.narrow(0, begin, n).unsqueeze(1)).view({-1}).nonzero()
+          .view({-1});
+  const at::Tensor real_hidden = hidden.index_select(0, real_rows);
+  const at::Tensor real_targets = targets.narrow(0, begin, n).reshape({-1}).index_select(0, real_rows);
+  const int64_t n_rows = real_rows.numel();
+  at::Tensor log_probs = at::empty({n_rows}, scores.options());
+  for (int64_t first = 0; first < n_rows; first += kScoreChunkRows) {
+    const int64_t rows = std::min(kScoreChunkRows, n_rows - first);
+    const at::Tensor logits = linears.output(real_hidden.narrow(0, first, rows)).to(at::kFloat);
+    log_probs.narrow(0, first, rows)
+        .copy_(at::log_softmax(logits, 1).gather(1, real_targets.narrow(0, first, rows).unsqueeze(1)).view({-1}));
+  }
+  scores.narrow(0, begin, n).view({-1}).index_copy_(0, real_rows, log_probs);
+}
+
+}  // namespace
+
+at::Tensor score_targets(const at::Tensor& memory, const at::Tensor& src_lengths, const at::Tensor& decoder_input,
+                         const at::Tensor& targets, const at::Tensor& tgt_lengths, const DecoderWeights& weights,
+                         const DecoderOptions& options, std::shared_ptr<const DecoderLinears> linears) {
+  c10::InferenceMode inference;
+  c10::DeviceGuard guard(memory.device());
+  TORCH_CHECK(memory.dim() == 3, "memory must be [n_sentences, src_len, d_model], got ", memory.sizes());
+  const int64_t n_sentences = memory.size(0), d_model = memory.size(2);
+  const at::Device device = memory.device();
+  TORCH_CHECK(decoder_input.dim() == 2 && decoder_input.size(0) == n_sentences && decoder_input.size(1) >= 1,
+              "decoder_input must be [n_sentences=", n_sentences, ", tgt_len >= 1], got ", decoder_input.sizes());
+  const int64_t tgt_len = decoder_input.size(1);
+  TORCH_CHECK(targets.sizes() == decoder_input.sizes(), "targets must have decoder_input's shape ",
+              decoder_input.sizes(), ", got ", targets.sizes());
+  for (const auto& [tensor, name] : {std::pair{&decoder_input, "decoder_input"}, std::pair{&targets, "targets"}}) {
+    TORCH_CHECK(tensor->scalar_type() == at::kLong, name, " must be int64, got ", tensor->scalar_type());
+    TORCH_CHECK(tensor->device() == device, name, " is on ", tensor->device(), ", expected ", device);
+  }
+  for (const auto& [tensor, name] : {std::pair{&src_lengths, "src_lengths"}, std::pair{&tgt_lengths, "tgt_lengths"}}) {
+    TORCH_CHECK(tensor->dim() == 1 && tensor->size(0) == n_sentences, name, " must be [", n_sentences, "], got ",
+                tensor->sizes());
+    TORCH_CHECK(tensor->device() == device, name, " is on ", tensor->device(), ", expected ", device);
+  }
+  TORCH_CHECK(options.n_heads >= 1 && d_model % options.n_heads == 0, "n_heads must divide d_model=", d_model);
+  check_decoder_weights(weights, options, device);
+  TORCH_CHECK(tgt_len <= weights.positions.size(0), "tgt_len=", tgt_len, " exceeds max_positions=",
+              weights.positions.size(0));
+  const Activation activation = parse_activation(options.activation);
+  at::Tensor scores = at::zeros({n_sentences, tgt_len}, at::TensorOptions().dtype(at::kFloat).device(device));
+  if (n_sentences == 0) return scores;
+  const at::Tensor source_lengths = src_lengths.to(at::kLong), target_lengths = tgt_lengths.to(at::kLong);
+  TORCH_CHECK(target_lengths.min().item<int64_t>() >= 1 && target_lengths.max().item<int64_t>() <= tgt_len,
+              "tgt_lengths must be in [1, tgt_len=", tgt_len, "]");
+  if (!linears) linears = std::make_shared<const DecoderLinears>(weights, kScoreChunkRows);
+  TORCH_CHECK(linears->layers.size() == weights.layers.size(), "the decoder's linears have ", linears->layers.size(),
+              " layers, its weights ", weights.layers.size());
+  const at::Tensor memory_in = memory.contiguous();
+  auto score = [&](int64_t begin, int64_t end) {
+    score_sentences(memory_in, source_lengths, decoder_input, targets, target_lengths, weights, options, *linears,
+                    activation, begin, end, scores);
+  };
+  const int64_t n_groups = memory.is_cuda() ? 1 : cpu_sentence_groups(n_sentences);
+  if (n_groups == 1) {
+    score(0, n_sentences);
+    return scores;
+  }
+  // As in beam_search: on the CPU each thread scores its own group of sentences, its ops single-threaded.
+  at::parallel_for(0, n_groups, 1, [&](int64_t first_group, int64_t end_group) {
+    c10::InferenceMode group_inference;  // thread-local: each worker thread sets its own
+    for (int64_t group = first_group; group < end_group; ++group) {
+      score(group * n_sentences / n_groups, (group + 1) * n_sentences / n_groups);
+    }
+  });
+  return scores;
+}
+
+}  // namespace fastformer
