@@ -29,6 +29,8 @@ class TextTokenizer(Protocol):
 
     def decode(self, ids: list[list[int]]) -> list[str]: ...
 
+    def to_pieces(self, ids: list[list[int]]) -> list[list[str]]: ...
+
 
 class Tokenizer:
     """A sentencepiece model: text <-> ids; ids never include BOS/EOS (callers add them)."""
@@ -75,6 +77,10 @@ class Tokenizer:
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         return self.processor.decode(ids)
+
+    def to_pieces(self, ids: list[list[int]]) -> list[list[str]]:
+        """-> each id list as the vocabulary's pieces."""
+        return [self.processor.id_to_piece(sentence) for sentence in ids]
 
 
 def train_tokenizer(sentences: Iterable[str], vocab_size: int = 37000, seed_sentences: int = 2_000_000,
@@ -138,6 +144,10 @@ class MarianTokenizer:
     def decode(self, ids: list[list[int]]) -> list[str]:
         """-> the text of each id list; EOS, PAD and UNK are dropped (transformers' skip_special_tokens)."""
         return [self._decode(sentence) for sentence in ids]
+
+    def to_pieces(self, ids: list[list[int]]) -> list[list[str]]:
+        """-> each id list as vocab.json's pieces."""
+        return [[self.pieces.get(index, UNK_PIECE) for index in sentence] for sentence in ids]
 
     def _decode(self, ids: list[int]) -> str:
         pieces = [self.pieces.get(index, UNK_PIECE) for index in ids if index not in self.special_ids]

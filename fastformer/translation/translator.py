@@ -9,6 +9,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -22,6 +23,22 @@ from fastformer.translation import marian
 
 # (index of the sentence, its source tokens, the model's limit) -> reports that only the first `limit` are translated.
 OnTruncated = Callable[[int, int, int], None]
+# The options of Transformer.translate beyond the beam search, at the values that leave it the plain search.
+PLAIN_SEARCH = dict(sampling_topk=1, sampling_topp=1.0, sampling_temperature=1.0, seed=0, no_repeat_ngram_size=0,
+                    repetition_penalty=1.0)
+
+
+class TranslationResult(NamedTuple):
+    """One hypothesis of a sentence."""
+
+    text: str
+    score: float | None  # as Hypothesis.score; None unless asked for
+    tokens: list[str]  # the target pieces, without EOS
+    attention: torch.Tensor | None  # [len(tokens) + 1, source tokens with EOS]; None unless asked for
+
+
+# The result of a blank sentence, which is not translated.
+BLANK = TranslationResult("", None, [], None)
 
 
 class Translator:
@@ -47,14 +64,42 @@ class Translator:
 
     def translate(self, sentences: list[str], beam_size: int = 4, length_penalty: float = 0.6,
                   batch_tokens: int = 4096, max_len_a: float = 1.0, max_len_b: int = 50, min_len: int = 1,
-                  length_penalty_form: str = "gnmt", on_truncated: OnTruncated | None = None) -> list[str]:
-        """Translates sentences in length-sorted batches of about batch_tokens source tokens (padding included);
-        the output keeps the input order. The search options are those of `Transformer.translate`.
+                  length_penalty_form: str = "gnmt", on_truncated: OnTruncated | None = None, n_best: int = 1,
+                  return_scores: bool = False, sampling_topk: int = 1, sampling_topp: float = 1.0,
+                  sampling_temperature: float = 1.0, seed: int = 0, target_prefix: list[str | None] | None = None,
+                  no_repeat_ngram_size: int = 0, repetition_penalty: float = 1.0,
+                  return_attention: bool = False) -> list[str] | list[list[TranslationResult]]:
+        """Translates sentences -> per sentence its best translation; with n_best > 1, return_scores or
+        return_attention, per sentence its n_best TranslationResults, best first. As `hypotheses` does."""
+        results = self.hypotheses(sentences, batch_tokens=batch_tokens, on_truncated=on_truncated,
+                                  target_prefix=target_prefix, beam_size=beam_size, length_penalty=length_penalty,
+                                  max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len,
+                                  length_penalty_form=length_penalty_form, n_best=n_best, return_scores=return_scores,
+                                  sampling_topk=sampling_topk, sampling_topp=sampling_topp,
+                                  sampling_temperature=sampling_temperature, seed=seed,
+                                  no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty,
+                                  return_attention=return_attention)
+        if n_best > 1 or return_scores or return_attention:
+            return results
+        return [best[0].text for best in results]
 
-        A blank sentence translates to "" (so that output stays line-aligned with input). A sentence longer than the
-        model's positions is cut to them, and on_truncated is told (by default a warning: never a silent cut)."""
+    def hypotheses(self, sentences: list[str], batch_tokens: int = 4096, on_truncated: OnTruncated | None = None,
+                   target_prefix: list[str | None] | None = None, return_scores: bool = False,
+                   return_attention: bool = False, **search: object) -> list[list[TranslationResult]]:
+        """Translates sentences in length-sorted batches of about batch_tokens source tokens (padding included)
+        -> per sentence its hypotheses, best first, in the input order. `search`: the options of
+        `Transformer.translate` (beam_size, n_best, sampling_topk, ...).
+
+        target_prefix: per sentence a text (encoded by the target tokenizer, without EOS) that each hypothesis
+        starts with, or None. A blank sentence is not translated: its result is [BLANK] (so that output stays
+        line-aligned with input), whatever its prefix. A sentence longer than the model's positions is cut to them,
+        and on_truncated is told (by default a warning: never a silent cut). Scores are None unless return_scores,
+        attention None unless return_attention."""
         if batch_tokens < 1:
             raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
+        if target_prefix is not None and len(target_prefix) != len(sentences):
+            raise ValueError(f"target_prefix has {len(target_prefix)} entries for {len(sentences)} sentences: give "
+                             f"one (a text or None) per sentence")
         config = self.model.config
         limit = config.max_positions - 1  # and EOS
         report = on_truncated if on_truncated is not None else _warn_long_sentence
@@ -64,18 +109,35 @@ class Translator:
             if len(ids) > limit:
                 report(i, len(ids), limit)
             sources[i] = ids[:limit] + [config.eos_id]  # EOS ends every source, as in training
+        prefixes = self._prefix_ids(target_prefix, kept)
+        # Options that issue 32's search adds go through only when set: at their defaults the search is the plain one.
+        options = {name: value for name, value in search.items()
+                   if name not in PLAIN_SEARCH or value != PLAIN_SEARCH[name]}
+        if return_attention:
+            options["return_attention"] = True
         sizes = [len(sources.get(i, ())) for i in range(len(sentences))]
-        translations = [""] * len(sentences)
+        results = [[BLANK] for _ in sentences]
         for indices in token_budget_batches(sorted(kept, key=sizes.__getitem__), sizes, batch_tokens):
             src = torch.nn.utils.rnn.pad_sequence([torch.tensor(sources[i]) for i in indices], batch_first=True,
                                                   padding_value=config.pad_id).to(self.model.output_weight.device)
-            hypotheses = self.model.translate(src, beam_size=beam_size, length_penalty=length_penalty,
-                                              max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len,
-                                              length_penalty_form=length_penalty_form, compute_type=self.compute_type,
-                                              return_scores=False)
-            for i, text in zip(indices, self.target_tokenizer.decode([best[0].tokens for best in hypotheses])):
-                translations[i] = text
-        return translations
+            if prefixes:
+                options["target_prefix"] = [prefixes.get(i) for i in indices]
+            found = self.model.translate(src, compute_type=self.compute_type, return_scores=return_scores, **options)
+            for i, sentence in zip(indices, found):
+                ids = [hypothesis.tokens for hypothesis in sentence]
+                texts, pieces = self.target_tokenizer.decode(ids), self.target_tokenizer.to_pieces(ids)
+                results[i] = [TranslationResult(text, hypothesis.score, tokens,
+                                                hypothesis.attention if return_attention else None)
+                              for hypothesis, text, tokens in zip(sentence, texts, pieces)]
+        return results
+
+    def _prefix_ids(self, target_prefix: list[str | None] | None, kept: list[int]) -> dict[int, list[int]]:
+        """-> {index of a kept sentence: its prefix's target ids} for the sentences given a non-empty prefix."""
+        if target_prefix is None:
+            return {}
+        given = [i for i in kept if target_prefix[i]]
+        encoded = self.target_tokenizer.encode([target_prefix[i] for i in given])
+        return {i: ids for i, ids in zip(given, encoded) if ids}
 
 
 def _warn_long_sentence(index: int, n_tokens: int, limit: int) -> None:
