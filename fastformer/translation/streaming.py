@@ -99,10 +99,8 @@ def stream_chunks(inputs: list[LineInput], start: Callable[[], ChunkFunction], o
     digest = _RowDigest()
     done = _skip_done(rows, digest, inputs, output, state)
     writer = _Writer(output, state, stdout if stdout is not None else sys.stdout)
-    bar = tqdm(total=inputs[0].count, initial=done, unit="line", desc=command, disable=None, dynamic_ncols=True,
-               mininterval=0.5, file=sys.stderr)
     summary = StreamSummary(0, 0, 0, 0.0, done)
-    process = None
+    process, bar = None, None
     try:
         while chunk := list(islice(rows, chunk_lines)):
             digest.update(chunk)
@@ -110,6 +108,9 @@ def stream_chunks(inputs: list[LineInput], start: Callable[[], ChunkFunction], o
             columns = [decode_sentences(column, item.name, first=done + 1) for column, item in zip(zip(*chunk), inputs)]
             if process is None:
                 process = start()
+                # Drawn from here, so that its lines/s leave the model's loading out.
+                bar = tqdm(total=inputs[0].count, initial=done, unit="line", desc=command, disable=None,
+                           dynamic_ncols=True, mininterval=0.5, file=sys.stderr)
                 began = time.perf_counter()
             produced = process(done, list(zip(*columns)))
             done += len(chunk)
@@ -126,13 +127,18 @@ def stream_chunks(inputs: list[LineInput], start: Callable[[], ChunkFunction], o
         writer.finish()
     except BaseException:
         writer.close()
-        bar.close()
+        _close(bar)
         if output is not None and summary.rows:
             print(f"fastformer {command}: stopped after line {done:,}: {output} holds the output of every line "
                   f"before it, and --resume continues from there", file=sys.stderr)
         raise
-    bar.close()
+    _close(bar)
     return summary
+
+
+def _close(bar: tqdm | None) -> None:
+    if bar is not None:
+        bar.close()
 
 
 def _check_counts(inputs: list[LineInput]) -> None:
