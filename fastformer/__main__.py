@@ -10,7 +10,9 @@ GPU. `fastformer prepare` tokenizes a corpus once for every later run (train doe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import functools
 import os
 import signal
 import sys
@@ -24,7 +26,8 @@ import torch
 import torch.distributed as dist
 
 from fastformer import checkpoint
-from fastformer.data import decode_sentences, find_split, read_parallel
+from fastformer.data import find_split, read_parallel
+from fastformer.data.reading import count_lines, open_binary
 from fastformer.decoding.compiled import COMPUTE_TYPES
 from fastformer.decoding.rules import LENGTH_PENALTY_FORMS
 from fastformer.training import run_control
@@ -34,6 +37,8 @@ from fastformer.training.run_corpus import prepare_run_corpora
 from fastformer.training.options import TrainOptions
 from fastformer.training.trainer import TrainResult, check_run, process_rank, train
 from fastformer.translation import evaluate, export
+from fastformer.translation.output import OUTPUT_FORMATS, format_results
+from fastformer.translation.streaming import ChunkFunction, ChunkOutput, LineInput, stream_chunks
 from fastformer.translation.translator import OnTruncated, Translator, load_checkpoint_tokenizers, load_translator
 
 # The demo fits the bundled corpus and a few CPU minutes: small updates, so that it takes many steps, with a short
@@ -159,11 +164,12 @@ def _inference_device(device: str) -> torch.device:
     return evaluate.resolve_device(device)
 
 
-def _report_truncation(command: str, source: str) -> OnTruncated:
-    """-> an on_truncated callback that warns on stderr, naming the line of `source` that was cut."""
+def _report_truncation(command: str, source: str, first: int = 0) -> OnTruncated:
+    """-> an on_truncated callback that warns on stderr, naming the line of `source` that was cut (the sentences
+    given to the translator starting at its line first + 1)."""
     def report(index: int, n_tokens: int, limit: int) -> None:
-        print(f"fastformer {command}: warning: line {index + 1} of {source} has {n_tokens} source tokens, more than "
-              f"the model's limit of {limit}: only its first {limit} were translated", file=sys.stderr)
+        print(f"fastformer {command}: warning: line {first + index + 1} of {source} has {n_tokens} source tokens, "
+              f"more than the model's limit of {limit}: only its first {limit} were translated", file=sys.stderr)
     return report
 
 
@@ -203,56 +209,119 @@ def _newest_checkpoint(args: argparse.Namespace) -> Path:
         raise FileNotFoundError(f"{error}: pass --checkpoint") from None
 
 
-def _read_sentences(input_path: str | None) -> tuple[list[str], str]:
-    """--input (or stdin) -> (its lines, empty ones kept, the name messages use)."""
-    if input_path is None:
-        return decode_sentences(sys.stdin.buffer, "stdin"), "stdin"
-    if not Path(input_path).is_file():
-        raise FileNotFoundError(f"input file not found: {input_path}")
-    with open(input_path, "rb") as file:
-        return decode_sentences(file, input_path), input_path
+def _line_input(stack: contextlib.ExitStack, flag: str, path: str | None) -> LineInput:
+    """An input of a streamed command: `flag`'s file, counted first (for the progress bar and the checks made before
+    any work), or stdin where path is None."""
+    if path is None:
+        return LineInput("stdin", sys.stdin.buffer)
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{flag} file not found: {path}")
+    return LineInput(path, stack.enter_context(open_binary(Path(path))), count_lines(Path(path)))
+
+
+def _stream(args: argparse.Namespace, inputs: list[LineInput], start: typing.Callable[[], ChunkFunction],
+            settings: dict[str, object]) -> None:
+    """Streams a command's inputs through its chunk function into --output (or stdout), as --chunk-lines and
+    --resume say, then prints the run's summary line on stderr."""
+    if args.resume and args.output is None:
+        raise ValueError("--resume needs --output: the output of an interrupted run is continued in its file")
+    if args.chunk_lines < 1:
+        raise ValueError(f"--chunk-lines must be >= 1, got {args.chunk_lines}")
+    try:
+        summary = stream_chunks(inputs, start, None if args.output is None else Path(args.output), settings,
+                                args.chunk_lines, args.resume, args.command)
+    except KeyboardInterrupt:  # Ctrl-C: the runner has said what was kept; no traceback
+        raise SystemExit(128 + signal.SIGINT) from None
+    print(summary.line(args.command), file=sys.stderr)
+
+
+# translate's options that shape its output: a resumed run must have the same (--checkpoint and --prefix-file too).
+TRANSLATE_SETTINGS = ("beam", "length_penalty", "length_penalty_form", "compute_type", "output_format", "n_best",
+                      "print_alignment", "sampling_topk", "sampling_topp", "sampling_temperature", "seed",
+                      "no_repeat_ngram_size", "repetition_penalty")
 
 
 def _run_translate(args: argparse.Namespace) -> None:
     device = _inference_device(args.device)
-    # Read the input first: a decoding error must not wait for (or follow) loading the model.
-    sentences, source = _read_sentences(args.input)
-    translator = load_translator(_newest_checkpoint(args), device, args.compute_type)
-    translations = translator.translate(sentences, beam_size=args.beam, length_penalty=args.length_penalty,
-                                        batch_tokens=args.batch_tokens, length_penalty_form=args.length_penalty_form,
-                                        on_truncated=_report_truncation("translate", source))
-    text = "".join(line + "\n" for line in translations)
-    if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
-    else:
-        sys.stdout.write(text)
+    if args.n_best > 1 and args.output_format == "text":
+        raise ValueError(f"--n-best {args.n_best} gives several translations per line: use --output-format jsonl")
+    path = _newest_checkpoint(args)
+    if not path.exists():  # now: the model loads only once a first chunk is read, and an empty input has none
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    settings = {"--" + name.replace("_", "-"): getattr(args, name) for name in TRANSLATE_SETTINGS}
+    settings |= {"--checkpoint": str(path.resolve()),
+                 "--prefix-file": None if args.prefix_file is None else str(Path(args.prefix_file).resolve())}
+
+    def start() -> ChunkFunction:
+        translator = load_translator(path, device, args.compute_type)
+        return functools.partial(_translate_chunk, translator, args)
+
+    with contextlib.ExitStack() as stack:
+        inputs = [_line_input(stack, "--input", args.input)]
+        if args.prefix_file is not None:
+            inputs.append(_line_input(stack, "--prefix-file", args.prefix_file))
+        _stream(args, inputs, start, settings)
+
+
+def _translate_chunk(translator: Translator, args: argparse.Namespace, first: int,
+                     rows: list[tuple[str, ...]]) -> ChunkOutput:
+    """Translates a chunk of rows (a source line, and its prefix with --prefix-file) starting at input line `first`
+    (from 0) -> its output lines as --output-format says."""
+    sources = [row[0] for row in rows]
+    results = translator.hypotheses(
+        sources, batch_tokens=args.batch_tokens,
+        on_truncated=_report_truncation("translate", args.input or "stdin", first),
+        target_prefix=None if args.prefix_file is None else [row[1] for row in rows],
+        return_scores=args.output_format == "jsonl", return_attention=args.print_alignment, beam_size=args.beam,
+        length_penalty=args.length_penalty, length_penalty_form=args.length_penalty_form, n_best=args.n_best,
+        sampling_topk=args.sampling_topk, sampling_topp=args.sampling_topp,
+        sampling_temperature=args.sampling_temperature, seed=args.seed,
+        no_repeat_ngram_size=args.no_repeat_ngram_size, repetition_penalty=args.repetition_penalty)
+    translated = [hypotheses for source, hypotheses in zip(sources, results) if source.strip()]
+    tokens = sum(len(result.tokens) + 1 for hypotheses in translated for result in hypotheses)  # EOS included
+    return ChunkOutput(format_results(results, first, args.output_format, args.print_alignment), len(translated),
+                       tokens)
+
+
+# score's options that shape its output: a resumed run must have the same (--checkpoint and --targets too).
+SCORE_SETTINGS = ("compute_type", "tokens")
 
 
 def _run_score(args: argparse.Namespace) -> None:
-    # Read both files first: a decoding error or a count mismatch must not wait for loading the model.
-    sources, source_name = _read_sentences(args.input)
-    targets, target_name = _read_sentences(args.targets)
-    if len(sources) != len(targets):
-        raise ValueError(f"{source_name} has {len(sources)} lines but {target_name} has {len(targets)}: score needs "
-                         "one target line per source line")
-    translator = load_translator(_newest_checkpoint(args), _inference_device(args.device), args.compute_type)
-    lines = _score_lines(translator, list(zip(sources, targets)), args.tokens, args.batch_tokens)
-    text = "".join(line + "\n" for line in lines)
-    if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
-    else:
-        sys.stdout.write(text)
+    device = _inference_device(args.device)
+    path = _newest_checkpoint(args)
+    if not path.exists():  # now: the model loads only once a first chunk is read
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    settings = {"--" + name.replace("_", "-"): getattr(args, name) for name in SCORE_SETTINGS}
+    settings |= {"--checkpoint": str(path.resolve()), "--targets": str(Path(args.targets).resolve())}
+
+    def start() -> ChunkFunction:
+        translator = load_translator(path, device, args.compute_type)
+        return functools.partial(_score_chunk, translator, args)
+
+    with contextlib.ExitStack() as stack:
+        inputs = [_line_input(stack, "--input", args.input), _line_input(stack, "--targets", args.targets)]
+        _stream(args, inputs, start, settings)
 
 
-def _score_lines(translator: Translator, pairs: list[tuple[str, str]], with_tokens: bool,
-                batch_tokens: int) -> list[str]:
-    """(source, target) lines -> one output line each: `total<TAB>normalized`, and with_tokens a third column of each
-    token's log-probability (EOS last), space-separated."""
-    results = translator.score([source for source, _ in pairs], [target for _, target in pairs],
-                               batch_tokens=batch_tokens)
-    return ["\t".join([f"{result.total:.6f}", f"{result.normalized:.6f}"]
-                      + ([" ".join(f"{value:.6f}" for value in result.token_scores)] if with_tokens else []))
-            for result in results]
+def _score_chunk(translator: Translator, args: argparse.Namespace, first: int,
+                 rows: list[tuple[str, ...]]) -> ChunkOutput:
+    """Scores a chunk of (source, target) rows starting at input line `first` (from 0) -> its output lines."""
+    lines, tokens = _score_lines(translator, rows, args.tokens, args.batch_tokens, first)
+    return ChunkOutput(lines, len(rows), tokens)
+
+
+def _score_lines(translator: Translator, pairs: list[tuple[str, ...]], with_tokens: bool, batch_tokens: int,
+                 first: int = 0) -> tuple[list[str], int]:
+    """(source, target) lines, the first being input line `first` (from 0) -> (one output line each:
+    `total<TAB>normalized`, and with_tokens a third column of each token's log-probability (EOS last),
+    space-separated; the tokens scored)."""
+    results = translator.score([pair[0] for pair in pairs], [pair[1] for pair in pairs], batch_tokens=batch_tokens,
+                               first_line=first + 1)
+    lines = ["\t".join([f"{result.total:.6f}", f"{result.normalized:.6f}"]
+                       + ([" ".join(f"{value:.6f}" for value in result.token_scores)] if with_tokens else []))
+             for result in results]
+    return lines, sum(len(result.token_scores) for result in results)
 
 
 def _run_evaluate(args: argparse.Namespace) -> None:
@@ -318,6 +387,45 @@ def _add_inference_options(parser: argparse.ArgumentParser) -> None:
                         "transformers, CTranslate2, Marian)")
 
 
+def _add_streaming_options(parser: argparse.ArgumentParser, input_help: str, output_help: str) -> None:
+    """The options of a command that streams its input through _stream."""
+    parser.add_argument("--input", help=input_help)
+    parser.add_argument("--output", help=output_help)
+    parser.add_argument("--chunk-lines", type=int, default=2000,
+                        help="input lines read, processed and written at a time (bounds memory; a chunk is sorted by "
+                        "length within itself)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue an interrupted run: keep the lines --output holds (its .progress file says "
+                        "how many) and go on after them; refused if the input or the options changed")
+
+
+def _add_translate_options(parser: argparse.ArgumentParser) -> None:
+    """translate's output and its search options beyond the beam (CTranslate2's names)."""
+    parser.add_argument("--output-format", choices=OUTPUT_FORMATS, default="text",
+                        help="text: the best translation per line; jsonl: one JSON object per hypothesis, "
+                        '{"line", "rank", "text", "score"} (and "alignment")')
+    parser.add_argument("--n-best", type=int, default=1,
+                        help="hypotheses per line (jsonl only; <= --beam, or samples with --sampling-topk != 1)")
+    parser.add_argument("--print-alignment", action="store_true",
+                        help="add fairseq's hard alignment, source-target piece indices \"i-j ...\" from the "
+                        "cross-attention (text: after a tab)")
+    parser.add_argument("--prefix-file", help="a file with one target prefix per input line (an empty line: none), "
+                        "forced before the search goes on")
+    parser.add_argument("--sampling-topk", type=int, default=1,
+                        help="sample from the k most likely tokens (1: no sampling, 0: the whole vocabulary); "
+                        "needs --beam 1")
+    parser.add_argument("--sampling-topp", type=float, default=1.0,
+                        help="sample from the smallest set of most likely tokens whose probability reaches p")
+    parser.add_argument("--sampling-temperature", type=float, default=1.0, help="divides the logits when sampling")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="the sampling seed (a sentence's samples depend on it and its tokens only)")
+    parser.add_argument("--no-repeat-ngram-size", type=int, default=0,
+                        help="never repeat an n-gram of this size in a hypothesis (0: off)")
+    parser.add_argument("--repetition-penalty", type=float, default=1.0,
+                        help="divide an already generated token's positive logit by it, multiply a negative one "
+                        "(1: off)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fastformer", description=__doc__.splitlines()[0], **HELP_FORMAT)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -337,20 +445,22 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_options(prepare, {}, only=PREPARE_OPTIONS)
     prepare.set_defaults(run=_run_prepare)
 
-    translate = commands.add_parser("translate", help="translate lines from stdin (or --input) to stdout; an empty "
-                                    "line gives an empty line", **HELP_FORMAT)
+    translate = commands.add_parser("translate", help="translate lines from stdin (or --input) to stdout (or "
+                                    "--output), chunk by chunk; an empty line gives an empty line", **HELP_FORMAT)
     _add_inference_options(translate)
-    translate.add_argument("--input", help="a file of source sentences (default: stdin)")
-    translate.add_argument("--output", help="where to write translations (default: stdout)")
+    _add_streaming_options(translate, "a file of source sentences (default: stdin)",
+                           "where to write translations (default: stdout)")
+    _add_translate_options(translate)
     translate.set_defaults(run=_run_translate)
 
     score = commands.add_parser("score", help="score given translations: per line pair, the sum of the target's "
-                                "log-probabilities and that sum per token (EOS included), tab-separated",
+                                "log-probabilities and that sum per token (EOS included), tab-separated, chunk by "
+                                "chunk",
                                 **HELP_FORMAT)
     _add_model_options(score, "source tokens per scoring batch")
-    score.add_argument("--input", required=True, help="a file of source sentences")
+    _add_streaming_options(score, "a file of source sentences (default: stdin)",
+                           "where to write the scores (default: stdout)")
     score.add_argument("--targets", required=True, help="a file of target sentences, one per source line")
-    score.add_argument("--output", help="where to write the scores (default: stdout)")
     score.add_argument("--tokens", action="store_true",
                        help="a third column: each target token's log-probability, space-separated, EOS last")
     score.set_defaults(run=_run_score)

@@ -179,3 +179,16 @@ def test_int8_and_bfloat16_translate_a_trained_model_as_float32_does(demo_run):
         first = sacrebleu.corpus_bleu(translations["float32"][:DEMO_TEST_SENTENCES],
                                       [references[:DEMO_TEST_SENTENCES]]).score
         assert first == pytest.approx(float(printed.split(" = ")[1].split()[0]), abs=0.006)
+
+
+def test_n_best_results_of_a_marian_directory_name_its_target_pieces(built):
+    """TranslationResult.tokens are the target side's vocab.json pieces, as MarianTokenizer names the ids."""
+    directory, _, tokenizer = built("relu-scaled-nobias")
+    translator = fastformer.load_translator(directory, device="cpu")
+    results = translator.translate(CALIBRATION[:4], beam_size=3, n_best=2, max_len_b=8)
+    src = tokenizer(CALIBRATION[:4], padding=True, return_tensors="pt")["input_ids"]
+    expected = translator.model.translate(src, beam_size=3, n_best=2, max_len_b=8)
+    for found, hypotheses in zip(results, expected):
+        assert [result.tokens for result in found] == [tokenizer.convert_ids_to_tokens(h.tokens) for h in hypotheses]
+        assert [result.text for result in found] == tokenizer.batch_decode([h.tokens for h in hypotheses],
+                                                                           skip_special_tokens=True)

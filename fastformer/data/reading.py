@@ -94,11 +94,12 @@ def check_line_counts(src_path: Path, n_src: int, tgt_path: Path, n_tgt: int) ->
                          f"line-aligned")
 
 
-def decode_sentences(raw_lines: Iterable[bytes], name: str) -> list[str]:
+def decode_sentences(raw_lines: Iterable[bytes], name: str, first: int = 1) -> list[str]:
     """Lines to translate (a file, stdin) -> their text without line ends. Empty lines are kept, as "", so that
-    translations stay line-aligned with the input; a line that is not UTF-8 raises ValueError naming name and line."""
+    translations stay line-aligned with the input; a line that is not UTF-8 raises ValueError naming name and line
+    (the first of raw_lines being line `first`)."""
     lines = []
-    for number, raw in enumerate(raw_lines, start=1):
+    for number, raw in enumerate(raw_lines, start=first):
         try:
             lines.append(raw.decode("utf-8").rstrip("\r\n"))
         except UnicodeDecodeError as error:

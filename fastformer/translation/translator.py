@@ -27,6 +27,19 @@ from fastformer.translation import marian
 OnTruncated = Callable[[int, int, int], None]
 
 
+class TranslationResult(NamedTuple):
+    """One hypothesis of a sentence."""
+
+    text: str
+    score: float | None  # as Hypothesis.score; None unless asked for
+    tokens: list[str]  # the target pieces, without EOS
+    attention: torch.Tensor | None  # [len(tokens) + 1, source tokens with EOS]; None unless asked for
+
+
+# The result of a blank sentence, which is not translated.
+BLANK = TranslationResult("", None, [], None)
+
+
 class ScoreResult(NamedTuple):
     """A target scored given its source: the sum of its log-probabilities, that sum over its scored tokens (EOS
     included), the target's pieces with EOS last, and each one's log-probability."""
@@ -59,58 +72,86 @@ class Translator:
 
     def translate(self, sentences: list[str], beam_size: int = 4, length_penalty: float = 0.6,
                   batch_tokens: int = 4096, max_len_a: float = 1.0, max_len_b: int = 50, min_len: int = 1,
-                  length_penalty_form: str = "gnmt", on_truncated: OnTruncated | None = None, sampling_topk: int = 1,
-                  sampling_topp: float = 1.0, sampling_temperature: float = 1.0, seed: int = 0,
-                  target_prefix: list[str | None] | None = None, no_repeat_ngram_size: int = 0,
-                  repetition_penalty: float = 1.0) -> list[str]:
-        """Translates sentences in length-sorted batches of about batch_tokens source tokens (padding included);
-        the output keeps the input order. The search options are those of `Transformer.translate`; target_prefix:
-        per sentence a text (its pieces are forced) or None.
+                  length_penalty_form: str = "gnmt", on_truncated: OnTruncated | None = None, n_best: int = 1,
+                  return_scores: bool = False, sampling_topk: int = 1, sampling_topp: float = 1.0,
+                  sampling_temperature: float = 1.0, seed: int = 0, target_prefix: list[str | None] | None = None,
+                  no_repeat_ngram_size: int = 0, repetition_penalty: float = 1.0,
+                  return_attention: bool = False) -> list[str] | list[list[TranslationResult]]:
+        """Translates sentences -> per sentence its best translation; with n_best > 1, return_scores or
+        return_attention, per sentence its n_best TranslationResults, best first. As `hypotheses` does."""
+        results = self.hypotheses(sentences, batch_tokens=batch_tokens, on_truncated=on_truncated,
+                                  target_prefix=target_prefix, beam_size=beam_size, length_penalty=length_penalty,
+                                  max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len,
+                                  length_penalty_form=length_penalty_form, n_best=n_best, return_scores=return_scores,
+                                  sampling_topk=sampling_topk, sampling_topp=sampling_topp,
+                                  sampling_temperature=sampling_temperature, seed=seed,
+                                  no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty,
+                                  return_attention=return_attention)
+        if n_best > 1 or return_scores or return_attention:
+            return results
+        return [best[0].text for best in results]
 
-        A blank sentence translates to "" (so that output stays line-aligned with input). A sentence longer than the
-        model's positions is cut to them, and on_truncated is told (by default a warning: never a silent cut)."""
-        kept = [i for i, sentence in enumerate(sentences) if sentence.strip()]
+    def hypotheses(self, sentences: list[str], batch_tokens: int = 4096, on_truncated: OnTruncated | None = None,
+                   target_prefix: list[str | None] | None = None, return_scores: bool = False,
+                   return_attention: bool = False, **search: object) -> list[list[TranslationResult]]:
+        """Translates sentences in length-sorted batches of about batch_tokens source tokens (padding included)
+        -> per sentence its hypotheses, best first, in the input order. `search`: the options of
+        `Transformer.translate` (beam_size, n_best, sampling_topk, ...).
+
+        target_prefix: per sentence a text (encoded by the target tokenizer, without EOS) that each hypothesis
+        starts with, or None. A blank sentence is not translated: its result is [BLANK] (so that output stays
+        line-aligned with input), whatever its prefix. A sentence longer than the model's positions is cut to them,
+        and on_truncated is told (by default a warning: never a silent cut). Scores are None unless return_scores,
+        attention None unless return_attention."""
         if target_prefix is not None and len(target_prefix) != len(sentences):
-            raise ValueError(f"target_prefix must have one entry per sentence ({len(sentences)}), got "
-                             f"{len(target_prefix)}")
-        prefixes = {} if target_prefix is None else dict(zip(kept, self.target_tokenizer.encode(
-            [target_prefix[i] or "" for i in kept])))
-        batches = self._source_batches(sentences, kept, batch_tokens, on_truncated or _warn_long_sentence)
-        translations = [""] * len(sentences)
-        for indices, src in batches:
-            hypotheses = self.model.translate(src, beam_size=beam_size, length_penalty=length_penalty,
-                                              max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len,
-                                              length_penalty_form=length_penalty_form, compute_type=self.compute_type,
-                                              return_scores=False, sampling_topk=sampling_topk,
-                                              sampling_topp=sampling_topp, sampling_temperature=sampling_temperature,
-                                              seed=seed,
-                                              target_prefix=[prefixes[i] for i in indices] if prefixes else None,
-                                              no_repeat_ngram_size=no_repeat_ngram_size,
-                                              repetition_penalty=repetition_penalty)
-            for i, text in zip(indices, self.target_tokenizer.decode([best[0].tokens for best in hypotheses])):
-                translations[i] = text
-        return translations
+            raise ValueError(f"target_prefix has {len(target_prefix)} entries for {len(sentences)} sentences: give "
+                             f"one (a text or None) per sentence")
+        kept = [i for i, sentence in enumerate(sentences) if sentence.strip()]
+        prefixes = self._prefix_ids(target_prefix, kept)
+        results = [[BLANK] for _ in sentences]
+        for indices, src in self._source_batches(sentences, kept, batch_tokens, on_truncated or _warn_long_sentence):
+            found = self.model.translate(src, compute_type=self.compute_type, return_scores=return_scores,
+                                         return_attention=return_attention,
+                                         target_prefix=[prefixes.get(i) for i in indices] if prefixes else None,
+                                         **search)
+            for i, sentence in zip(indices, found):
+                texts = self.target_tokenizer.decode([hypothesis.tokens for hypothesis in sentence])
+                results[i] = [TranslationResult(text, hypothesis.score, self.target_tokenizer.pieces(hypothesis.tokens),
+                                                hypothesis.attention) for hypothesis, text in zip(sentence, texts)]
+        return results
 
-    def score(self, sources: list[str], targets: list[str], batch_tokens: int = 4096) -> list[ScoreResult]:
+    def _prefix_ids(self, target_prefix: list[str | None] | None, kept: list[int]) -> dict[int, list[int]]:
+        """-> {index of a kept sentence: its prefix's target ids} for the sentences given a non-empty prefix."""
+        if target_prefix is None:
+            return {}
+        given = [i for i in kept if target_prefix[i]]
+        encoded = self.target_tokenizer.encode([target_prefix[i] for i in given])
+        return {i: ids for i, ids in zip(given, encoded) if ids}
+
+    def score(self, sources: list[str], targets: list[str], batch_tokens: int = 4096,
+              first_line: int = 1) -> list[ScoreResult]:
         """Each target's log-probabilities given its source (`Transformer.score`, teacher forcing), in length-sorted
         batches of about batch_tokens source tokens as `translate` makes them; the output keeps the input order.
 
         Unequal numbers of sources and targets, a blank source or target, or one over the model's positions is a
-        ValueError naming the line (1-based), raised before any scoring."""
+        ValueError naming the line (sources[0] being line first_line), raised before any scoring."""
         if len(sources) != len(targets):
             raise ValueError(f"score got {len(sources)} sources and {len(targets)} targets: it needs one target per "
                              "source")
         for i, (source, target) in enumerate(zip(sources, targets)):
             for side, text in (("source", source), ("target", target)):
                 if not text.strip():
-                    raise ValueError(f"line {i + 1}: the {side} is blank: scoring needs a source and a target")
+                    raise ValueError(f"line {first_line + i}: the {side} is blank: scoring needs a source and a "
+                                     "target")
         config = self.model.config
         limit = config.max_positions - 1  # and BOS
         target_ids = self.target_tokenizer.encode(targets)
         for i, ids in enumerate(target_ids):
             if not 1 <= len(ids) <= limit:
-                raise ValueError(f"line {i + 1}: the target has {len(ids)} tokens, the model scores 1 to {limit}")
-        batches = self._source_batches(sources, list(range(len(sources))), batch_tokens, _reject_long_source)
+                raise ValueError(f"line {first_line + i}: the target has {len(ids)} tokens, the model scores 1 to "
+                                 f"{limit}")
+        batches = self._source_batches(sources, list(range(len(sources))), batch_tokens,
+                                       lambda i, n_tokens, limit: _reject_long_source(first_line + i, n_tokens, limit))
         results: list[ScoreResult] = [None] * len(sources)  # type: ignore[list-item]
         for indices, src in batches:
             scores = self.model.score(src, [target_ids[i] for i in indices], compute_type=self.compute_type)
@@ -146,8 +187,8 @@ def _warn_long_sentence(index: int, n_tokens: int, limit: int) -> None:
                   f"its first {limit} were translated", stacklevel=4)
 
 
-def _reject_long_source(index: int, n_tokens: int, limit: int) -> None:
-    raise ValueError(f"line {index + 1}: the source has {n_tokens} tokens, more than the model's limit of {limit}: a "
+def _reject_long_source(line: int, n_tokens: int, limit: int) -> None:
+    raise ValueError(f"line {line}: the source has {n_tokens} tokens, more than the model's limit of {limit}: a "
                      "score of a cut source would not be the pair's")
 
 

@@ -1,0 +1,386 @@
+"""Translator's n-best results from text, and `fastformer translate` streaming files: chunked, in input order, JSON
+lines, a progress bar, --resume after a failure; the streaming runner's memory bound on a counted iterator."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+import fastformer
+from fastformer import checkpoint
+from fastformer.__main__ import main
+from fastformer.data import BUNDLED_CORPUS, EOS_ID, read_lines, train_tokenizer
+from fastformer.decoding.alignment import hard_alignment
+from fastformer.translation import translator as translator_module
+from fastformer.translation.streaming import ChunkOutput, LineInput, progress_path, stream_chunks
+from fastformer.translation.translator import BLANK, TranslationResult
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# Blank lines among them, to keep their places; the random model's translations run to its length limit, so the
+# sentences are short.
+LINES = read_lines(BUNDLED_CORPUS / "test.en")[:4] + [""] + read_lines(BUNDLED_CORPUS / "test.en")[4:9] + ["  "]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> tuple[Path, fastformer.Translator]:
+    """A random tiny model with a small trained tokenizer, saved as `fastformer train` saves -> (its path, its
+    Translator on the CPU)."""
+    sentences = read_lines(BUNDLED_CORPUS / "valid.en")[:200] + read_lines(BUNDLED_CORPUS / "valid.de")[:200]
+    tokenizer = train_tokenizer(sentences, vocab_size=120)
+    torch.manual_seed(0)
+    model = fastformer.Transformer(fastformer.TransformerConfig.tiny(tokenizer.vocab_size, dropout=0.0)).eval()
+    path = tmp_path_factory.mktemp("tiny") / "checkpoint.pt"
+    checkpoint.save_checkpoint(checkpoint.Checkpoint(model=model.state_dict(), config=model.config.to_dict(),
+                                                     tokenizer=tokenizer.model_proto), path)
+    return path, fastformer.load_translator(path, device="cpu")
+
+
+def _write(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def _lines(path: Path) -> list[str]:
+    """An output file's lines, blank ones kept (read_lines refuses them)."""
+    return path.read_text(encoding="utf-8").split("\n")[:-1]
+
+
+def _translate(path: Path, *options: str) -> None:
+    main(["translate", "--checkpoint", str(path), "--device", "cpu", *options])
+
+
+def test_n_best_results_are_the_searchs_hypotheses_of_each_sentence_alone(tiny):
+    """n_best=3, return_scores: per sentence the hypotheses Transformer.translate gives it alone (tokens as pieces,
+    the text decoded from them, the same scores); a blank line keeps its place with BLANK; the defaults return the
+    best texts."""
+    _, translator = tiny
+    found = translator.translate(LINES, beam_size=4, n_best=3, return_scores=True)
+    tokenizer = translator.target_tokenizer
+    for line, results in zip(LINES, found):
+        if not line.strip():
+            assert results == [BLANK]
+            continue
+        src = torch.tensor([translator.source_tokenizer.encode([line])[0] + [EOS_ID]])
+        expected = translator.model.translate(src, beam_size=4, n_best=3)[0]
+        assert [result.tokens for result in results] == [tokenizer.pieces(h.tokens) for h in expected]
+        assert [result.text for result in results] == tokenizer.decode([h.tokens for h in expected])
+        torch.testing.assert_close(torch.tensor([result.score for result in results]),
+                                   torch.tensor([h.score for h in expected]))
+        assert all(isinstance(result, TranslationResult) and result.attention is None for result in results)
+    assert translator.translate(LINES, beam_size=4) == [results[0].text for results in found]
+    scored = translator.translate(LINES, beam_size=4, return_scores=True)
+    assert [[result.text for result in results] for results in scored] == [[results[0].text] for results in found]
+    with pytest.raises(ValueError, match="target_prefix has 1 entries for 11 sentences"):
+        translator.translate(LINES, target_prefix=["Der"])
+
+
+def test_text_prefixes_are_the_target_tokenizers_ids(tiny):
+    _, translator = tiny
+    prefixes = ["Der alte", None, "", "Die"] + [None] * (len(LINES) - 4)
+    found = translator.translate(LINES, beam_size=2, target_prefix=prefixes)
+    for line, prefix, text in zip(LINES, prefixes, found):
+        src = torch.tensor([translator.source_tokenizer.encode([line])[0] + [EOS_ID]])
+        ids = translator.target_tokenizer.encode([prefix])[0] if prefix else None
+        best = translator.model.translate(src, beam_size=2, target_prefix=[ids])[0][0]
+        assert text == translator.target_tokenizer.decode([best.tokens])[0]
+
+
+def test_jsonl_n_best_in_chunks_is_translators_results(tiny, tmp_path, monkeypatch, capsys):
+    """--output-format jsonl --n-best 2 over chunks of 3 lines: one object per hypothesis in input order, line and
+    rank from 0, text and score as Translator.translate gives them; a blank line gives one object, empty, no score."""
+    path, translator = tiny
+    source, output = _write(tmp_path / "in.en", LINES), tmp_path / "out.jsonl"
+    summaries = []
+    monkeypatch.setattr("fastformer.__main__.stream_chunks",
+                        lambda *args, **kwargs: summaries.append(stream_chunks(*args, **kwargs)) or summaries[-1])
+    _translate(path, "--input", str(source), "--output", str(output), "--output-format", "jsonl", "--n-best", "2",
+               "--beam", "3", "--chunk-lines", "3")
+    records = [json.loads(line) for line in _lines(output)]
+    expected = translator.translate(LINES, beam_size=3, n_best=2, return_scores=True)
+    assert records == [{"line": line, "rank": rank, "text": result.text, "score": result.score}
+                       for line, results in enumerate(expected) for rank, result in enumerate(results)]
+    assert [record["line"] for record in records if record["text"] == ""] == [4, 10]
+    assert not progress_path(output).exists()  # a finished run removes its progress file
+    translated = [results for line, results in zip(LINES, expected) if line.strip()]
+    summary = summaries[0]
+    assert (summary.rows, summary.sentences, summary.resumed_after) == (11, 9, 0)
+    assert summary.tokens == sum(len(result.tokens) + 1 for results in translated for result in results)
+    assert capsys.readouterr().err.splitlines()[-1] == summary.line("translate")
+    assert summary.line("translate").startswith("fastformer translate: 11 lines (9 sentences) in ")
+
+
+def test_text_output_in_chunks_from_stdin_keeps_order_and_blank_lines(tiny, monkeypatch, capsys):
+    path, translator = tiny
+    expected = translator.translate(LINES, beam_size=4)
+    for chunk_lines in ("1", "4", "2000"):
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO("".join(f"{s}\n" for s in LINES).encode())))
+        _translate(path, "--chunk-lines", chunk_lines)
+        assert capsys.readouterr().out.split("\n") == expected + [""]
+
+
+def test_text_with_n_best_and_a_resume_without_output_are_refused(tiny, tmp_path):
+    path, _ = tiny
+    source = _write(tmp_path / "in.en", LINES)
+    with pytest.raises(SystemExit, match=r"^fastformer translate: error: --n-best 2 gives several translations per "
+                                         r"line: use --output-format jsonl$"):
+        _translate(path, "--input", str(source), "--n-best", "2", "--beam", "2")
+    with pytest.raises(SystemExit, match="--resume needs --output"):
+        _translate(path, "--input", str(source), "--resume")
+    with pytest.raises(SystemExit, match="--chunk-lines must be >= 1, got 0"):
+        _translate(path, "--input", str(source), "--chunk-lines", "0")
+    with pytest.raises(SystemExit, match=f"checkpoint not found: {tmp_path / 'absent.pt'}"):
+        main(["translate", "--checkpoint", str(tmp_path / "absent.pt"), "--input", str(source)])
+
+
+def test_prefix_file_of_another_length_is_refused_before_any_work(tiny, tmp_path, monkeypatch):
+    path, _ = tiny
+    source, prefixes = _write(tmp_path / "in.en", LINES), _write(tmp_path / "prefixes.de", ["Der"] * 3)
+    monkeypatch.setattr("fastformer.__main__.load_translator", None)  # loading a model would fail the test
+    with pytest.raises(SystemExit, match=f"{source} has 11 lines but {prefixes} has 3: the inputs must be "
+                                         "line-aligned"):
+        _translate(path, "--input", str(source), "--prefix-file", str(prefixes))
+
+
+def test_a_non_utf8_line_in_a_later_chunk_is_named_by_its_line(tiny, tmp_path, capsys):
+    path, translator = tiny
+    source, output = tmp_path / "in.en", tmp_path / "out.de"
+    source.write_bytes("".join(f"{line}\n" for line in LINES[:4]).encode() + "Gr\u00fc\u00dfe.\n".encode("latin-1"))
+    with pytest.raises(SystemExit, match=rf"^fastformer translate: error: {source}:5: not valid UTF-8"):
+        _translate(path, "--input", str(source), "--output", str(output), "--chunk-lines", "2")
+    assert _lines(output) == translator.translate(LINES[:4])  # chunks 1-2 are kept
+    assert "stopped after line 4" in capsys.readouterr().err
+
+
+def _fail_on_call(monkeypatch, failing_call: int, error: BaseException = OSError("disk on fire")) -> None:
+    """Translator.hypotheses (one call per chunk) raises error on its failing_call-th call."""
+    real = translator_module.Translator.hypotheses
+    calls = []
+
+    def hypotheses(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == failing_call:
+            raise error
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(translator_module.Translator, "hypotheses", hypotheses)
+
+
+@pytest.mark.parametrize("output_format", ["text", "jsonl"])
+def test_a_failure_keeps_the_chunks_written_and_resume_finishes_as_one_run_would(tiny, tmp_path, monkeypatch,
+                                                                                capsys, output_format):
+    """A failure in the 3rd chunk leaves chunks 1-2 in the output; --resume (with another chunk size) translates
+    the rest, and the output is byte for byte that of an uninterrupted run. jsonl with --n-best 2 writes several
+    lines per input line: the progress file, not a count of lines, says where to go on."""
+    path, _ = tiny
+    source = _write(tmp_path / "in.en", LINES)
+    options = ["--input", str(source), "--output-format", output_format, "--beam", "2"]
+    options += ["--n-best", "2"] if output_format == "jsonl" else []
+    whole, output = tmp_path / "whole", tmp_path / "out"
+    _translate(path, *options, "--output", str(whole))
+    with monkeypatch.context() as patched:
+        _fail_on_call(patched, 3)
+        with pytest.raises(SystemExit, match="error: disk on fire"):
+            _translate(path, *options, "--output", str(output), "--chunk-lines", "3")
+    assert "stopped after line 6:" in capsys.readouterr().err
+    kept = output.read_bytes()
+    lines_per_input = 2 if output_format == "jsonl" else 1
+    expected_kept = whole.read_bytes().splitlines(keepends=True)[:6 * lines_per_input - (output_format == "jsonl")]
+    assert kept == b"".join(expected_kept)  # line 4 is blank: one jsonl object
+    progress = json.loads(progress_path(output).read_text())
+    assert progress["rows"] == 6 and progress["output_bytes"] == len(kept)
+    with output.open("ab") as file:  # a chunk cut off mid-write
+        file.write(b'half a li')
+    _translate(path, *options, "--output", str(output), "--chunk-lines", "4", "--resume")
+    assert output.read_bytes() == whole.read_bytes()
+    assert not progress_path(output).exists()
+    assert "resumed after line 6" in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_ctrl_c_keeps_the_chunks_written_and_exits_without_a_traceback(tiny, tmp_path, monkeypatch, capsys):
+    path, translator = tiny
+    source, output = _write(tmp_path / "in.en", LINES), tmp_path / "out.de"
+    _fail_on_call(monkeypatch, 2, KeyboardInterrupt())
+    with pytest.raises(SystemExit) as stopped:
+        _translate(path, "--input", str(source), "--output", str(output), "--chunk-lines", "5")
+    assert stopped.value.code == 130
+    assert capsys.readouterr().err == (f"fastformer translate: stopped after line 5: {output} holds the output of "
+                                       f"every line before it, and --resume continues from there\n")
+    assert _lines(output) == translator.translate(LINES[:5])
+
+
+def _interrupted(tiny, tmp_path, monkeypatch) -> tuple[Path, Path]:
+    """A run stopped in its 2nd chunk of 3 lines -> (its input, its output)."""
+    path, _ = tiny
+    source, output = _write(tmp_path / "in.en", LINES), tmp_path / "out.de"
+    with monkeypatch.context() as patched:
+        _fail_on_call(patched, 2)
+        with pytest.raises(SystemExit):
+            _translate(path, "--input", str(source), "--output", str(output), "--chunk-lines", "3")
+    return source, output
+
+
+def test_resume_refuses_outputs_that_are_not_this_inputs(tiny, tmp_path, monkeypatch):
+    """Each refusal is one line, made before any model loads."""
+    path, _ = tiny
+    source, output = _interrupted(tiny, tmp_path, monkeypatch)
+    monkeypatch.setattr("fastformer.__main__.load_translator", None)
+    resume = ["--output", str(output), "--chunk-lines", "3", "--resume"]
+
+    def refused(pattern: str, *options: str) -> None:
+        with pytest.raises(SystemExit, match=rf"^fastformer translate: error: {pattern}"):
+            _translate(path, *options, *resume)
+
+    refused(f"cannot resume {output}: it was made with --beam 4, this run has --beam 5", "--input", str(source),
+            "--beam", "5")
+    refused(f"cannot resume {output}: it was made with no --print-alignment, this run has --print-alignment",
+            "--input", str(source), "--print-alignment")
+    short = _write(tmp_path / "short.en", LINES[:2])
+    refused(f"{output} holds the output of 3 lines, but {short} has only 2: it is not the output of this input",
+            "--input", str(short))
+    changed = _write(tmp_path / "changed.en", [LINES[0], LINES[2], LINES[1]] + LINES[3:])
+    refused(f"{output} was not made from {changed}: their first 3 lines differ", "--input", str(changed))
+    kept = output.read_bytes()
+    output.write_bytes(kept[:-1])
+    refused(f"cannot resume {output}: it has {len(kept) - 1} bytes, fewer than the {len(kept)}", "--input",
+            str(source))
+    output.write_bytes(kept.replace(b"\n", b" ", 1) + b"\n")
+    refused(f"cannot resume {output}: its first {len(kept)} bytes hold 2 lines, not the 3", "--input", str(source))
+    progress_path(output).unlink()
+    refused(f"cannot resume {output}: {progress_path(output)} is missing", "--input", str(source))
+
+
+def test_resume_without_an_output_starts_afresh_and_a_run_without_resume_overwrites(tiny, tmp_path, monkeypatch):
+    path, translator = tiny
+    source, output = _interrupted(tiny, tmp_path, monkeypatch)
+    expected = translator.translate(LINES)
+    _translate(path, "--input", str(source), "--output", str(output))
+    assert _lines(output) == expected and not progress_path(output).exists()
+    fresh = tmp_path / "fresh.de"
+    _translate(path, "--input", str(source), "--output", str(fresh), "--resume")
+    assert _lines(fresh) == expected
+
+
+def test_progress_bar_on_a_terminal_shows_lines_and_rates(tiny, tmp_path, monkeypatch):
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    path, _ = tiny
+    source, terminal = _write(tmp_path / "in.en", LINES), Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    _translate(path, "--input", str(source), "--output", str(tmp_path / "out.de"), "--chunk-lines", "5")
+    drawn = terminal.getvalue()
+    assert "translate: 100%" in drawn and "11/11" in drawn
+    assert "sentences/s" in drawn and "tgt tok/s" in drawn
+
+
+class _CountedLines:
+    """An input's raw lines, counting how many have been read."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.read = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for number in range(self.count):
+            self.read += 1
+            yield f"line {number}\n".encode()
+
+
+def test_the_runner_holds_one_chunk_of_input_at_a_time(tmp_path):
+    """Whenever the chunk function runs, exactly the lines of the chunks so far have been read from each input (none
+    ahead), a chunk has at most chunk_lines rows, and the output is every row's lines in order."""
+    sources, targets = _CountedLines(1000), _CountedLines(1000)
+    seen = []
+
+    def process(first: int, rows: list[tuple[str, ...]]) -> ChunkOutput:
+        assert sources.read == targets.read == first + len(rows) and len(rows) <= 64
+        seen.append(len(rows))
+        return ChunkOutput([f"{source}|{target}" for source, target in rows], len(rows), 0)
+
+    output = tmp_path / "out"
+    summary = stream_chunks([LineInput("sources", sources), LineInput("targets", targets, 1000)], lambda: process,
+                            output, {}, chunk_lines=64)
+    assert seen == [64] * 15 + [40]
+    assert _lines(output) == [f"line {i}|line {i}" for i in range(1000)]
+    assert (summary.rows, summary.sentences, summary.resumed_after) == (1000, 1000, 0)
+
+
+def test_the_runner_names_an_input_that_ends_first(tmp_path):
+    with pytest.raises(ValueError, match="^targets has 5 lines but sources has more: the inputs must be line-aligned"):
+        stream_chunks([LineInput("sources", _CountedLines(8)), LineInput("targets", _CountedLines(5))],
+                      lambda: lambda first, rows: ChunkOutput([], 0, 0), tmp_path / "out", {}, chunk_lines=3)
+
+
+def test_search_options_and_text_prefixes_reach_the_search(tiny, tmp_path, monkeypatch):
+    """The CLI's search flags arrive in Transformer.translate by CTranslate2's names (their defaults when not given),
+    --prefix-file's lines as the target tokenizer's ids of each batch's sentences (None for an empty line; none at
+    all where no line has a prefix)."""
+    path, translator = tiny
+    calls = []
+    real = fastformer.Transformer.translate
+
+    def spy(self, src, **options):
+        calls.append((src, options))
+        return real(self, src, **options)
+    monkeypatch.setattr(fastformer.Transformer, "translate", spy)
+    prefixes = ["Der alte", "", "Die"] + [""] * (len(LINES) - 3)
+    source, prefix_file = _write(tmp_path / "in.en", LINES), _write(tmp_path / "prefixes.de", prefixes)
+    _translate(path, "--input", str(source), "--output", str(tmp_path / "out.de"), "--chunk-lines", "4")
+    defaults = dict(sampling_topk=1, sampling_topp=1.0, sampling_temperature=1.0, seed=0, no_repeat_ngram_size=0,
+                    repetition_penalty=1.0, target_prefix=None, return_attention=False)
+    assert calls and all(options.items() >= defaults.items() for _, options in calls)
+    calls.clear()
+    _translate(path, "--input", str(source), "--output", str(tmp_path / "sampled.de"), "--beam", "1", "--n-best", "1",
+               "--sampling-topk", "5", "--sampling-topp", "0.9", "--sampling-temperature", "0.7", "--seed", "3",
+               "--no-repeat-ngram-size", "2", "--repetition-penalty", "1.2", "--prefix-file", str(prefix_file),
+               "--chunk-lines", "4")
+    given = dict(sampling_topk=5, sampling_topp=0.9, sampling_temperature=0.7, seed=3, no_repeat_ngram_size=2,
+                 repetition_penalty=1.2)
+    assert all(options.items() >= given.items() for _, options in calls)
+    expected = {tuple(ids + [EOS_ID]): translator.target_tokenizer.encode([prefix])[0] if prefix else None
+                for ids, prefix in zip(translator.source_tokenizer.encode(LINES), prefixes) if ids}
+    found = {tuple(row[row != 0].tolist()): prefix for src, options in calls
+             for row, prefix in zip(src, options["target_prefix"] or [None] * len(src))}
+    assert found == expected
+
+
+def test_sampled_n_best_is_the_same_in_any_chunks(tiny, tmp_path):
+    """--beam 1 --sampling-topk 5 --n-best 3: three samples per line, as Translator.translate gives them, whatever
+    the chunks the lines fall in (each sentence's samples depend on the seed and its tokens only)."""
+    path, translator = tiny
+    source = _write(tmp_path / "in.en", LINES)
+    sampling = ["--beam", "1", "--sampling-topk", "5", "--n-best", "3", "--seed", "7", "--output-format", "jsonl"]
+    for chunk_lines in ("2", "2000"):
+        _translate(path, "--input", str(source), "--output", str(tmp_path / chunk_lines), "--chunk-lines", chunk_lines,
+                   *sampling)
+    assert _lines(tmp_path / "2") == _lines(tmp_path / "2000")
+    expected = translator.translate(LINES, beam_size=1, sampling_topk=5, n_best=3, seed=7, return_scores=True)
+    assert [json.loads(line)["text"] for line in _lines(tmp_path / "2")] == [
+        result.text for results in expected for result in results]
+
+
+def test_print_alignment_writes_fairseqs_pairs_from_the_attention(tiny, tmp_path):
+    """text: the best translation, a tab, hard_alignment's "i-j" pairs of its attention; jsonl: an "alignment" field
+    per hypothesis; a blank line has none."""
+    path, translator = tiny
+    source = _write(tmp_path / "in.en", LINES)
+    _translate(path, "--input", str(source), "--output", str(tmp_path / "out.txt"), "--print-alignment")
+    _translate(path, "--input", str(source), "--output", str(tmp_path / "out.jsonl"), "--print-alignment",
+               "--output-format", "jsonl", "--n-best", "2")
+    expected = translator.translate(LINES, n_best=2, return_attention=True)
+
+    def pairs(result: TranslationResult) -> str:
+        if result.attention is None:
+            return ""
+        found = hard_alignment(result.attention, result.attention.shape[1] - 1, len(result.tokens))
+        return " ".join(f"{i}-{j}" for i, j in found)
+    assert _lines(tmp_path / "out.txt") == [f"{results[0].text}\t{pairs(results[0])}" for results in expected]
+    assert [json.loads(line)["alignment"] for line in _lines(tmp_path / "out.jsonl")] == [
+        pairs(result) for results in expected for result in results]
+    assert [results[0].attention is None for results in expected] == [not line.strip() for line in LINES]
