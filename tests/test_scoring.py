@@ -310,5 +310,5 @@ def test_cli_names_files_of_unequal_length(tiny_checkpoint, tmp_path, capsys):
     target = _write_lines(tmp_path / "tgt.txt", TARGETS[:2])
     with pytest.raises(SystemExit) as exit_info:
         main(["score", "--checkpoint", str(path), "--input", str(source), "--targets", str(target)])
-    assert str(exit_info.value) == (f"fastformer score: error: {source} has 4 lines but {target} has 2: score needs "
-                                    "one target line per source line")
+    assert str(exit_info.value) == (f"fastformer score: error: {source} has 4 lines but {target} has 2: the inputs "
+                                    "must be line-aligned")

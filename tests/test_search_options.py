@@ -263,7 +263,7 @@ def test_translator_passes_every_option_through(tiny_checkpoint):
         expected.append(tokenizer.decode([best.tokens])[0])
     translator = fastformer.load_translator(path, device="cpu")
     assert translator.translate(sources, target_prefix=prefixes, batch_tokens=40, **options) == expected
-    with pytest.raises(ValueError, match="one entry per sentence"):
+    with pytest.raises(ValueError, match="target_prefix has 2 entries for 6 sentences"):
         translator.translate(sources, target_prefix=prefixes[:2])
 
 

@@ -85,6 +85,9 @@ def test_text_prefixes_are_the_target_tokenizers_ids(tiny):
     prefixes = ["Der alte", None, "", "Die"] + [None] * (len(LINES) - 4)
     found = translator.translate(LINES, beam_size=2, target_prefix=prefixes)
     for line, prefix, text in zip(LINES, prefixes, found):
+        if not line.strip():  # a blank line is not translated, whatever its prefix
+            assert text == ""
+            continue
         src = torch.tensor([translator.source_tokenizer.encode([line])[0] + [EOS_ID]])
         ids = translator.target_tokenizer.encode([prefix])[0] if prefix else None
         best = translator.model.translate(src, beam_size=2, target_prefix=[ids])[0][0]
