@@ -106,31 +106,31 @@ class StepRules {
     }
   }
 
-  // The logits beam_step ranks at state.step for `rows` ([n_rows, vocab]), with state.forced_tokens set.
+  // The logits beam_step ranks at state.step for `rows` ([n_rows, vocab], changed in place by the history rules),
+  // with state.forced_tokens set.
   at::Tensor before_step(const at::Tensor& logits, const Rows& rows, BeamState& state) const {
     if (!history_.defined() && !state.forced_tokens.defined()) return logits;
     const at::Tensor step = state.step.to(at::kLong);
-    at::Tensor ranked = logits;
     if (history_.defined()) {
-      ranked = apply_history(logits, history_.index_select(0, rows.row_slots_long), state.step);
-      if (prefix_.defined()) {  // a prefix's token is taken as it is, scored by the model's own logits
-        const at::Tensor row_forced = prefix_.index_select(1, step).view({-1}).index_select(
-            0, at::floor_divide(rows.row_slots_long, options_.beam_size));
-        ranked = at::where(row_forced.ge(0).unsqueeze(1), logits, ranked);
+      at::Tensor forced_rows;  // a prefix's token is taken as it is, scored by the model's own logits
+      if (prefix_.defined()) {
+        forced_rows = prefix_.index_select(1, step).view({-1}).index_select(
+            0, at::floor_divide(rows.row_slots_long, options_.beam_size)).ge(0);
       }
+      apply_history(logits, history_.index_select(0, rows.row_slots_long), state.step, forced_rows);
     }
-    if (!state.forced_tokens.defined()) return ranked;
+    if (!state.forced_tokens.defined()) return logits;
     at::Tensor forced = prefix_.defined() ? prefix_.index_select(1, step).view({-1})
                                           : at::full_like(state.forced_tokens, -1);
     if (sampling_) {
       // beam_size 1: row r is sentence rows.active[r]; a prefix's token wins over the draw.
-      const at::Tensor drawn = sample(ranked, uniforms_.index_select(0, step).view({-1}).index_select(
+      const at::Tensor drawn = sample(logits, uniforms_.index_select(0, step).view({-1}).index_select(
                                                   0, rows.row_slots_long), state.step);
       const at::Tensor row_forced = forced.index_select(0, rows.row_slots_long);
       forced = forced.index_copy(0, rows.row_slots_long, at::where(row_forced.ge(0), row_forced, drawn));
     }
     state.forced_tokens.copy_(forced);
-    return ranked;
+    return logits;
   }
 
   // After beam_step at state.step: each slot's history becomes its new parent's, plus the token it took.
@@ -154,55 +154,65 @@ class StepRules {
     return static_cast<float>(x >> 40) * (1.0f / 16777216.0f);
   }
 
-  // logits [n_rows, vocab] changed by the rows' hypotheses (history [n_rows, cache_len], its first `step` columns):
-  // CTranslate2's RepetitionPenalty and NoRepeatNgram (decoding_utils.cc), whose history is every token taken so
-  // far, a target prefix's included and the start token not.
-  at::Tensor apply_history(const at::Tensor& logits, const at::Tensor& history, const at::Tensor& step) const {
-    const int64_t vocab = logits.size(1), n_rows = logits.size(0), cache_len = history.size(1);
-    // Positions not taken yet (and a finished sentence's -1) point at a column past the vocabulary.
-    const at::Tensor tokens = history.to(at::kLong).masked_fill(positions_.ge(step) | history.lt(0), vocab);
-    auto mark = [&](const at::Tensor& ids) {  // [n_rows, vocab] bool: the ids of each row
-      return at::zeros({n_rows, vocab + 1}, logits.options().dtype(at::kBool)).scatter_(1, ids, true)
-          .narrow(1, 0, vocab);
-    };
-    at::Tensor out = logits;
+  // In place on logits [n_rows, vocab], from the rows' hypotheses (history [n_rows, cache_len], its first `step`
+  // columns), but not on the rows `skip` marks ([n_rows] bool; undefined: none): CTranslate2's RepetitionPenalty and
+  // NoRepeatNgram (decoding_utils.cc), whose history is every token taken so far, a target prefix's included and the
+  // start token not. The work is over the tokens taken, not over the vocabulary: a gather and a scatter of them.
+  void apply_history(const at::Tensor& logits, const at::Tensor& history, const at::Tensor& step,
+                     const at::Tensor& skip) const {
+    const int64_t pad = options_.pad_id, cache_len = history.size(1);
+    at::Tensor taken = positions_.lt(step).unsqueeze(0) & history.ge(0);  // [n_rows, cache_len]
+    if (skip.defined()) taken = taken & skip.logical_not().unsqueeze(1);
+    // PAD stands in where no token was taken: it is never taken itself, and every write to its column writes back
+    // its own logit, so it stays out of both rules.
+    const at::Tensor tokens = history.to(at::kLong).masked_fill(taken.logical_not(), pad);
     const double penalty = options_.repetition_penalty;
     if (penalty != 1.0) {
-      // A token taken before: its logit divided by the penalty where positive, multiplied where negative.
-      out = at::where(mark(tokens), at::where(logits.gt(0), logits / penalty, logits * penalty), logits);
+      // A token taken before: its logit divided by the penalty where positive, multiplied where negative (each
+      // copy of a token taken twice writes the same value).
+      const at::Tensor values = logits.gather(1, tokens);
+      logits.scatter_(1, tokens, at::where(taken & values.gt(0), values / penalty,
+                                           at::where(taken, values * penalty, values)));
     }
     const int64_t n = options_.no_repeat_ngram_size;
     if (n > 0 && n <= cache_len) {
-      // The token that would complete an n-gram the hypothesis holds already: window i (i + n <= step) whose first
-      // n - 1 tokens are the hypothesis's last n - 1 bans its last.
+      // The token that would complete an n-gram the hypothesis holds already: a window of n taken tokens whose first
+      // n - 1 are the hypothesis's last n - 1 bans its last.
       const at::Tensor windows = tokens.unfold(1, n, 1);  // [n_rows, cache_len - n + 1, n]
-      at::Tensor banned = positions_.narrow(0, 0, windows.size(1)).le(step - n).unsqueeze(0);
+      at::Tensor banned = taken.unfold(1, n, 1).all(2);
       if (n > 1) {
         const at::Tensor tail = tokens.index_select(
             1, (step.to(at::kLong) - (n - 1) + positions_.narrow(0, 0, n - 1)).clamp_min(0));
         banned = banned & windows.narrow(2, 0, n - 1).eq(tail.unsqueeze(1)).all(2);
       }
-      out = out.masked_fill(mark(windows.select(2, n - 1).masked_fill(banned.logical_not(), vocab)),
-                            -std::numeric_limits<double>::infinity());
+      const at::Tensor pad_logits = logits.narrow(1, pad, 1).clone().expand({-1, windows.size(1)});
+      logits.scatter_(1, windows.select(2, n - 1).masked_fill(banned.logical_not(), pad),
+                      at::where(banned, -std::numeric_limits<double>::infinity(), pad_logits));
     }
-    return out;
   }
 
   // One token per row of logits [n_rows, vocab] by inverse CDF at uniforms [n_rows]: the logits over the
   // temperature, pad and BOS barred, EOS barred before min_len, then top-k and top-p (SearchOptions).
   at::Tensor sample(const at::Tensor& logits, const at::Tensor& uniforms, const at::Tensor& step) const {
     const double inf = std::numeric_limits<double>::infinity();
-    at::Tensor x = logits.to(at::kFloat).div(options_.sampling_temperature);  // a copy: beam_step reads logits
-    x.select(1, options_.pad_id).fill_(-inf);
-    x.select(1, options_.bos_id).fill_(-inf);
-    x.select(1, options_.eos_id).masked_fill_(step.lt(options_.min_len), -inf);
     const int64_t topk = options_.sampling_topk;
     const double topp = options_.sampling_topp;
-    at::Tensor values = x, ids;  // ids undefined: the vocabulary's order
-    if (topk > 0 && topk < x.size(1)) {
-      std::tie(values, ids) = x.topk(topk);
-    } else if (topp < 1.0) {
-      std::tie(values, ids) = x.sort(/*dim=*/-1, /*descending=*/true);
+    at::Tensor values, ids;  // ids undefined: the vocabulary's order
+    if (logits.is_cpu() && logits.scalar_type() == at::kFloat && topk > 0 && topk <= kMaxScannedTopK &&
+        topk < logits.size(1)) {
+      std::tie(values, ids) = top_k_allowed_cpu(logits.contiguous(), topk, step.item<int64_t>() < options_.min_len);
+      values = values.div(options_.sampling_temperature);
+    } else {
+      at::Tensor x = logits.to(at::kFloat).div(options_.sampling_temperature);  // a copy: beam_step reads logits
+      x.select(1, options_.pad_id).fill_(-inf);
+      x.select(1, options_.bos_id).fill_(-inf);
+      x.select(1, options_.eos_id).masked_fill_(step.lt(options_.min_len), -inf);
+      values = x;
+      if (topk > 0 && topk < x.size(1)) {
+        std::tie(values, ids) = x.topk(topk);
+      } else if (topp < 1.0) {
+        std::tie(values, ids) = x.sort(/*dim=*/-1, /*descending=*/true);
+      }
     }
     at::Tensor probs = values.softmax(-1);
     if (topp < 1.0) probs = probs * (probs.cumsum(-1) - probs).lt(topp);  // the most likely set reaching topp
@@ -211,6 +221,39 @@ class StepRules {
     const at::Tensor target = cdf.narrow(1, cdf.size(1) - 1, 1) * uniforms.unsqueeze(1);
     const at::Tensor choice = cdf.le(target).sum(1, /*keepdim=*/true);
     return (ids.defined() ? ids.gather(1, choice) : choice).view({-1}).to(at::kInt);
+  }
+
+  // The largest top-k the CPU's one-pass scan takes (top_k_allowed_cpu); a larger one goes to ATen's topk.
+  static constexpr int64_t kMaxScannedTopK = 64;
+
+  // The k largest logits of each row of logits [n_rows, vocab] (float32, contiguous, on the CPU) among the tokens a
+  // draw may take (PAD and BOS never, EOS not where eos_barred), best first, ties to the lower id -> (values
+  // [n_rows, k] float32, ids [n_rows, k] int64; -inf past a row's finite ones). One pass per row keeps its k best so
+  // far: most logits fall below the k-th best and cost one comparison, where ATen's topk copies and partly sorts
+  // the whole row.
+  std::pair<at::Tensor, at::Tensor> top_k_allowed_cpu(const at::Tensor& logits, int64_t k, bool eos_barred) const {
+    const int64_t n_rows = logits.size(0), vocab = logits.size(1);
+    at::Tensor values = at::full({n_rows, k}, -std::numeric_limits<float>::infinity(), logits.options());
+    at::Tensor ids = at::full({n_rows, k}, options_.pad_id, logits.options().dtype(at::kLong));
+    const float* rows = logits.data_ptr<float>();
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const float* row = rows + r * vocab;
+      float* best = values.data_ptr<float>() + r * k;
+      int64_t* best_ids = ids.data_ptr<int64_t>() + r * k;
+      for (int64_t token = 0; token < vocab; ++token) {
+        const float x = row[token];
+        if (!(x > best[k - 1])) continue;  // strictly: an equal logit of a higher id stays out; NaN never enters
+        if (token == options_.pad_id || token == options_.bos_id || (eos_barred && token == options_.eos_id)) continue;
+        int64_t at = k - 1;
+        for (; at > 0 && best[at - 1] < x; --at) {
+          best[at] = best[at - 1];
+          best_ids[at] = best_ids[at - 1];
+        }
+        best[at] = x;
+        best_ids[at] = token;
+      }
+    }
+    return {values, ids};
   }
 
   const SearchOptions& options_;
