@@ -354,3 +354,38 @@ def test_captured_system_trains_the_tiny_model_on_the_gpu():
     assert row["status"] == "ok", row
     assert all(math.isfinite(rate) and rate > 0 for rate in row["tokens_per_s"]["samples"])
     assert row["real_token_ratio"]["target"] >= 0.90 and row["peak_memory_gib"] > 0
+
+
+def test_cpu_options_smoke_run(tmp_path):
+    """The options benchmark times every fastformer system it is given (and CTranslate2's sampling and scoring in
+    both threading modes where installed), each decoding or scoring the same target tokens, and takes its ratios
+    from the rows' medians."""
+    systems = ["beam4", "beam4-ngram", "beam4-attention", "greedy", "sampling", "score"]
+    try:
+        import ctranslate2  # noqa: F401
+        systems += ["ctranslate2-sampling", "ctranslate2-score"]
+    except ImportError:
+        pass
+    out = tmp_path / "cpu_options.json"
+    command = [sys.executable, str(BENCHMARKS / "cpu_options.py"), "--shape", "a", "--vocab", "300", "--rounds", "1",
+               "--threads", "2", "--systems", *systems, "--out", str(out)]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=BENCHMARKS.parent)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    results = json.loads(out.read_text())
+    rows = results["rows"]
+    expected = {name for system in systems
+                for name in ((f"{system} intra", f"{system} inter") if system.startswith("ctranslate2") else (system,))}
+    assert set(rows) == expected and not results["failed"]
+    for row in rows.values():
+        assert row["tokens"] == 64 * 31  # every system decodes (or scores) 31 target tokens of 64 sentences
+        # The JSON rounds seconds to 4 decimals.
+        assert row["tokens_per_s"] == pytest.approx(row["tokens"] / row["seconds"], rel=1e-2)
+    ratios = results["ratios"]
+    assert ratios["beam4-ngram time / beam4 time"] == pytest.approx(
+        rows["beam4"]["tokens_per_s"] / rows["beam4-ngram"]["tokens_per_s"], rel=1e-2)
+    assert ratios["sampling / greedy (speed)"] == pytest.approx(
+        rows["sampling"]["tokens_per_s"] / rows["greedy"]["tokens_per_s"], rel=1e-2)
+    if "ctranslate2-score" in systems:
+        best = max(rows["ctranslate2-score intra"]["tokens_per_s"], rows["ctranslate2-score inter"]["tokens_per_s"])
+        assert ratios["score / CTranslate2 score_batch at its best"] == pytest.approx(
+            rows["score"]["tokens_per_s"] / best, rel=1e-2)
