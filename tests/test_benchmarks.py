@@ -201,24 +201,33 @@ def test_kernels_smoke_run_on_cpu(tmp_path):
     assert ops == {"attention", "cross_entropy", "linear_cross_entropy", "residual_layer_norm", "copy"}
     assert all(row["ms"]["median"] > 0 for row in results["rows"] if row["status"] == "ok")
 
+def _where_ctranslate2(systems: list[str]) -> list[str]:
+    """systems where the ctranslate2 package imports, else none."""
+    try:
+        import ctranslate2  # noqa: F401
+    except ImportError:
+        return []
+    return systems
+
+
+def _run_cpu_benchmark(tmp_path, script: str, *args: str) -> dict:
+    """Runs a CPU benchmark script on the tiny shape (300-token vocabulary, one round) -> its JSON."""
+    out = tmp_path / "results.json"
+    command = [sys.executable, str(BENCHMARKS / script), "--shape", "a", "--vocab", "300", "--rounds", "1", *args,
+               "--out", str(out)]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=BENCHMARKS.parent)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    return json.loads(out.read_text())
+
 
 def test_cpu_decoding_smoke_run(tmp_path):
     """The CPU decoding comparison decodes every hypothesis to its fixed length in every system, compute type and
     CTranslate2 threading mode it is given, reports rates, checksums, warm-up calls and, for fastformer, the share of
     the GEMM floor, and takes each point's ratios against CTranslate2's best row there."""
-    systems = ["fastformer-float32", "fastformer-int8"]
-    try:
-        import ctranslate2  # noqa: F401
-        systems += ["ctranslate2-float32", "ctranslate2-int8"]
-    except ImportError:
-        pass
-    out = tmp_path / "cpu_decoding.json"
-    command = [sys.executable, str(BENCHMARKS / "cpu_decoding.py"), "--shape", "a", "--vocab", "300", "--rounds", "1",
-               "--sentences", "8", "1", "--threads", "1", "2", "--beam", "2", "--source-tokens", "6",
-               "--systems", *systems, "--out", str(out)]
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=BENCHMARKS.parent)
-    assert completed.returncode == 0, completed.stdout + completed.stderr
-    results = json.loads(out.read_text())
+    systems = (["fastformer-float32", "fastformer-int8"]
+               + _where_ctranslate2(["ctranslate2-float32", "ctranslate2-int8"]))
+    results = _run_cpu_benchmark(tmp_path, "cpu_decoding.py", "--sentences", "8", "1", "--threads", "1", "2",
+                                 "--beam", "2", "--source-tokens", "6", "--systems", *systems)
     rows = results["rows"]
     expected = [(system, threading, threads, n) for system in systems for threads in (1, 2) for n in (8, 1)
                 for threading in (("intra", "inter") if system.startswith("ctranslate2") and threads == 2
@@ -362,18 +371,9 @@ def test_cpu_options_smoke_run(tmp_path):
     """The options benchmark times every fastformer system it is given (and CTranslate2's sampling and scoring in
     both threading modes where installed), each decoding or scoring the same target tokens, and takes its ratios
     from the rows' medians."""
-    systems = ["beam4", "beam4-ngram", "beam4-attention", "greedy", "sampling", "score"]
-    try:
-        import ctranslate2  # noqa: F401
-        systems += ["ctranslate2-sampling", "ctranslate2-score"]
-    except ImportError:
-        pass
-    out = tmp_path / "cpu_options.json"
-    command = [sys.executable, str(BENCHMARKS / "cpu_options.py"), "--shape", "a", "--vocab", "300", "--rounds", "1",
-               "--threads", "2", "--systems", *systems, "--out", str(out)]
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=BENCHMARKS.parent)
-    assert completed.returncode == 0, completed.stdout + completed.stderr
-    results = json.loads(out.read_text())
+    systems = (["beam4", "beam4-ngram", "beam4-attention", "greedy", "sampling", "score"]
+               + _where_ctranslate2(["ctranslate2-sampling", "ctranslate2-score"]))
+    results = _run_cpu_benchmark(tmp_path, "cpu_options.py", "--threads", "2", "--systems", *systems)
     rows = results["rows"]
     expected = {name for system in systems
                 for name in ((f"{system} intra", f"{system} inter") if system.startswith("ctranslate2") else (system,))}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from fastformer.decoding.compiled import decoder_options, extension
-from fastformer.decoding.search import _compiled, _eval_mode, encode
+from fastformer.decoding.search import encode, eval_mode, model_compiled
 
 __all__ = ["score", "check_targets", "right_padded"]
 
@@ -23,8 +23,8 @@ def score(model, src_tokens: torch.Tensor, target_tokens: list[list[int]],
     config = model.config
     target_tokens = [[int(token) for token in target] for target in target_tokens]
     check_targets(config, len(src_tokens), target_tokens)
-    with torch.no_grad(), _eval_mode(model):
-        compiled = _compiled(model, compute_type)
+    with torch.no_grad(), eval_mode(model):
+        compiled = model_compiled(model, compute_type)
         memory, src_lengths = encode(model, src_tokens, compiled)
         if memory.shape[0] == 0:
             return []

@@ -60,8 +60,8 @@ def translate(model, src_tokens: torch.Tensor, beam_size: int = 4, length_penalt
                             config.vocab_size, (config.pad_id, config.bos_id, config.eos_id))
     _C = extension()
     n_samples = n_best if sampling else 1
-    with torch.no_grad(), _eval_mode(model):
-        compiled = _compiled(model, compute_type)
+    with torch.no_grad(), eval_mode(model):
+        compiled = model_compiled(model, compute_type)
         memory, src_lengths = encode(model, src_tokens, compiled)
         if memory.shape[0] == 0:
             return []
@@ -114,7 +114,7 @@ def _prefix_matrix(target_prefix: list[list[int] | None]) -> torch.Tensor:
     return matrix
 
 
-def _compiled(model, compute_type: str | None) -> CompiledModel:
+def model_compiled(model, compute_type: str | None) -> CompiledModel:
     weight = model.output_weight
     return compiled_model(model, resolve_compute_type(compute_type, weight.device, weight.dtype))
 
@@ -133,7 +133,7 @@ def encode(model, src_tokens: torch.Tensor, compiled: CompiledModel) -> tuple[to
 
 
 @contextmanager
-def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
     """Puts every module of `model` in eval mode for the block, then gives each back its own mode."""
     modes = [(module, module.training) for module in model.modules()]
     model.eval()
@@ -148,7 +148,7 @@ def cached_decoder(model, encoder_out, beam_size: int, cache_len: int, compute_t
     """The extension's incremental decoder over `encoder_out` (a batch's EncoderOutput) with beam_size slots per
     sentence and room for cache_len positions: `.step(tokens [n_rows], row_slots [n_rows] int32, indirection
     [n_slots, cache_len] int32, step) -> logits [n_rows, vocab]`."""
-    compiled = _compiled(model, compute_type)
+    compiled = model_compiled(model, compute_type)
     weights = compiled.decoder_weights
     return extension().CachedDecoder(encoder_out.memory.to(weights.embedding.dtype).contiguous(),
                                      encoder_out.src_lengths, weights, decoder_options(model), beam_size=beam_size,
