@@ -156,7 +156,7 @@ print(model.half().translate(src, beam_size=8, max_len_b=10)[0])
 '"
 
 # An error raised in the extension's C++ must reach Python as a RuntimeError (benchmarks/extension_error_probe.py).
-run_step extension-errors 60 tail bash -c "cd '$OUT_DIR' && python3 '$REPO/benchmarks/extension_error_probe.py'"
+run_step extension-errors 120 tail bash -c "cd '$OUT_DIR' && python3 '$REPO/benchmarks/extension_error_probe.py'"
 
 QUICK_FLAG=()
 [[ $QUICK == 1 ]] && QUICK_FLAG=(--quick)

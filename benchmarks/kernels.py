@@ -7,7 +7,8 @@ The fused ops are called through fastformer.dispatch under the "triton" backend,
 not take (so the reference can never be timed as the kernel), as the training step calls them: with
 check_lengths=False / check_targets=False, since the step checks its batch once. Timing: every system, fused and
 PyTorch alike, by CUDA-graph replay (triton.testing.do_bench_cudagraph: many calls captured in one graph, so no
-system pays the host's launch overhead; median and 20th/80th percentiles of the replays); wall clock around
+system pays the host's launch overhead; median and 20th/80th percentiles of the replays; a backward timed alone
+is captured the same way, on the stream of its forward); wall clock around
 synchronize on CPU. Peak memory: the most allocated during one call above what was allocated before it (inputs
 excluded, outputs and gradients included).
 
@@ -82,6 +83,40 @@ class Bench:
 
         times = sorted(1000 * t for t in bu.time_calls(call, self.device, warmup=1, repeats=3))
         return {"median": times[1], "p20": times[0], "p80": times[-1]}
+
+    def time_backward_ms(self, forward: Callable[[], object], backward: Callable[[object], object]) -> dict:
+        """-> {median, p20, p80} in milliseconds of backward(forward()), the forward not timed. Autograd runs each
+        backward op on the stream of its forward op, so on CUDA the forward runs on the stream the backward is
+        captured on: a backward of a forward made elsewhere would leave the capture, which breaks it (and leaves
+        torch's generator in capture state, failing every later random draw)."""
+        if self.device.type != "cuda":
+            state = forward()
+            return self.time_ms(lambda: backward(state))
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            state = forward()
+            backward(state)
+            events = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+            events[0].record()
+            for _ in range(5):
+                backward(state)
+            events[1].record()
+            torch.cuda.synchronize()
+            # As do_bench_cudagraph: enough calls in one graph to fill the replay time asked for.
+            n_calls = max(1, int((20 if self.quick else 100) / max(events[0].elapsed_time(events[1]) / 5, 1e-3)))
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                for _ in range(n_calls):
+                    backward(state)
+            times = []
+            for _ in range(10):
+                events[0].record()
+                graph.replay()
+                events[1].record()
+                torch.cuda.synchronize()
+                times.append(events[0].elapsed_time(events[1]) / n_calls)
+        median, p20, p80 = torch.quantile(torch.tensor(times), torch.tensor([0.5, 0.2, 0.8])).tolist()
+        return {"median": median, "p20": p20, "p80": p80}
 
     def peak_extra_bytes(self, fn: Callable[[], object], grad_to_none: list[torch.Tensor] | None = None) -> int | None:
         """Most bytes allocated during one call above those allocated before it (None on CPU)."""
@@ -415,9 +450,8 @@ def layer_norm_rows(bench: Bench, dtype: torch.dtype) -> list[dict]:
                         with torch.no_grad():
                             timing = bench.time_ms(fn)
                     else:
-                        y = fn()
-                        timing = bench.time_ms(lambda: torch.autograd.grad(y, [x, residual, weight, bias], grad_y,
-                                                                           retain_graph=True))
+                        timing = bench.time_backward_ms(fn, lambda y: torch.autograd.grad(
+                            y, [x, residual, weight, bias], grad_y, retain_graph=True))
                     result = row("residual_layer_norm", f"{case} {direction}", system, timing)
                     result["gb_s"] = traffic / (timing["median"] * 1e-3) / 1e9
                     if copy["status"] == "ok":
