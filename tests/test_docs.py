@@ -148,7 +148,8 @@ def unknown_options(words: list[str]) -> list[str]:
     if program in TRACKED and program.endswith((".py", ".sh")):
         if program == "tests/run.sh":  # its arguments go to pytest
             return []
-        return [option for option in _long_options(words[1:]) if option not in script_options(program)]
+        own = words[1:words.index("--")] if "--" in words else words[1:]  # after "--": another program's
+        return [option for option in _long_options(own) if option not in script_options(program)]
     if words[0].startswith("--"):  # an option quoted on its own, in prose
         return [option for option in _long_options(words) if option not in every_option()]
     return []
