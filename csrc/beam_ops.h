@@ -193,6 +193,7 @@ struct CpuLoops {
   void (*row_absmax)(const float* x, int64_t n_rows, int64_t width, float* absmax);
   void (*clamped_scale)(const float* x, int64_t width, float factor, float* out);
   void (*scale_and_add)(float* y, int64_t width, float scale, const float* bias);
+  void (*target_log_probs)(const float* logits, int64_t n_rows, int64_t width, const int64_t* targets, float* out);
 };
 // The instruction sets this build has and this CPU runs, widest first (the tests run each).
 std::vector<const CpuLoops*> cpu_isas();
@@ -211,5 +212,9 @@ void row_absmax_cpu(const float* x, int64_t n_rows, int64_t width, float* absmax
 void clamped_scale_cpu(const float* x, int64_t width, float factor, float* out);
 // y[i] <- y[i] * scale + bias[i] over width floats, in place; bias may be null (an int8 GEMM's output row, linear.cpp).
 void scale_and_add_cpu(float* y, int64_t width, float scale, const float* bias);
+// out[r] <- log_softmax(logits[r])[targets[r]], or NaN where the row holds NaN or inf (the scorer's log-probabilities,
+// scorer.cpp: one read of the row for its max and one for its sum of exponentials, nothing written but out).
+// logits: [n_rows, width], targets: [n_rows] in [0, width)
+void target_log_probs_cpu(const float* logits, int64_t n_rows, int64_t width, const int64_t* targets, float* out);
 
 }  // namespace fastformer

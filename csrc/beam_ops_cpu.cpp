@@ -103,6 +103,9 @@ void row_absmax_cpu(const float* x, int64_t n_rows, int64_t width, float* absmax
 void clamped_scale_cpu(const float* x, int64_t width, float factor, float* out) {
   cpu_loops().clamped_scale(x, width, factor, out);
 }
+void target_log_probs_cpu(const float* logits, int64_t n_rows, int64_t width, const int64_t* targets, float* out) {
+  cpu_loops().target_log_probs(logits, n_rows, width, targets, out);
+}
 void scale_and_add_cpu(float* y, int64_t width, float scale, const float* bias) {
   cpu_loops().scale_and_add(y, width, scale, bias);
 }

@@ -146,6 +146,19 @@ def test_score_rejects_bad_targets_before_any_work(targets, match, monkeypatch):
         model.score(src, targets)
 
 
+@pytest.mark.parametrize("compute_type", ["float32", "int8"])
+@pytest.mark.parametrize("where", ["encoder", "decoder", "output_bias"])
+def test_score_rejects_a_model_with_non_finite_weights(where, compute_type):
+    model = make_model(True, output_bias=True)
+    with torch.no_grad():
+        if where == "output_bias":
+            model.output_bias[5] = float("inf")
+        else:
+            getattr(model, where).layers[0].ffn.linear1.weight[0, 0] = float("nan")
+    with pytest.raises(RuntimeError, match="log-probabilities of sentence 0 are not finite"):
+        model.score(padded_sources(model, [4, 3]), [[5, 6], [7]], compute_type=compute_type)
+
+
 @pytest.mark.parametrize("name", ["post-ln-relu", "pre-ln-gelu", "post-ln-swish-unscaled-bias", "marian-like"])
 def test_score_equals_ctranslate2_score_batch(name, tmp_path):
     pytest.importorskip("ctranslate2")

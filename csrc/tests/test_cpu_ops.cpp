@@ -375,6 +375,31 @@ void test_row_scaling() {
   }
 }
 
+// target_log_probs_cpu against log_softmax in double precision: widths around the vector width, the target first,
+// last and in between, and rows holding NaN, inf or -inf (NaN out, where a clamped exponential would hide them).
+void test_target_log_probs() {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (int width : {1, 7, 8, 9, 15, 16, 17, 37, 300}) {
+    const int rows = 6;
+    std::vector<float> x = random_floats(static_cast<size_t>(rows) * width, 20.0f);  // the largest dominate the sum
+    const std::vector<int64_t> targets = {0, width - 1, width / 2, 0, width - 1, width / 3};
+    x[3 * width + width - 1] = nan;  // row 3: NaN, last (in the tail when width % 8 != 0)
+    x[4 * width] = inf;              // row 4: inf, first
+    x[5 * width + width / 2] = -inf;  // row 5: -inf
+    std::vector<float> out(rows, 1.0f);
+    loops->target_log_probs(x.data(), rows, width, targets.data(), out.data());
+    for (int r = 0; r < 3; ++r) {
+      const float* row = x.data() + static_cast<size_t>(r) * width;
+      const double top = *std::max_element(row, row + width);
+      double total = 0.0;
+      for (int i = 0; i < width; ++i) total += std::exp(static_cast<double>(row[i]) - top);
+      const double expected = (row[targets[r]] - top) - std::log(total);
+      EXPECT(std::abs(out[r] - expected) <= 2e-5 * std::max(1.0, std::abs(expected)));
+    }
+    EXPECT(std::isnan(out[3]) && std::isnan(out[4]) && std::isnan(out[5]));
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -384,6 +409,7 @@ int main() {
     const int failures_before = failures;
     test_row_absmax();
     test_row_scaling();
+    test_target_log_probs();
     for (int head_dim : {4, 8, 64}) {
       test_self_attention_step(head_dim);
       test_cross_attention(head_dim);

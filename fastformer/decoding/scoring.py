@@ -36,6 +36,11 @@ def score(model, src_tokens: torch.Tensor, target_tokens: list[list[int]],
         scores = extension().score_targets(memory.to(weights.embedding.dtype).contiguous(), src_lengths,
                                            decoder_input, targets, tgt_lengths, weights, decoder_options(model),
                                            linears=compiled.decoder_linears).cpu()
+    # Finite logits give finite log-probabilities, however unlikely the token: NaN or inf come from the model.
+    not_finite = (~torch.isfinite(scores).all(1)).nonzero()
+    if len(not_finite):
+        raise RuntimeError(f"score: the log-probabilities of sentence {not_finite[0].item()} are not finite (NaN or "
+                           "inf in the model's weights or activations)")
     return [scores[i, :len(t) + 1].clone() for i, t in enumerate(target_tokens)]
 
 
