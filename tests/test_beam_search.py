@@ -265,14 +265,19 @@ def test_translate_is_inference_whatever_the_models_mode():
     assert not model.decoder.training and not model.decoder.layers[0].training
 
 
-@pytest.mark.parametrize("where", ["encoder", "decoder", "output_bias"])
-def test_translate_rejects_a_model_with_non_finite_weights(where):
-    model = make_model(output_bias=True)
+def put_non_finite_weight(model: Transformer, where: str) -> None:
+    """An inf in the output bias, or a NaN in the encoder's or decoder's first feed-forward weight."""
     with torch.no_grad():
         if where == "output_bias":
             model.output_bias[5] = float("inf")
         else:
             getattr(model, where).layers[0].ffn.linear1.weight[0, 0] = float("nan")
+
+
+@pytest.mark.parametrize("where", ["encoder", "decoder", "output_bias"])
+def test_translate_rejects_a_model_with_non_finite_weights(where):
+    model = make_model(output_bias=True)
+    put_non_finite_weight(model, where)
     with pytest.raises(RuntimeError, match="not finite"):
         model.translate(padded_sources(model, [4, 3]))
 

@@ -15,7 +15,7 @@ from fastformer.__main__ import main
 from fastformer.data import BUNDLED_CORPUS, EOS_ID, read_lines
 from fastformer.translation.translator import ScoreResult, Translator
 from marian_models import CALIBRATION, built  # noqa: F401 (a fixture)
-from test_beam_search import MARIAN, make_model, padded_sources, real_token_ids
+from test_beam_search import MARIAN, make_model, padded_sources, put_non_finite_weight, real_token_ids
 from test_translator import tiny_checkpoint  # noqa: F401 (a fixture)
 
 # The models are tiny: one intra-op thread is faster, and far faster on a busy 2-core machine.
@@ -150,11 +150,7 @@ def test_score_rejects_bad_targets_before_any_work(targets, match, monkeypatch):
 @pytest.mark.parametrize("where", ["encoder", "decoder", "output_bias"])
 def test_score_rejects_a_model_with_non_finite_weights(where, compute_type):
     model = make_model(True, output_bias=True)
-    with torch.no_grad():
-        if where == "output_bias":
-            model.output_bias[5] = float("inf")
-        else:
-            getattr(model, where).layers[0].ffn.linear1.weight[0, 0] = float("nan")
+    put_non_finite_weight(model, where)
     with pytest.raises(RuntimeError, match="log-probabilities of sentence 0 are not finite"):
         model.score(padded_sources(model, [4, 3]), [[5, 6], [7]], compute_type=compute_type)
 
