@@ -87,6 +87,7 @@ void bind_structs(pybind11::module_& m) {
       .def_readwrite("sampling_temperature", &SearchOptions::sampling_temperature)
       .def_readwrite("sampling_keys", &SearchOptions::sampling_keys)
       .def_readwrite("target_prefix", &SearchOptions::target_prefix)
+      .def_readwrite("vocabulary", &SearchOptions::vocabulary)
       .def_readwrite("no_repeat_ngram_size", &SearchOptions::no_repeat_ngram_size)
       .def_readwrite("repetition_penalty", &SearchOptions::repetition_penalty);
 }

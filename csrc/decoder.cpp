@@ -325,6 +325,17 @@ DecoderLinears::DecoderLinears(const DecoderWeights& weights, int64_t rows, Comp
   }
 }
 
+std::shared_ptr<const DecoderLinears> DecoderLinears::with_output_shortlist(const DecoderWeights& weights,
+                                                                           const at::Tensor& ids, int64_t rows) const {
+  auto restricted = std::make_shared<DecoderLinears>(*this);  // the layers' converted weights are shared, not copied
+  std::optional<at::Tensor> bias;
+  if (weights.output_bias) bias = weights.output_bias->index_select(0, ids);
+  restricted->output = PackedLinear(weights.output_weight.index_select(0, ids), bias, rows, compute_type,
+                                    output_projection_takes_fbgemm());
+  restricted->output_ids = ids;
+  return restricted;
+}
+
 CachedDecoder::CachedDecoder(const at::Tensor& memory, const at::Tensor& src_lengths, DecoderWeights weights,
                              DecoderOptions options, int64_t beam_size, int64_t cache_len,
                              std::shared_ptr<const DecoderLinears> linears)
@@ -456,7 +467,11 @@ at::Tensor CachedDecoder::step(const at::Tensor& tokens, const at::Tensor& row_s
         return cross_block(h, layer, row_slots, cross_attention && layer == n_layers_ - 1 ? &last_query : nullptr);
       });
   if (cross_attention) *cross_attention = last_cross_attention(last_query, row_slots);
-  return linears_->output(x);
+  if (!linears_->output_ids) return linears_->output(x);
+  // A shortlist's logits in their vocabulary columns: the search ranks and rules the vocabulary as without one.
+  at::Tensor logits = at::full({x.size(0), weights_.output_weight.size(0)}, -std::numeric_limits<float>::infinity(),
+                               x.options().dtype(at::kFloat));
+  return logits.index_copy_(1, *linears_->output_ids, linears_->output(x));
 }
 
 }  // namespace fastformer

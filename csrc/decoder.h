@@ -110,6 +110,13 @@ struct DecoderLinears {
   std::vector<DecoderLayerLinears> layers;
   PackedLinear output;
   ComputeType compute_type;
+  // With a shortlist: the vocabulary ids of output's rows ([n_ids] int64, sorted); the decoder's step spreads their
+  // logits into the vocabulary's columns, -inf elsewhere. Unset: output is the whole vocabulary's.
+  std::optional<at::Tensor> output_ids;
+
+  // These linears, the output projection restricted to ids ([n_ids] int64 sorted vocabulary ids of weights).
+  std::shared_ptr<const DecoderLinears> with_output_shortlist(const DecoderWeights& weights, const at::Tensor& ids,
+                                                              int64_t rows) const;
 
   // f(linear) for every linear layer, the output projection's included.
   template <typename Visit>
@@ -166,6 +173,10 @@ struct SearchOptions {
   // (a target prefix's included).
   int64_t no_repeat_ngram_size = 0;
   double repetition_penalty = 1.0;
+  // A vocabulary shortlist (CTranslate2's vocabulary map, Marian's lexical shortlist), CPU only: [n_ids] int64 sorted
+  // ids, EOS among them; the output projection computes their logits alone, the others are -inf. Unset: the whole
+  // vocabulary.
+  std::optional<at::Tensor> vocabulary;
 };
 
 // The search's per-sentence state, n_slots = n_sentences * beam_size slots (see beam_ops.h for each field's

@@ -510,6 +510,22 @@ void check_step_rules(const SearchOptions& options, int64_t n_sentences, const s
   }
 }
 
+// A shortlist (SearchOptions::vocabulary) must be CPU int64 ids, sorted without repeats, within the vocabulary, and
+// hold EOS (which ends every hypothesis).
+void check_vocabulary(const SearchOptions& options, const at::Device& device, int64_t vocab) {
+  if (!options.vocabulary) return;
+  const at::Tensor& ids = *options.vocabulary;
+  TORCH_CHECK(device.is_cpu(), "a vocabulary shortlist runs on the CPU only, got a search on ", device);
+  TORCH_CHECK(ids.dim() == 1 && ids.numel() >= 1 && ids.scalar_type() == at::kLong && ids.is_cpu(),
+              "vocabulary must be a non-empty 1-D int64 CPU tensor of ids, got ", ids.scalar_type(), " ",
+              ids.sizes());
+  TORCH_CHECK(ids.min().item<int64_t>() >= 0 && ids.max().item<int64_t>() < vocab,
+              "vocabulary must hold ids in [0, vocab=", vocab, ")");
+  TORCH_CHECK(ids.numel() == 1 || (ids.slice(0, 1) > ids.slice(0, 0, -1)).all().item<bool>(),
+              "vocabulary must be sorted without repeats");
+  TORCH_CHECK(ids.eq(options.eos_id).any().item<bool>(), "vocabulary must hold EOS (id ", options.eos_id, ")");
+}
+
 // Each sentence's finished hypotheses, back-tracked through the history: best score first, ties in finishing
 // order, at most n_best. The state's sentence 0 is the batch's sentence first_sentence; src_lengths: [n_sentences]
 // the state's sentences' (their attention's width).
@@ -656,6 +672,7 @@ std::vector<Hypotheses> beam_search(const at::Tensor& memory, const at::Tensor& 
   TORCH_CHECK(n_best >= 1 && n_best <= k, "n_best must be in [1, beam_size]");
   const bool in_buckets = shrinks_in_buckets(search_options);  // checked before any work
   check_step_rules(search_options, n_sentences, max_lens, weights.output_weight.size(0));
+  check_vocabulary(search_options, memory.device(), weights.output_weight.size(0));
   if (n_sentences == 0) return {};
 #ifdef FASTFORMER_WITH_CUDA
   std::optional<SearchStream> search_stream;
@@ -665,6 +682,8 @@ std::vector<Hypotheses> beam_search(const at::Tensor& memory, const at::Tensor& 
   const int64_t rows_per_group = (n_sentences + n_groups - 1) / n_groups * k;
   check_decoder_weights(weights, decoder_options, memory.device());
   if (!linears) linears = std::make_shared<const DecoderLinears>(weights, rows_per_group);
+  if (search_options.vocabulary) linears = linears->with_output_shortlist(weights, *search_options.vocabulary,
+                                                                          rows_per_group);
   if (n_groups == 1) {
     return search_sentences(memory, src_lengths, weights, decoder_options, linears, search_options, in_buckets,
                             max_lens, n_best, 0, n_sentences);

@@ -30,6 +30,7 @@ from fastformer.data import find_split, read_parallel
 from fastformer.data.reading import count_lines, open_binary
 from fastformer.decoding.compiled import COMPUTE_TYPES
 from fastformer.decoding.rules import LENGTH_PENALTY_FORMS
+from fastformer.decoding.shortlist import Shortlist, build_shortlist
 from fastformer.training import run_control
 from fastformer.training.curves import CURVES_FILE, plot_curves
 from fastformer.training.init_from import load_initial_model
@@ -175,7 +176,8 @@ def _report_truncation(command: str, source: str, first: int = 0) -> OnTruncated
 
 def _evaluate(checkpoint_path: Path, data_dir: Path | None, split: str, src_lang: str, tgt_lang: str,
               beam_size: int, length_penalty: float, device: str, output: Path | None, max_sentences: int = 0,
-              length_penalty_form: str = "gnmt", compute_type: str | None = None) -> float:
+              length_penalty_form: str = "gnmt", compute_type: str | None = None,
+              shortlist_path: str | None = None) -> float:
     """Translates a split (its first max_sentences, if > 0), prints cased sacreBLEU (13a and intl) with signatures;
     -> the 13a score."""
     files = find_split(data_dir, split, src_lang, tgt_lang)
@@ -183,9 +185,10 @@ def _evaluate(checkpoint_path: Path, data_dir: Path | None, split: str, src_lang
     if max_sentences > 0:
         pairs = pairs[:max_sentences]
     translator = load_translator(checkpoint_path, device, compute_type)
+    shortlist = _load_shortlist(shortlist_path, translator)
     start = time.perf_counter()
     hypotheses = translator.translate([pair[0] for pair in pairs], beam_size=beam_size, length_penalty=length_penalty,
-                                       length_penalty_form=length_penalty_form,
+                                       length_penalty_form=length_penalty_form, shortlist=shortlist,
                                        on_truncated=_report_truncation("evaluate", str(files.src)))
     elapsed = time.perf_counter() - start
     if output is not None:
@@ -238,7 +241,7 @@ def _stream(args: argparse.Namespace, inputs: list[LineInput], start: typing.Cal
 # translate's options that shape its output: a resumed run must have the same (--checkpoint and --prefix-file too).
 TRANSLATE_SETTINGS = ("beam", "length_penalty", "length_penalty_form", "compute_type", "output_format", "n_best",
                       "print_alignment", "sampling_topk", "sampling_topp", "sampling_temperature", "seed",
-                      "no_repeat_ngram_size", "repetition_penalty")
+                      "no_repeat_ngram_size", "repetition_penalty", "shortlist")
 
 
 def _run_translate(args: argparse.Namespace) -> None:
@@ -254,7 +257,7 @@ def _run_translate(args: argparse.Namespace) -> None:
 
     def start() -> ChunkFunction:
         translator = load_translator(path, device, args.compute_type)
-        return functools.partial(_translate_chunk, translator, args)
+        return functools.partial(_translate_chunk, translator, _load_shortlist(args.shortlist, translator), args)
 
     with contextlib.ExitStack() as stack:
         inputs = [_line_input(stack, "--input", args.input)]
@@ -263,7 +266,11 @@ def _run_translate(args: argparse.Namespace) -> None:
         _stream(args, inputs, start, settings)
 
 
-def _translate_chunk(translator: Translator, args: argparse.Namespace, first: int,
+def _load_shortlist(path: str | None, translator: Translator) -> Shortlist | None:
+    return None if path is None else Shortlist.load(path, translator.model.config.vocab_size)
+
+
+def _translate_chunk(translator: Translator, shortlist: Shortlist | None, args: argparse.Namespace, first: int,
                      rows: list[tuple[str, ...]]) -> ChunkOutput:
     """Translates a chunk of rows (a source line, and its prefix with --prefix-file) starting at input line `first`
     (from 0) -> its output lines as --output-format says."""
@@ -276,7 +283,8 @@ def _translate_chunk(translator: Translator, args: argparse.Namespace, first: in
         length_penalty=args.length_penalty, length_penalty_form=args.length_penalty_form, n_best=args.n_best,
         sampling_topk=args.sampling_topk, sampling_topp=args.sampling_topp,
         sampling_temperature=args.sampling_temperature, seed=args.seed,
-        no_repeat_ngram_size=args.no_repeat_ngram_size, repetition_penalty=args.repetition_penalty)
+        no_repeat_ngram_size=args.no_repeat_ngram_size, repetition_penalty=args.repetition_penalty,
+        shortlist=shortlist)
     translated = [hypotheses for source, hypotheses in zip(sources, results) if source.strip()]
     tokens = sum(len(result.tokens) + 1 for hypotheses in translated for result in hypotheses)  # EOS included
     return ChunkOutput(format_results(results, first, args.output_format, args.print_alignment), len(translated),
@@ -328,7 +336,24 @@ def _run_evaluate(args: argparse.Namespace) -> None:
     _evaluate(_newest_checkpoint(args), None if args.data_dir is None else Path(args.data_dir), args.split,
               args.src_lang, args.tgt_lang, args.beam, args.length_penalty, _inference_device(args.device),
               None if args.output is None else Path(args.output), args.max_sentences, args.length_penalty_form,
-              args.compute_type)
+              args.compute_type, args.shortlist)
+
+
+def _run_shortlist(args: argparse.Namespace) -> None:
+    translator = load_translator(_newest_checkpoint(args), "cpu")
+    pairs = read_parallel(Path(args.source), Path(args.target))
+    if args.max_sentences > 0:
+        pairs = pairs[:args.max_sentences]
+    start = time.perf_counter()
+    sources = translator.source_tokenizer.encode([pair[0] for pair in pairs])
+    targets = translator.target_tokenizer.encode([pair[1] for pair in pairs])
+    config = translator.model.config
+    shortlist = build_shortlist(zip(sources, targets), config.vocab_size, config.vocab_size, config.eos_id,
+                                (config.pad_id, config.bos_id), args.per_source, args.always)
+    shortlist.save(args.output)
+    print(f"wrote {args.output}: {len(pairs)} sentence pairs, up to {args.per_source} target pieces per source piece "
+          f"and {len(shortlist.always)} always, of a vocabulary of {config.vocab_size} "
+          f"({time.perf_counter() - start:.1f} s)")
 
 
 def _run_average(args: argparse.Namespace) -> None:
@@ -385,6 +410,8 @@ def _add_inference_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--length-penalty-form", choices=LENGTH_PENALTY_FORMS, default="gnmt",
                         help="gnmt: divide by ((5 + |Y|) / 6) ** alpha; length: by |Y| ** alpha (fairseq, "
                         "transformers, CTranslate2, Marian)")
+    parser.add_argument("--shortlist", help="a vocabulary shortlist (`fastformer shortlist` builds one): each batch "
+                        "computes the logits of its sources' likely target pieces only (CPU)")
 
 
 def _add_streaming_options(parser: argparse.ArgumentParser, input_help: str, output_help: str) -> None:
@@ -464,6 +491,20 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--tokens", action="store_true",
                        help="a third column: each target token's log-probability, space-separated, EOS last")
     score.set_defaults(run=_run_score)
+
+    shortlist = commands.add_parser("shortlist", help="build a vocabulary shortlist for --shortlist from a parallel "
+                                    "corpus: each source piece's likely target pieces", **HELP_FORMAT)
+    shortlist.add_argument("--checkpoint", help="the model whose tokenizers it is for (default: the newest "
+                           "checkpoint in --out-dir)")
+    shortlist.add_argument("--out-dir", default="runs/demo", help="the training run's directory")
+    shortlist.add_argument("--source", required=True, help="source sentences, one per line")
+    shortlist.add_argument("--target", required=True, help="their translations, line by line")
+    shortlist.add_argument("--output", required=True, help="the shortlist file to write")
+    shortlist.add_argument("--per-source", type=int, default=20,
+                           help="target pieces kept per source piece (by their Dice coefficient over the corpus)")
+    shortlist.add_argument("--always", type=int, default=100, help="the most frequent target pieces, always kept")
+    shortlist.add_argument("--max-sentences", type=int, default=0, help="use the first N sentence pairs (0: all)")
+    shortlist.set_defaults(run=_run_shortlist)
 
     evaluate_parser = commands.add_parser("evaluate", help="translate a test split and print sacreBLEU",
                                           **HELP_FORMAT)

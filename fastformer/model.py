@@ -16,6 +16,7 @@ from torch import nn
 
 from fastformer.config import TransformerConfig
 from fastformer.decoding import scoring, search
+from fastformer.decoding.shortlist import Shortlist
 from fastformer.nn import LinearCrossEntropyLoss, MultiheadAttention, ResidualLayerNorm
 
 
@@ -303,7 +304,8 @@ class Transformer(nn.Module):
                   return_scores: bool = True, sampling_topk: int = 1, sampling_topp: float = 1.0,
                   sampling_temperature: float = 1.0, seed: int = 0,
                   target_prefix: list[list[int] | None] | None = None, no_repeat_ngram_size: int = 0,
-                  repetition_penalty: float = 1.0, return_attention: bool = False) -> list[list[search.Hypothesis]]:
+                  repetition_penalty: float = 1.0, return_attention: bool = False,
+                  shortlist: Shortlist | None = None) -> list[list[search.Hypothesis]]:
         """src_tokens: [batch, src_len] right-padded -> per sentence, its n_best hypotheses, best first.
 
         Incremental beam search with a KV cache in the compiled extension; beam_size=1 is greedy search. `shrink`:
@@ -319,6 +321,8 @@ class Transformer(nn.Module):
         `sampling_temperature` and `seed` sample with beam_size 1, n_best=N giving N independent samples;
         `target_prefix` (per sentence a list of ids without BOS/EOS, or None) is forced, then the search goes on;
         `no_repeat_ngram_size` (0: off) and `repetition_penalty` (1.0: off) act on each hypothesis's tokens so far.
+        `shortlist` (CPU; CTranslate2's vocabulary map): each batch's output vocabulary restricted to its sources'
+        likely target ids (fastformer/decoding/shortlist.py).
         """
         return search.translate(self, src_tokens, beam_size=beam_size, length_penalty=length_penalty,
                                   max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len, n_best=n_best,
@@ -326,7 +330,8 @@ class Transformer(nn.Module):
                                   return_scores=return_scores, sampling_topk=sampling_topk,
                                   sampling_topp=sampling_topp, sampling_temperature=sampling_temperature, seed=seed,
                                   target_prefix=target_prefix, no_repeat_ngram_size=no_repeat_ngram_size,
-                                  repetition_penalty=repetition_penalty, return_attention=return_attention)
+                                  repetition_penalty=repetition_penalty, return_attention=return_attention,
+                                  shortlist=shortlist)
 
     @torch.no_grad()
     def score(self, src_tokens: torch.Tensor, target_tokens: list[list[int]],

@@ -391,3 +391,18 @@ def test_cpu_options_smoke_run(tmp_path):
         best = max(rows["ctranslate2-score intra"]["tokens_per_s"], rows["ctranslate2-score inter"]["tokens_per_s"])
         assert ratios["score / CTranslate2 score_batch at its best"] == pytest.approx(
             rows["score"]["tokens_per_s"] / best, rel=1e-2)
+
+
+def test_cpu_shortlist_smoke_run(tmp_path):
+    """The shortlist benchmark times every point with and without the shortlist, in that order, and counts the ids a
+    batch keeps and the weights a step reads then."""
+    results = _run_cpu_benchmark(tmp_path, "cpu_shortlist.py")
+    rows, vocab, d = results["rows"], 300, 64
+    assert [(r["threads"], r["sentences"], r["shortlist"]) for r in rows] == [
+        (threads, n, kept) for threads in (1, 2) for n in (1, 8, 64) for kept in (False, True)]
+    for full, short, speedup in zip(rows[::2], rows[1::2], results["speedups"]):
+        assert full["kept_ids"] == vocab and 100 < short["kept_ids"] <= vocab
+        assert full["step_weight_bytes"] - short["step_weight_bytes"] == (vocab - short["kept_ids"]) * d
+        assert speedup["speedup"] == pytest.approx(short["tokens_per_s"] / full["tokens_per_s"], rel=1e-2)
+        for row in (full, short):
+            assert row["tokens_per_s"] == pytest.approx(row["sentences"] * 31 / row["seconds"], rel=1e-2)

@@ -27,6 +27,7 @@ from fastformer.decoding.compiled import (COMPUTE_TYPES, CompiledModel, compiled
                                           named_struct, resolve_compute_type)
 from fastformer.decoding.rules import (Hypothesis, check_history_arguments, check_sampling_arguments,
                                       check_search_arguments, check_target_prefix, max_target_lengths)
+from fastformer.decoding.shortlist import Shortlist
 
 __all__ = ["COMPUTE_TYPES", "Hypothesis", "SHRINK_MODES", "translate", "cached_decoder", "encode"]
 
@@ -39,11 +40,12 @@ def translate(model, src_tokens: torch.Tensor, beam_size: int = 4, length_penalt
               return_scores: bool = True, sampling_topk: int = 1, sampling_topp: float = 1.0,
               sampling_temperature: float = 1.0, seed: int = 0, target_prefix: list[list[int] | None] | None = None,
               no_repeat_ngram_size: int = 0, repetition_penalty: float = 1.0,
-              return_attention: bool = False) -> list[list[Hypothesis]]:
+              return_attention: bool = False, shortlist: Shortlist | None = None) -> list[list[Hypothesis]]:
     """src_tokens: [batch, src_len] right-padded -> per sentence, up to n_best hypotheses, best first (their scores
     None where return_scores is False, their attention [len(tokens) + 1, src_length] where return_attention).
     Sampling (sampling_topk != 1, beam_size 1): n_best independent samples per sentence, each sentence's random
-    stream keyed by (seed, its source ids, the sample's index)."""
+    stream keyed by (seed, its source ids, the sample's index). shortlist (CPU only): the batch's output vocabulary
+    restricted to it (fastformer/decoding/shortlist.py), its scores normalized over that vocabulary."""
     sampling = sampling_topk != 1
     check_search_arguments(beam_size, length_penalty, max_len_a, max_len_b, min_len, n_best, length_penalty_form,
                            sampling=sampling)
@@ -54,6 +56,10 @@ def translate(model, src_tokens: torch.Tensor, beam_size: int = 4, length_penalt
     if not isinstance(return_attention, bool):
         raise TypeError(f"return_attention must be a bool, got {return_attention!r}")
     config = model.config
+    if shortlist is not None and not isinstance(shortlist, Shortlist):
+        raise TypeError(f"shortlist must be a fastformer Shortlist or None, got {type(shortlist).__name__}")
+    if shortlist is not None and src_tokens.device.type != "cpu":
+        raise ValueError(f"a vocabulary shortlist runs on the CPU only, got src_tokens on {src_tokens.device}")
     if target_prefix is not None:
         src_lengths = model.lengths(src_tokens, "src_tokens")
         check_target_prefix(target_prefix, max_target_lengths(src_lengths, max_len_a, max_len_b, config.max_positions),
@@ -79,6 +85,9 @@ def translate(model, src_tokens: torch.Tensor, beam_size: int = 4, length_penalt
             search_options.sampling_keys = _sampling_keys(src_tokens, src_lengths, seed, n_samples)
         if target_prefix is not None:
             search_options.target_prefix = _prefix_matrix([p for p in target_prefix for _ in range(n_samples)])
+        if shortlist is not None:
+            search_options.vocabulary = _shortlist_vocabulary(shortlist, src_tokens, src_lengths, target_prefix,
+                                                              config.vocab_size)
         if n_samples > 1:  # each sample is a sentence of its own: its memory repeated
             memory, src_lengths = memory.repeat_interleave(n_samples, 0), src_lengths.repeat_interleave(n_samples, 0)
             max_lens = [m for m in max_lens for _ in range(n_samples)]
@@ -102,6 +111,18 @@ def _sampling_keys(src_tokens: torch.Tensor, src_lengths: torch.Tensor, seed: in
             data = struct.pack(f"<Qq{length}q", seed % 2**64, sample, *row[:length])
             keys.append(int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True))
     return keys
+
+
+def _shortlist_vocabulary(shortlist: Shortlist, src_tokens: torch.Tensor, src_lengths: torch.Tensor,
+                          target_prefix: list[list[int] | None] | None, vocab_size: int) -> torch.Tensor:
+    """-> the batch's output ids ([n] int64 sorted): its shortlist, with its target prefixes' ids, which the search
+    must be able to force."""
+    prefix_ids = {token for prefix in target_prefix or [] if prefix for token in prefix}
+    ids = shortlist.vocabulary(src_tokens, src_lengths, prefix_ids)
+    if int(ids[-1]) >= vocab_size:
+        raise ValueError(f"the shortlist holds target id {int(ids[-1])}, outside the model's vocabulary of "
+                         f"{vocab_size}: it was built for another model")
+    return ids
 
 
 def _prefix_matrix(target_prefix: list[list[int] | None]) -> torch.Tensor:

@@ -20,6 +20,7 @@ from fastformer.data import Tokenizer, token_budget_batches
 from fastformer.data.tokenizer import TextTokenizer, Tokenizers
 from fastformer.decoding import compiled
 from fastformer.decoding.scoring import right_padded
+from fastformer.decoding.shortlist import Shortlist
 from fastformer.model import Transformer
 from fastformer.translation import marian
 
@@ -75,8 +76,8 @@ class Translator:
                   length_penalty_form: str = "gnmt", on_truncated: OnTruncated | None = None, n_best: int = 1,
                   return_scores: bool = False, sampling_topk: int = 1, sampling_topp: float = 1.0,
                   sampling_temperature: float = 1.0, seed: int = 0, target_prefix: list[str | None] | None = None,
-                  no_repeat_ngram_size: int = 0, repetition_penalty: float = 1.0,
-                  return_attention: bool = False) -> list[str] | list[list[TranslationResult]]:
+                  no_repeat_ngram_size: int = 0, repetition_penalty: float = 1.0, return_attention: bool = False,
+                  shortlist: Shortlist | None = None) -> list[str] | list[list[TranslationResult]]:
         """Translates sentences -> per sentence its best translation; with n_best > 1, return_scores or
         return_attention, per sentence its n_best TranslationResults, best first. As `hypotheses` does."""
         results = self.hypotheses(sentences, batch_tokens=batch_tokens, on_truncated=on_truncated,
@@ -86,7 +87,7 @@ class Translator:
                                   sampling_topk=sampling_topk, sampling_topp=sampling_topp,
                                   sampling_temperature=sampling_temperature, seed=seed,
                                   no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty,
-                                  return_attention=return_attention)
+                                  return_attention=return_attention, shortlist=shortlist)
         if n_best > 1 or return_scores or return_attention:
             return results
         return [best[0].text for best in results]
