@@ -228,30 +228,16 @@ class StepRules {
 
   // The k largest logits of each row of logits [n_rows, vocab] (float32, contiguous, on the CPU) among the tokens a
   // draw may take (PAD and BOS never, EOS not where eos_barred), best first, ties to the lower id -> (values
-  // [n_rows, k] float32, ids [n_rows, k] int64; -inf past a row's finite ones). One pass per row keeps its k best so
-  // far: most logits fall below the k-th best and cost one comparison, where ATen's topk copies and partly sorts
-  // the whole row.
+  // [n_rows, k] float32, ids [n_rows, k] int64; -inf past a row's finite ones). One vectorized pass per row
+  // (top_k_row_cpu), where ATen's topk copies and partly sorts the whole row.
   std::pair<at::Tensor, at::Tensor> top_k_allowed_cpu(const at::Tensor& logits, int64_t k, bool eos_barred) const {
     const int64_t n_rows = logits.size(0), vocab = logits.size(1);
-    at::Tensor values = at::full({n_rows, k}, -std::numeric_limits<float>::infinity(), logits.options());
-    at::Tensor ids = at::full({n_rows, k}, options_.pad_id, logits.options().dtype(at::kLong));
-    const float* rows = logits.data_ptr<float>();
+    at::Tensor values = at::empty({n_rows, k}, logits.options());
+    at::Tensor ids = at::empty({n_rows, k}, logits.options().dtype(at::kLong));
+    const int64_t excluded[] = {options_.pad_id, options_.bos_id, options_.eos_id};
     for (int64_t r = 0; r < n_rows; ++r) {
-      const float* row = rows + r * vocab;
-      float* best = values.data_ptr<float>() + r * k;
-      int64_t* best_ids = ids.data_ptr<int64_t>() + r * k;
-      for (int64_t token = 0; token < vocab; ++token) {
-        const float x = row[token];
-        if (!(x > best[k - 1])) continue;  // strictly: an equal logit of a higher id stays out; NaN never enters
-        if (token == options_.pad_id || token == options_.bos_id || (eos_barred && token == options_.eos_id)) continue;
-        int64_t at = k - 1;
-        for (; at > 0 && best[at - 1] < x; --at) {
-          best[at] = best[at - 1];
-          best_ids[at] = best_ids[at - 1];
-        }
-        best[at] = x;
-        best_ids[at] = token;
-      }
+      top_k_row_cpu(logits.data_ptr<float>() + r * vocab, vocab, k, excluded, eos_barred ? 3 : 2, options_.pad_id,
+                    values.data_ptr<float>() + r * k, ids.data_ptr<int64_t>() + r * k);
     }
     return {values, ids};
   }

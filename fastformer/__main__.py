@@ -238,10 +238,11 @@ def _stream(args: argparse.Namespace, inputs: list[LineInput], start: typing.Cal
     print(summary.line(args.command), file=sys.stderr)
 
 
-# translate's options that shape its output: a resumed run must have the same (--checkpoint and --prefix-file too).
+# translate's options that shape its output: a resumed run must have the same (--checkpoint, --prefix-file and
+# --shortlist too).
 TRANSLATE_SETTINGS = ("beam", "length_penalty", "length_penalty_form", "compute_type", "output_format", "n_best",
                       "print_alignment", "sampling_topk", "sampling_topp", "sampling_temperature", "seed",
-                      "no_repeat_ngram_size", "repetition_penalty", "shortlist")
+                      "no_repeat_ngram_size", "repetition_penalty")
 
 
 def _run_translate(args: argparse.Namespace) -> None:
@@ -252,8 +253,9 @@ def _run_translate(args: argparse.Namespace) -> None:
     if not path.exists():  # now: the model loads only once a first chunk is read, and an empty input has none
         raise FileNotFoundError(f"checkpoint not found: {path}")
     settings = {"--" + name.replace("_", "-"): getattr(args, name) for name in TRANSLATE_SETTINGS}
-    settings |= {"--checkpoint": str(path.resolve()),
-                 "--prefix-file": None if args.prefix_file is None else str(Path(args.prefix_file).resolve())}
+    settings |= {"--checkpoint": str(path.resolve())}
+    settings |= {option: None if value is None else str(Path(value).resolve())
+                 for option, value in (("--prefix-file", args.prefix_file), ("--shortlist", args.shortlist))}
 
     def start() -> ChunkFunction:
         translator = load_translator(path, device, args.compute_type)

@@ -6,11 +6,13 @@ import itertools
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 import fastformer
 from fastformer import Shortlist, build_shortlist
 from fastformer.__main__ import main
 from fastformer.data import BUNDLED_CORPUS, read_lines
+from fastformer.decoding.shortlist import FORMAT
 from fastformer.reference.beam_search import beam_search
 from test_beam_search import assert_same_hypotheses, make_model, padded_sources, real_token_ids
 from test_search_options import LENGTHS, PREFIXES
@@ -143,6 +145,13 @@ def test_bad_shortlists_are_named(tmp_path):
     (tmp_path / "corrupt").write_bytes(b"not a safetensors file")
     with pytest.raises(ValueError, match="not a readable safetensors file"):
         Shortlist.load(tmp_path / "corrupt")
+    save_file({"weight": torch.zeros(2)}, str(tmp_path / "other"))
+    with pytest.raises(ValueError, match="is not a fastformer shortlist"):
+        Shortlist.load(tmp_path / "other")
+    save_file({"candidates": torch.tensor([5, 6]), "always": torch.tensor([2])}, str(tmp_path / "flat"),
+              metadata={"format": FORMAT})
+    with pytest.raises(ValueError, match="is corrupt"):
+        Shortlist.load(tmp_path / "flat")
     build_shortlist(random_corpus(60, 50), 60, 60, 2, (0, 1)).save(tmp_path / "big")
     with pytest.raises(ValueError, match="outside the model's vocabulary of 24: it was built for another model"):
         Shortlist.load(tmp_path / "big", target_vocab_size=24)

@@ -400,6 +400,39 @@ void test_target_log_probs() {
   }
 }
 
+// top_k_row_cpu against sorting the allowed finite floats: widths around the vector width, k from 1 to past the
+// candidates, ties (to the lower id), excluded ids, NaN and -inf (never taken), a row of -inf only.
+void test_top_k_row() {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::vector<int64_t> excluded = {0, 2};
+  for (int width : {1, 7, 8, 9, 16, 17, 37, 300}) {
+    std::vector<float> row = random_floats(width);
+    for (int i = 0; i < width; i += 5) row[i] = std::round(row[i] * 2.0f);  // ties
+    if (width > 3) row[3] = nan;
+    if (width > 4) row[4] = -inf;
+    for (int64_t k : {1, 2, 4, 10, 64}) {
+      for (const bool all_minus_inf : {false, true}) {
+        std::vector<float> x = all_minus_inf ? std::vector<float>(width, -inf) : row;
+        std::vector<std::pair<float, int64_t>> allowed;
+        for (int t = 0; t < width; ++t) {
+          if (x[t] > -inf && t != 0 && t != 2) allowed.push_back({-x[t], t});  // NaN > -inf is false
+        }
+        std::sort(allowed.begin(), allowed.end());
+        std::vector<float> values(k, 5.0f);
+        std::vector<int64_t> ids(k, 5);
+        loops->top_k_row(x.data(), width, k, excluded.data(), 2, 7, values.data(), ids.data());
+        for (int64_t i = 0; i < k; ++i) {
+          if (i < static_cast<int64_t>(allowed.size())) {
+            EXPECT(values[i] == -allowed[i].first && ids[i] == allowed[i].second);
+          } else {
+            EXPECT(values[i] == -inf && ids[i] == 7);
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -410,6 +443,7 @@ int main() {
     test_row_absmax();
     test_row_scaling();
     test_target_log_probs();
+    test_top_k_row();
     for (int head_dim : {4, 8, 64}) {
       test_self_attention_step(head_dim);
       test_cross_attention(head_dim);

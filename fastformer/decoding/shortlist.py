@@ -70,6 +70,10 @@ class Shortlist:
             raise ValueError(f"{path} is not a fastformer shortlist (format {metadata.get('format')!r}, tensors "
                              f"{sorted(tensors)})")
         shortlist = cls(tensors["candidates"].long(), tensors["always"].long())
+        if shortlist.candidates.dim() != 2 or shortlist.always.dim() != 1 or int(shortlist.candidates.min()) < -1 \
+                or int(shortlist.always.min()) < 0:
+            raise ValueError(f"shortlist {path} is corrupt: candidates must be [source_vocab, per_source] ids or -1, "
+                             "always a list of ids")
         if target_vocab_size is not None:
             largest = max(int(shortlist.candidates.max()), int(shortlist.always.max()))
             if largest >= target_vocab_size:
