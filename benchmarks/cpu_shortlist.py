@@ -1,4 +1,5 @@
-"""What a vocabulary shortlist buys on the CPU: beam search with and without one, at cpu_decoding.py's points.
+"""What a vocabulary shortlist buys on the CPU: beam search with and without one, at cpu_decoding.py's points, in
+fastformer and in CTranslate2 (its `use_vmap`, given the same shortlist as its vmap.txt).
 
     python benchmarks/cpu_shortlist.py --rounds 5 --out runs/benchmarks/cpu_shortlist.json
 
@@ -9,25 +10,35 @@ always kept, so a batch's vocabulary is the union of about 20 ids per source tok
 which real shortlists have: a real one keeps fewer ids, and is faster). Each thread count runs in a process of its
 own; in it, each batch size alternates the two searches over the rounds after both reach steady state
 (cpu_decoding.py's rule), and a row reports the median. Beside each: the ids the batch keeps, and the weights a
-decoding step reads, with and without the shortlist (the output projection's rows are most of them).
+decoding step reads, with and without the shortlist (the output projection's rows are most of them). Where
+CTranslate2 is installed, the same for it (int8 or float32 as --compute-type) in a process of its own per thread
+count and threading mode (intra-op threads; at 2 threads also `inter_threads=2` with max_batch_size = ceil(N / 2)),
+the shortlist written as its vocabulary map (each source piece, a tab, its candidates; the always-kept pieces on the
+line of the empty source) and turned on with `use_vmap`.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import math
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
 import bench_utils as bu
+from baselines import placeholder_vocabulary
 from cpu_decoding import BYTES_PER_WEIGHT, Point, cpu_description, shape_config, sources, steady_call, \
     step_weight_bytes
 from fastformer import Shortlist, Transformer
+from fastformer.translation.export import to_ctranslate2
 
 PER_SOURCE, ALWAYS = 20, 100
 POINTS = [Point(threads, 4, 20, (1, 8, 64)) for threads in (1, 2)]
@@ -39,22 +50,55 @@ def random_shortlist(vocab: int, seed: int) -> Shortlist:
     return Shortlist(candidates, torch.cat([torch.arange(3, 3 + ALWAYS), torch.tensor([2])]))
 
 
-def run_worker(point: Point, args: argparse.Namespace) -> list[dict]:
+def fastformer_search(model: Transformer, shortlist: Shortlist, point: Point, compute_type: str):
+    """-> search(src, with_shortlist) -> hypotheses' ids."""
+    def search(src: torch.Tensor, with_shortlist: bool) -> list[list[int]]:
+        results = model.translate(src, beam_size=point.beam, max_len_a=1.0,
+                                  max_len_b=point.target_tokens - 1 - src.shape[1], min_len=model.config.max_positions,
+                                  compute_type=compute_type, shortlist=shortlist if with_shortlist else None)
+        return [sentence[0].tokens for sentence in results]
+
+    return search
+
+
+def ctranslate2_search(model: Transformer, shortlist: Shortlist, point: Point, compute_type: str, threading: str):
+    """The same search in CTranslate2 on the exported weights, the shortlist as its vmap.txt (use_vmap)."""
+    import ctranslate2
+
+    vocabulary = placeholder_vocabulary(model.config)
+    out_dir = Path(tempfile.mkdtemp(prefix="fastformer-ct2-vmap-"))
+    to_ctranslate2(model, vocabulary, out_dir, quantization=compute_type)
+    lines = ["\t" + " ".join(vocabulary[t] for t in shortlist.always.tolist())]
+    for source, candidates in enumerate(shortlist.candidates.tolist()):
+        lines.append(vocabulary[source] + "\t" + " ".join(vocabulary[t] for t in candidates if t >= 0))
+    (out_dir / "vmap.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    inter = threading == "inter"
+    engine = ctranslate2.Translator(str(out_dir), device="cpu", compute_type=compute_type,
+                                    inter_threads=point.threads if inter else 1,
+                                    intra_threads=1 if inter else point.threads)
+
+    def search(src: torch.Tensor, with_shortlist: bool) -> list[list[str]]:
+        pieces = [[vocabulary[i] for i in row[:-1]] for row in src.tolist()]
+        results = engine.translate_batch(pieces, beam_size=point.beam, min_decoding_length=point.target_tokens,
+                                         max_decoding_length=point.target_tokens, use_vmap=with_shortlist,
+                                         max_batch_size=math.ceil(len(pieces) / point.threads) if inter else 0)
+        return [result.hypotheses[0] for result in results]
+
+    return search
+
+
+def run_worker(point: Point, system: str, args: argparse.Namespace) -> list[dict]:
+    """Times `system` ("fastformer", "ctranslate2 intra" or "ctranslate2 inter") at every batch size of `point`."""
     torch.set_num_threads(point.threads)
     torch.manual_seed(args.seed)
     config = shape_config(args.shape, args.vocab)
     model = Transformer(config).eval()
     shortlist = random_shortlist(config.vocab_size, args.seed)
+    translate = (fastformer_search(model, shortlist, point, args.compute_type) if system == "fastformer"
+                 else ctranslate2_search(model, shortlist, point, args.compute_type, system.split()[1]))
     rows = []
     for n in point.sentences:
         src = sources(config, n, point.source_tokens, args.seed)
-
-        def translate(src: torch.Tensor, with_shortlist: bool) -> list[list[int]]:
-            results = model.translate(src, beam_size=point.beam, max_len_a=1.0,
-                                      max_len_b=point.target_tokens - 1 - src.shape[1], min_len=config.max_positions,
-                                      compute_type=args.compute_type, shortlist=shortlist if with_shortlist else None)
-            return [sentence[0].tokens for sentence in results]
-
         warmup = {kept: steady_call(lambda s, kept=kept: translate(s, kept), src) for kept in (False, True)}
         seconds = {False: [], True: []}
         for _ in range(args.rounds):
@@ -68,8 +112,9 @@ def run_worker(point: Point, args: argparse.Namespace) -> list[dict]:
         short_bytes = full_bytes - (config.vocab_size - kept_ids) * config.d_model * BYTES_PER_WEIGHT[args.compute_type]
         for kept in (False, True):
             median = statistics.median(seconds[kept])
-            rows.append({"threads": point.threads, "sentences": n, "beam": point.beam, "shortlist": kept,
-                         "kept_ids": kept_ids if kept else config.vocab_size, "seconds": round(median, 4),
+            rows.append({"system": system, "threads": point.threads, "sentences": n, "beam": point.beam,
+                         "shortlist": kept,
+                         "kept_ids": kept_ids if kept else config.vocab_size, "seconds": round(median, 6),
                          "tokens_per_s": round(tokens / median, 1),
                          "spread_tokens_per_s": [round(tokens / max(seconds[kept]), 1),
                                                  round(tokens / min(seconds[kept]), 1)],
@@ -86,26 +131,34 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", help="write the JSON here")
-    parser.add_argument("--worker-threads", type=int, help=argparse.SUPPRESS)  # one point's rows, for main
+    parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)  # THREADS SYSTEM: one worker's rows, for main
     args = parser.parse_args()
-    if args.worker_threads:
-        print(json.dumps(run_worker(next(p for p in POINTS if p.threads == args.worker_threads), args)))
+    if args.worker:
+        threads, system = int(args.worker[0]), args.worker[1]
+        print(json.dumps(run_worker(next(p for p in POINTS if p.threads == threads), system, args)))
         return 0
+    systems = ["fastformer"]
+    if importlib.util.find_spec("ctranslate2") is not None:
+        systems += ["ctranslate2 intra", "ctranslate2 inter"]
     rows = []
     for point in POINTS:
-        command = [sys.executable, __file__, "--worker-threads", str(point.threads), "--shape", args.shape,
-                   "--compute-type", args.compute_type, "--vocab", str(args.vocab), "--rounds", str(args.rounds),
-                   "--seed", str(args.seed)]
-        done = subprocess.run(command, capture_output=True, text=True,
-                              env={**os.environ, "OMP_NUM_THREADS": str(point.threads)})
-        if done.returncode != 0:
-            sys.exit(f"the {point.threads}-thread worker failed: {done.stderr.strip().splitlines()[-1:]}")
-        rows += json.loads(done.stdout.strip().splitlines()[-1])
+        for system in systems:
+            if system == "ctranslate2 inter" and point.threads == 1:
+                continue  # one thread: one mode
+            command = [sys.executable, __file__, "--worker", str(point.threads), system, "--shape", args.shape,
+                       "--compute-type", args.compute_type, "--vocab", str(args.vocab), "--rounds",
+                       str(args.rounds), "--seed", str(args.seed)]
+            done = subprocess.run(command, capture_output=True, text=True,
+                                  env={**os.environ, "OMP_NUM_THREADS": str(point.threads)})
+            if done.returncode != 0:
+                sys.exit(f"the {system} worker on {point.threads} threads failed: "
+                         f"{done.stderr.strip().splitlines()[-1:]}")
+            rows += json.loads(done.stdout.strip().splitlines()[-1])
     ratios = []
     for full, short in zip(rows[::2], rows[1::2]):
         ratio = short["tokens_per_s"] / full["tokens_per_s"]
-        ratios.append({"threads": full["threads"], "sentences": full["sentences"], "kept_ids": short["kept_ids"],
-                       "speedup": round(ratio, 3)})
+        ratios.append({"system": full["system"], "threads": full["threads"], "sentences": full["sentences"],
+                       "kept_ids": short["kept_ids"], "speedup": round(ratio, 3)})
     for row in rows:
         print(" ".join(f"{k}={v}" for k, v in row.items()))
     for entry in ratios:

@@ -394,13 +394,17 @@ def test_cpu_options_smoke_run(tmp_path):
 
 
 def test_cpu_shortlist_smoke_run(tmp_path):
-    """The shortlist benchmark times every point with and without the shortlist, in that order, and counts the ids a
-    batch keeps and the weights a step reads then."""
+    """The shortlist benchmark times every point with and without the shortlist, in that order, in fastformer and
+    (where installed) CTranslate2 in each threading mode, and counts the ids a batch keeps and the weights a step
+    reads then."""
     results = _run_cpu_benchmark(tmp_path, "cpu_shortlist.py")
     rows, vocab, d = results["rows"], 300, 64
-    assert [(r["threads"], r["sentences"], r["shortlist"]) for r in rows] == [
-        (threads, n, kept) for threads in (1, 2) for n in (1, 8, 64) for kept in (False, True)]
+    systems = {(1, "fastformer"), (2, "fastformer")} | set(_where_ctranslate2(
+        [(1, "ctranslate2 intra"), (2, "ctranslate2 intra"), (2, "ctranslate2 inter")]))
+    assert sorted((r["threads"], r["system"], r["sentences"], r["shortlist"]) for r in rows) == sorted(
+        (threads, system, n, kept) for threads, system in systems for n in (1, 8, 64) for kept in (False, True))
     for full, short, speedup in zip(rows[::2], rows[1::2], results["speedups"]):
+        assert full["system"] == short["system"] == speedup["system"] and not full["shortlist"] and short["shortlist"]
         assert full["kept_ids"] == vocab and 100 < short["kept_ids"] <= vocab
         assert full["step_weight_bytes"] - short["step_weight_bytes"] == (vocab - short["kept_ids"]) * d
         assert speedup["speedup"] == pytest.approx(short["tokens_per_s"] / full["tokens_per_s"], rel=1e-2)
