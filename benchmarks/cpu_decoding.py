@@ -66,7 +66,7 @@ import torch
 
 import bench_utils as bu
 from baselines import placeholder_vocabulary
-from fastformer import Transformer, TransformerConfig
+from fastformer import Shortlist, Transformer, TransformerConfig
 from fastformer.decoding.compiled import compiled_model, extension
 from fastformer.translation.export import to_ctranslate2
 
@@ -119,38 +119,50 @@ def sources(config: TransformerConfig, n_sentences: int, source_tokens: int, see
     return src
 
 
-Translate = Callable[[torch.Tensor], list[list[int]]]
+# translate(src) -> each hypothesis's ids; translate(src, True) searches with the translator's shortlist.
+Translate = Callable[..., list[list[int]]]
 
 
-def fastformer_translator(model: Transformer, compute_type: str, point: Point) -> Translate:
-    def translate(src: torch.Tensor) -> list[list[int]]:
+def fastformer_translator(model: Transformer, compute_type: str, point: Point,
+                          shortlist: Shortlist | None = None) -> Translate:
+    def translate(src: torch.Tensor, shortlisted: bool = False) -> list[list[int]]:
         # max_len_b so that EOS is forced at step target_tokens - 1, after which hypotheses have target_tokens tokens.
         results = model.translate(src, beam_size=point.beam, length_penalty=LENGTH_PENALTY, max_len_a=1.0,
                                   max_len_b=point.target_tokens - 1 - src.shape[1],
-                                  min_len=model.config.max_positions, compute_type=compute_type)
+                                  min_len=model.config.max_positions, compute_type=compute_type,
+                                  shortlist=shortlist if shortlisted else None)
         return [sentence[0].tokens + [model.config.eos_id] for sentence in results]
 
     return translate
 
 
-def ctranslate2_translator(model: Transformer, compute_type: str, threading: str, point: Point) -> Translate:
+def ctranslate2_translator(model: Transformer, compute_type: str, threading: str, point: Point,
+                           shortlist: Shortlist | None = None) -> Translate:
+    """CTranslate2 on the exported weights; a shortlist becomes its vocabulary map (vmap.txt: each source piece, a
+    tab, its candidates; the always-kept pieces on the line of the empty source), which use_vmap turns on."""
     import ctranslate2
 
     vocabulary = placeholder_vocabulary(model.config)
     out_dir = Path(tempfile.mkdtemp(prefix="fastformer-ct2-"))
     to_ctranslate2(model, vocabulary, out_dir, quantization=compute_type)
+    if shortlist is not None:
+        lines = ["\t" + " ".join(vocabulary[t] for t in shortlist.always.tolist())]
+        lines += [vocabulary[source] + "\t" + " ".join(vocabulary[t] for t in candidates if t >= 0)
+                  for source, candidates in enumerate(shortlist.candidates.tolist())]
+        (out_dir / "vmap.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     inter = threading == "inter"
     engine = ctranslate2.Translator(str(out_dir), device="cpu", compute_type=compute_type,
                                     inter_threads=point.threads if inter else 1,
                                     intra_threads=1 if inter else point.threads)
     index = {token: i for i, token in enumerate(vocabulary)}
 
-    def translate(src: torch.Tensor) -> list[list[int]]:
+    def translate(src: torch.Tensor, shortlisted: bool = False) -> list[list[int]]:
         pieces = [[vocabulary[i] for i in row[:-1]] for row in src.tolist()]
         max_batch_size = math.ceil(len(pieces) / point.threads) if inter else 0
         results = engine.translate_batch(pieces, beam_size=point.beam, length_penalty=LENGTH_PENALTY,
                                          min_decoding_length=point.target_tokens,
-                                         max_decoding_length=point.target_tokens, max_batch_size=max_batch_size)
+                                         max_decoding_length=point.target_tokens, max_batch_size=max_batch_size,
+                                         use_vmap=shortlisted)
         return [[index[p] for p in result.hypotheses[0]] for result in results]
 
     return translate

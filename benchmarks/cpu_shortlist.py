@@ -22,23 +22,18 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 
 import bench_utils as bu
-from baselines import placeholder_vocabulary
-from cpu_decoding import BYTES_PER_WEIGHT, Point, cpu_description, shape_config, sources, steady_call, \
-    step_weight_bytes
+from cpu_decoding import BYTES_PER_WEIGHT, Point, cpu_description, ctranslate2_translator, fastformer_translator, \
+    shape_config, sources, steady_call, step_weight_bytes
 from fastformer import Shortlist, Transformer
-from fastformer.translation.export import to_ctranslate2
 
 PER_SOURCE, ALWAYS = 20, 100
 POINTS = [Point(threads, 4, 20, (1, 8, 64)) for threads in (1, 2)]
@@ -50,43 +45,6 @@ def random_shortlist(vocab: int, seed: int) -> Shortlist:
     return Shortlist(candidates, torch.cat([torch.arange(3, 3 + ALWAYS), torch.tensor([2])]))
 
 
-def fastformer_search(model: Transformer, shortlist: Shortlist, point: Point, compute_type: str):
-    """-> search(src, with_shortlist) -> hypotheses' ids."""
-    def search(src: torch.Tensor, with_shortlist: bool) -> list[list[int]]:
-        results = model.translate(src, beam_size=point.beam, max_len_a=1.0,
-                                  max_len_b=point.target_tokens - 1 - src.shape[1], min_len=model.config.max_positions,
-                                  compute_type=compute_type, shortlist=shortlist if with_shortlist else None)
-        return [sentence[0].tokens for sentence in results]
-
-    return search
-
-
-def ctranslate2_search(model: Transformer, shortlist: Shortlist, point: Point, compute_type: str, threading: str):
-    """The same search in CTranslate2 on the exported weights, the shortlist as its vmap.txt (use_vmap)."""
-    import ctranslate2
-
-    vocabulary = placeholder_vocabulary(model.config)
-    out_dir = Path(tempfile.mkdtemp(prefix="fastformer-ct2-vmap-"))
-    to_ctranslate2(model, vocabulary, out_dir, quantization=compute_type)
-    lines = ["\t" + " ".join(vocabulary[t] for t in shortlist.always.tolist())]
-    for source, candidates in enumerate(shortlist.candidates.tolist()):
-        lines.append(vocabulary[source] + "\t" + " ".join(vocabulary[t] for t in candidates if t >= 0))
-    (out_dir / "vmap.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    inter = threading == "inter"
-    engine = ctranslate2.Translator(str(out_dir), device="cpu", compute_type=compute_type,
-                                    inter_threads=point.threads if inter else 1,
-                                    intra_threads=1 if inter else point.threads)
-
-    def search(src: torch.Tensor, with_shortlist: bool) -> list[list[str]]:
-        pieces = [[vocabulary[i] for i in row[:-1]] for row in src.tolist()]
-        results = engine.translate_batch(pieces, beam_size=point.beam, min_decoding_length=point.target_tokens,
-                                         max_decoding_length=point.target_tokens, use_vmap=with_shortlist,
-                                         max_batch_size=math.ceil(len(pieces) / point.threads) if inter else 0)
-        return [result.hypotheses[0] for result in results]
-
-    return search
-
-
 def run_worker(point: Point, system: str, args: argparse.Namespace) -> list[dict]:
     """Times `system` ("fastformer", "ctranslate2 intra" or "ctranslate2 inter") at every batch size of `point`."""
     torch.set_num_threads(point.threads)
@@ -94,8 +52,8 @@ def run_worker(point: Point, system: str, args: argparse.Namespace) -> list[dict
     config = shape_config(args.shape, args.vocab)
     model = Transformer(config).eval()
     shortlist = random_shortlist(config.vocab_size, args.seed)
-    translate = (fastformer_search(model, shortlist, point, args.compute_type) if system == "fastformer"
-                 else ctranslate2_search(model, shortlist, point, args.compute_type, system.split()[1]))
+    translate = (fastformer_translator(model, args.compute_type, point, shortlist) if system == "fastformer"
+                 else ctranslate2_translator(model, args.compute_type, system.split()[1], point, shortlist))
     rows = []
     for n in point.sentences:
         src = sources(config, n, point.source_tokens, args.seed)
