@@ -100,6 +100,8 @@ void bind_compiled(pybind11::module_& m) {
         "whether the decoder's int8 output projection may take FBGEMM's GEMM (decoder.h)");
   m.def("int8_activation_max", &int8_activation_max,
         "the int8 activations' steps a side: 127 on CPUs with VNNI, else 63 (linear.h)");
+  m.def("logits_rows_per_block", &logits_rows_per_block, py::arg("vocab"),
+        "the rows of logits a CPU search or scoring makes and reads at a time for a vocabulary's width (decoder.h)");
   m.def("cpu_isa", [] { return std::string(cpu_loops().isa); },
         "the instruction set of the CPU ops' hand-written loops: the widest this CPU runs, or FASTFORMER_CPU_ISA's");
   m.def("cpu_isas", [] {

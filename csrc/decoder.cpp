@@ -450,6 +450,11 @@ at::Tensor CachedDecoder::step(const at::Tensor& tokens, const at::Tensor& row_s
 
 at::Tensor CachedDecoder::step(const at::Tensor& tokens, const at::Tensor& row_slots, const at::Tensor& indirection,
                                const at::Tensor& step, at::Tensor* cross_attention) {
+  return logits(hidden(tokens, row_slots, indirection, step, cross_attention));
+}
+
+at::Tensor CachedDecoder::hidden(const at::Tensor& tokens, const at::Tensor& row_slots,
+                                 const at::Tensor& indirection, const at::Tensor& step, at::Tensor* cross_attention) {
   c10::InferenceMode inference;
   c10::DeviceGuard guard(tokens.device());
   check_step(step, cache_len_, tokens.device());
@@ -467,6 +472,12 @@ at::Tensor CachedDecoder::step(const at::Tensor& tokens, const at::Tensor& row_s
         return cross_block(h, layer, row_slots, cross_attention && layer == n_layers_ - 1 ? &last_query : nullptr);
       });
   if (cross_attention) *cross_attention = last_cross_attention(last_query, row_slots);
+  return x;
+}
+
+at::Tensor CachedDecoder::logits(const at::Tensor& x) const {
+  c10::InferenceMode inference;
+  c10::DeviceGuard guard(x.device());
   if (!linears_->output_ids) return linears_->output(x);
   // A shortlist's logits in their vocabulary columns: the search ranks and rules the vocabulary as without one.
   at::Tensor logits = at::full({x.size(0), weights_.output_weight.size(0)}, -std::numeric_limits<float>::infinity(),

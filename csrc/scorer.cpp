@@ -16,9 +16,6 @@
 namespace fastformer {
 namespace {
 
-// The output projection's rows at a time: only their logits ([rows, vocab], 37 MB at a 37k vocabulary) are ever held.
-constexpr int64_t kScoreChunkRows = 256;
-
 // A projection's rows [n * len, parts * d_model] -> [parts, n, heads, len, head_dim].
 at::Tensor split_heads(const at::Tensor& projected, int64_t n, int64_t len, int64_t parts, int64_t heads) {
   const int64_t head_dim = projected.size(1) / (parts * heads);
@@ -71,8 +68,10 @@ void score_sentences(const at::Tensor& memory, const at::Tensor& src_lengths, co
   const at::Tensor real_targets = targets.narrow(0, begin, n).reshape({-1}).index_select(0, real_rows);
   const int64_t n_rows = real_rows.numel();
   at::Tensor log_probs = at::empty({n_rows}, scores.options());
-  for (int64_t first = 0; first < n_rows; first += kScoreChunkRows) {
-    const int64_t rows = std::min(kScoreChunkRows, n_rows - first);
+  // The output projection a chunk of rows at a time: only their logits are ever held.
+  const int64_t chunk_rows = logits_rows_per_block(weights.output_weight.size(0));
+  for (int64_t first = 0; first < n_rows; first += chunk_rows) {
+    const int64_t rows = std::min(chunk_rows, n_rows - first);
     const at::Tensor logits = linears.output(real_hidden.narrow(0, first, rows)).to(at::kFloat).contiguous();
     const at::Tensor chunk_targets = real_targets.narrow(0, first, rows).contiguous();
     if (logits.is_cpu()) {
@@ -125,7 +124,7 @@ at::Tensor score_targets(const at::Tensor& memory, const at::Tensor& src_lengths
   const int64_t vocab = weights.output_weight.size(0);
   TORCH_CHECK(targets.min().item<int64_t>() >= 0 && targets.max().item<int64_t>() < vocab,
               "targets must be ids in [0, vocab=", vocab, ")");
-  if (!linears) linears = std::make_shared<const DecoderLinears>(weights, kScoreChunkRows);
+  if (!linears) linears = std::make_shared<const DecoderLinears>(weights, logits_rows_per_block(vocab));
   TORCH_CHECK(linears->layers.size() == weights.layers.size(), "the decoder's linears have ", linears->layers.size(),
               " layers, its weights ", weights.layers.size());
   const at::Tensor memory_in = memory.contiguous();

@@ -46,24 +46,42 @@ struct Rows {
       : active(to_device(sentences, device)),
         row_slots((active.unsqueeze(1) * beam_size + at::arange(beam_size, active.options())).view({-1})),
         row_slots_long(row_slots.to(at::kLong)) {}
+  // The rows of active sentences [first, first + count): views of these.
+  Rows block(int64_t first, int64_t count, int64_t beam_size) const {
+    return Rows(active.narrow(0, first, count), row_slots.narrow(0, first * beam_size, count * beam_size),
+                row_slots_long.narrow(0, first * beam_size, count * beam_size));
+  }
   at::Tensor active;          // [n_active] int32
   at::Tensor row_slots;       // [n_active * beam_size] int32
   at::Tensor row_slots_long;  // the same as int64, for index_select
+
+ private:
+  Rows(at::Tensor active, at::Tensor row_slots, at::Tensor row_slots_long)
+      : active(std::move(active)), row_slots(std::move(row_slots)), row_slots_long(std::move(row_slots_long)) {}
 };
 
-// The decoder's logits for the rows at `row_slots` at state.step; with SearchOptions::return_attention their
-// cross-attention rows are written into state.history_attention at (step, slot), the step read on the device (a
-// CUDA graph replays this at every step).
-at::Tensor decode_rows(CachedDecoder& decoder, BeamState& state, const at::Tensor& row_slots,
-                       const at::Tensor& row_slots_long, const SearchOptions& options) {
+// The active sentences a step projects and ranks at a time: on the CPU a block of logits_rows_per_block's rows (the
+// blocks of even size), on CUDA all of them (one graph, one launch each).
+int64_t sentences_per_block(int64_t n_active, int64_t beam_size, int64_t vocab, const at::Device& device) {
+  if (!device.is_cpu()) return n_active;
+  const int64_t most = std::max<int64_t>(1, logits_rows_per_block(vocab) / beam_size);
+  const int64_t n_blocks = (n_active + most - 1) / most;
+  return (n_active + n_blocks - 1) / n_blocks;
+}
+
+// The decoder's hidden states for the rows at `row_slots` at state.step (CachedDecoder::hidden); with
+// SearchOptions::return_attention their cross-attention rows are written into state.history_attention at (step,
+// slot), the step read on the device (a CUDA graph replays this at every step).
+at::Tensor decode_hidden(CachedDecoder& decoder, BeamState& state, const at::Tensor& row_slots,
+                         const at::Tensor& row_slots_long, const SearchOptions& options) {
   const at::Tensor tokens = state.tokens.index_select(0, row_slots_long);
-  if (!options.return_attention) return decoder.step(tokens, row_slots, state.indirection_in(), state.step);
+  if (!options.return_attention) return decoder.hidden(tokens, row_slots, state.indirection_in(), state.step);
   at::Tensor attention;
-  at::Tensor logits = decoder.step(tokens, row_slots, state.indirection_in(), state.step, &attention);
+  at::Tensor hidden = decoder.hidden(tokens, row_slots, state.indirection_in(), state.step, &attention);
   const int64_t n_slots = state.history_attention.size(1);
   state.history_attention.view({-1, state.history_attention.size(2)})
       .index_copy_(0, state.step.to(at::kLong) * n_slots + row_slots_long, attention);
-  return logits;
+  return hidden;
 }
 
 // The options that act on each step's logits (SearchOptions): a target prefix and sampling force each sentence's
@@ -250,33 +268,34 @@ class StepRules {
   at::Tensor slots_, first_slots_, positions_;  // [n_slots], [n_slots] (its sentence's first), [cache_len] int64
 };
 
-// The step's beam_step over the decoder's logits for `rows`, under `rules`.
-void ruled_beam_step(const at::Tensor& logits, const Rows& rows, const at::Tensor& max_lens, BeamState& state,
-                     const SearchOptions& options, StepRules& rules) {
-  beam_step(rules.before_step(logits, rows, state), rows.active, max_lens, state, options);
-  rules.after_step(state);
-}
-
-// One step of the search over `rows` at state.step: the decoder's logits, then beam_step (the indirection written,
-// the step not advanced).
+// One step of the search over `rows` at state.step: the decoder's hidden states, then a block of sentences at a time
+// (sentences_per_block) their logits and beam_step under `rules` (the indirection written, the step not advanced).
+// At step 0 only beam 0 of each sentence holds a hypothesis (BeamState), so only its rows are decoded (a
+// beam_size-th of the step's work); beam_step skips the other rows for their -inf sums, and reads zeros there.
 void decode_step(CachedDecoder& decoder, BeamState& state, const Rows& rows, const at::Tensor& max_lens,
-                 const SearchOptions& options, StepRules& rules) {
-  const at::Tensor logits = decode_rows(decoder, state, rows.row_slots, rows.row_slots_long, options);
-  ruled_beam_step(logits, rows, max_lens, state, options, rules);
-}
-
-// Step 0 of the search: only beam 0 of each sentence holds a hypothesis (BeamState), so only its rows are decoded
-// (a beam_size-th of the step's work); beam_step skips the other rows for their -inf sums, and reads zeros there.
-void decode_first_step(CachedDecoder& decoder, BeamState& state, const Rows& rows, const at::Tensor& max_lens,
-                       const SearchOptions& options, StepRules& rules) {
-  const int64_t k = options.beam_size;
-  if (k == 1) return decode_step(decoder, state, rows, max_lens, options, rules);
-  const at::Tensor first_beams = rows.row_slots.view({-1, k}).select(1, 0).contiguous();
-  const at::Tensor first_logits = decode_rows(decoder, state, first_beams, first_beams.to(at::kLong), options);
-  const int64_t vocab = first_logits.size(1);
-  at::Tensor logits = at::zeros({rows.row_slots.numel(), vocab}, first_logits.options());
-  logits.view({-1, k, vocab}).select(1, 0).copy_(first_logits);
-  ruled_beam_step(logits, rows, max_lens, state, options, rules);
+                 const SearchOptions& options, StepRules& rules, bool first_step) {
+  const int64_t k = options.beam_size, n_active = rows.active.numel();
+  const bool first_beams_only = first_step && k > 1;
+  const at::Tensor first_beams =
+      first_beams_only ? rows.row_slots.view({-1, k}).select(1, 0).contiguous() : at::Tensor();
+  const at::Tensor hidden = first_beams_only
+                                ? decode_hidden(decoder, state, first_beams, first_beams.to(at::kLong), options)
+                                : decode_hidden(decoder, state, rows.row_slots, rows.row_slots_long, options);
+  const int64_t block = sentences_per_block(n_active, k, decoder.vocab(), hidden.device());
+  for (int64_t first = 0; first < n_active; first += block) {
+    const int64_t count = std::min(block, n_active - first);
+    const Rows block_rows = rows.block(first, count, k);
+    at::Tensor logits;
+    if (first_beams_only) {
+      const at::Tensor first_logits = decoder.logits(hidden.narrow(0, first, count));
+      logits = at::zeros({count * k, first_logits.size(1)}, first_logits.options());
+      logits.view({count, k, -1}).select(1, 0).copy_(first_logits);
+    } else {
+      logits = decoder.logits(hidden.narrow(0, first * k, count * k));
+    }
+    beam_step(rules.before_step(logits, block_rows, state), block_rows.active, max_lens, state, options);
+  }
+  rules.after_step(state);
 }
 
 std::vector<int32_t> every_sentence(int64_t n_sentences) {
@@ -301,7 +320,7 @@ void search_every_step(CachedDecoder& decoder, BeamState& state, const at::Tenso
   std::vector<int32_t> searching = every_sentence(state.finished_count.numel());
   Rows rows(searching, options.beam_size, device);
   for (int64_t step = 0; step < decoder.cache_len() && !searching.empty(); ++step) {
-    (step == 0 ? decode_first_step : decode_step)(decoder, state, rows, max_lens, options, rules);
+    decode_step(decoder, state, rows, max_lens, options, rules, step == 0);
     state.swap_indirection();
     state.step.add_(1);
     const at::Tensor flags = state.done.cpu();
@@ -436,9 +455,9 @@ void search_in_buckets(CachedDecoder& decoder, BeamState& state, const at::Tenso
   LaggedDoneFlags done(n_sentences, device);
   for (int64_t step = 0; step < decoder.cache_len(); ++step) {
     const Rows& rows = *buckets.back();
-    // Step 0 is the first bucket's first run, which runs eagerly on CUDA too: no graph holds decode_first_step.
+    // Step 0 is the first bucket's first run, which runs eagerly on CUDA too: no graph holds its first step.
     steps.run(static_cast<int64_t>(sentences.size()), [&] {
-      (step == 0 ? decode_first_step : decode_step)(decoder, state, rows, max_lens, options, rules);
+      decode_step(decoder, state, rows, max_lens, options, rules, step == 0);
       state.copy_indirection_back();
       state.step.add_(1);
     });
@@ -638,6 +657,11 @@ class SearchStream {
 #endif
 
 }  // namespace
+
+int64_t logits_rows_per_block(int64_t vocab) {
+  constexpr int64_t kBlockBytes = 30 << 20;
+  return std::max<int64_t>(1, kBlockBytes / (std::max<int64_t>(vocab, 1) * static_cast<int64_t>(sizeof(float))));
+}
 
 // One group per intra-op thread, each group at least kMinSentencesPerGroup sentences so that its GEMMs keep enough
 // rows.

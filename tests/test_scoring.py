@@ -73,14 +73,27 @@ def test_score_equals_the_references_teacher_forced_log_softmax(norm_first, opti
                         rtol=1e-5)
 
 
-def test_score_takes_any_target_token_long_targets_and_many_rows():
+def test_score_takes_any_target_token_and_long_targets():
     """Targets holding BOS and EOS ids score as any token does; targets of max_positions - 1 tokens fit (their
-    decoder input fills every position); and 10 of them are 320 rows, past the 256 the output projection takes at a
-    time."""
+    decoder input fills every position)."""
     model = make_model(True, max_positions=32)
     src = padded_sources(model, [4, 6, 2, 9, 5, 3, 7, 1, 8, 4, 6], seed=3)
     config = model.config
     targets = [[config.eos_id, config.bos_id, 5, config.eos_id]] + random_targets(model, [31] * 10)
+    assert_scores_close(model.score(src, targets), teacher_forced_log_probs(model, src, targets), atol=2e-5,
+                        rtol=1e-5)
+
+
+def test_score_projects_a_chunk_of_rows_at_a_time():
+    """At a 262k vocabulary the CPU scorer takes the output projection 30 rows at a time (logits_rows_per_block): 8
+    targets of 9 tokens and EOS are 80 rows, three chunks."""
+    from fastformer.decoding.compiled import extension
+
+    vocab = 1 << 18
+    assert 2 * extension().logits_rows_per_block(vocab) < 80
+    model = make_model(vocab=vocab)
+    src = padded_sources(model, [4, 6, 2, 9, 5, 3, 7, 1], seed=3)
+    targets = random_targets(model, [9] * 8)
     assert_scores_close(model.score(src, targets), teacher_forced_log_probs(model, src, targets), atol=2e-5,
                         rtol=1e-5)
 

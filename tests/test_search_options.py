@@ -114,6 +114,35 @@ def test_every_option_translates_a_sentence_the_same_alone_and_in_a_batch(option
         assert [h.score for h in alone[0]] == [h.score for h in batch[i]]
 
 
+# A vocabulary wide enough that the CPU search makes and ranks a step's logits in blocks (logits_rows_per_block: 30
+# rows, 7 sentences of beam 4), so that BLOCKED_LENGTHS' 20 sentences are three blocks and a sentence alone is one.
+BLOCKED_VOCAB = 1 << 18
+BLOCKED_LENGTHS = [7, 4, 9, 2, 12, 5, 3, 8, 6, 10, 2, 7, 11, 4, 5, 9, 3, 6, 8, 2]
+
+
+@pytest.mark.parametrize("options", [{}, OPTIONS["all"], dict(SAMPLING, target_prefix=PREFIXES),
+                                     dict(return_attention=True)], ids=["plain", "all", "sampling", "attention"])
+def test_a_step_ranked_in_blocks_translates_each_sentence_as_alone(options):
+    from fastformer.decoding.compiled import extension
+
+    assert 2 * extension().logits_rows_per_block(BLOCKED_VOCAB) // 4 < len(BLOCKED_LENGTHS)
+    model = make_model(vocab=BLOCKED_VOCAB, eos_scale=1.5)
+    src = padded_sources(model, BLOCKED_LENGTHS)
+    prefixes = options.get("target_prefix")
+    search = dict(dict(beam_size=4, n_best=4, max_len_a=0.5, max_len_b=5), compute_type="int8", **options)
+    if prefixes:
+        search["target_prefix"] = [prefixes[i % len(prefixes)] for i in range(len(BLOCKED_LENGTHS))]
+    batch = model.translate(src, **search)
+    for i, length in enumerate(BLOCKED_LENGTHS):
+        alone_search = dict(search, target_prefix=[search["target_prefix"][i]]) if prefixes else search
+        alone = model.translate(src[i:i + 1, :length], **alone_search)
+        assert [h.tokens for h in alone[0]] == [h.tokens for h in batch[i]], f"sentence {i}"
+        assert [h.score for h in alone[0]] == [h.score for h in batch[i]], f"sentence {i}"
+        if options.get("return_attention"):
+            for a, b in zip(alone[0], batch[i]):
+                torch.testing.assert_close(a.attention, b.attention, atol=1e-6, rtol=0)
+
+
 @pytest.mark.parametrize("options", [*OPTIONS.values(), SAMPLING, dict(SAMPLING, no_repeat_ngram_size=1)])
 def test_every_option_takes_the_same_tokens_without_scores(options):
     """return_scores=False: greedy search and sampling on the CPU take the unscored path where it can run."""
