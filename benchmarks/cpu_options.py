@@ -20,6 +20,16 @@ cpu_decoding.py reaches it):
 - score (Transformer.score) and ctranslate2-score (score_batch), and their ratio to beam4's time on the same sources.
 CTranslate2 runs in both threading modes where there is more than one thread ("intra": one batch on intra-op
 threads; "inter": inter_threads = threads, max_batch_size = ceil(sentences / threads)); ratios take its better one.
+beam4 against beam4-baseline is also taken round by round (the two processes run one after the other), the median
+and range of those ratios under "paired".
+
+    OMP_NUM_THREADS=2 python benchmarks/cpu_options.py --one-process --rounds 10 --out runs/benchmarks/costs.json
+
+--one-process times the fastformer systems of one package (not beam4-baseline, score or CTranslate2's) in a single
+process instead, one model for all, each system brought to steady state and then all of them called in turn each
+round (the order rotated a place a round): each option's time over beam4's and sampling's speed over greedy's are
+taken within a round, seconds apart, so that the machine's drift over minutes cancels; the JSON has every round's
+seconds and each ratio's median and range.
 """
 
 from __future__ import annotations
@@ -162,6 +172,51 @@ def time_in_rounds(args: argparse.Namespace) -> tuple[dict[tuple[str, str], list
     return timed, failed
 
 
+def spread(values: list[float]) -> dict[str, float]:
+    """{"median", "min", "max"} of values, to three places."""
+    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3), "max": round(max(values), 3)}
+
+
+ONE_PROCESS_SYSTEMS = ("beam4", "beam4-prefix", "beam4-ngram", "beam4-repetition", "beam4-attention", "greedy",
+                       "sampling")
+
+
+def time_in_one_process(args: argparse.Namespace) -> dict:
+    """--one-process (module docstring) -> {"seconds": {system: per round}, "ratios": {name: spread}}."""
+    from fastformer import Transformer
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    config = shape_config(args.shape, args.vocab)
+    model = Transformer(config).eval()
+    src = sources(config, SENTENCES, SOURCE_TOKENS, args.seed)
+    systems = [system for system in ONE_PROCESS_SYSTEMS if system in args.systems]
+    runs = {system: fastformer_run(system, model, src, args.compute_type) for system in systems}
+    for system, run in runs.items():
+        steady_call(lambda _: run(), src)
+        print(f"{system}: steady", flush=True)
+    seconds: dict[str, list[float]] = {system: [] for system in systems}
+    for round_index in range(args.rounds):
+        for system in systems[round_index % len(systems):] + systems[:round_index % len(systems)]:
+            start = time.perf_counter()
+            runs[system]()
+            seconds[system].append(time.perf_counter() - start)
+        print(f"round {round_index + 1}/{args.rounds}: " +
+              " ".join(f"{system} {seconds[system][-1]:.3f}s" for system in systems), flush=True)
+
+    def per_round(numerator: str, denominator: str) -> list[float]:
+        return [a / b for a, b in zip(seconds[numerator], seconds[denominator])]
+
+    ratios = {}
+    for option in ("prefix", "ngram", "repetition", "attention"):
+        if f"beam4-{option}" in seconds and "beam4" in seconds:
+            ratios[f"beam4-{option} time / beam4 time"] = spread(per_round(f"beam4-{option}", "beam4"))
+    if "sampling" in seconds and "greedy" in seconds:
+        ratios["sampling / greedy (speed)"] = spread(per_round("greedy", "sampling"))
+    return {"seconds": {system: [round(s, 4) for s in values] for system, values in seconds.items()},
+            "ratios": ratios}
+
+
 def summary(rows: dict[str, dict]) -> dict[str, float]:
     """The ratios issue 32 sets targets for (module docstring); a missing row leaves its ratio out."""
     def best(prefix: str) -> dict | None:
@@ -195,6 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--vocab", type=int, default=37000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--one-process", action="store_true", help="time fastformer's systems in one process, in "
+                        "turn each round (module docstring)")
     parser.add_argument("--out", type=Path, help="JSON to write (default: print only)")
     parser.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
     parser.add_argument("--threading", choices=("intra", "inter"), default="intra", help=argparse.SUPPRESS)
@@ -205,6 +262,12 @@ def main() -> None:
     args = build_parser().parse_args()
     if args.worker:
         run_worker(args)
+        return
+    if args.one_process:
+        timings = time_in_one_process(args)
+        for name, value in timings["ratios"].items():
+            print(f"{name}: {value}", flush=True)
+        write_payload(args, timings)
         return
     timed, failed = time_in_rounds(args)
     rows = {}
@@ -219,19 +282,28 @@ def main() -> None:
                       "warmup_calls": [sample["warmup_calls"] for sample in samples]}
         print(f"{name:28s} {rows[name]['tokens_per_s']:>9} tok/s  {rows[name]['seconds']} s", flush=True)
     ratios = summary(rows)
-    for name, value in ratios.items():
+    paired = {}
+    baseline = timed.get(("beam4-baseline", "intra"), [])
+    if baseline and len(baseline) == len(timed.get(("beam4", "intra"), [])):
+        paired["beam4 / beam4-baseline (speed)"] = spread(
+            [b["seconds"] / a["seconds"] for a, b in zip(timed["beam4", "intra"], baseline)])
+    for name, value in {**ratios, **paired}.items():
         print(f"{name}: {value}", flush=True)
-    if args.out:
-        for row in rows.values():
-            del row["seconds_inverse"]
-        payload = {"command": " ".join([f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')}", "python",
-                                        *sys.argv]),
-                   "cpu": cpu_description(), "shape": args.shape, "compute_type": args.compute_type,
-                   "threads": args.threads, "sentences": SENTENCES, "source_tokens": SOURCE_TOKENS,
-                   "target_tokens": TARGET_TOKENS, "rounds": args.rounds, **bu.environment(torch.device("cpu")),
-                   "rows": rows, "ratios": ratios, "failed": failed}
-        bu.write_json(args.out, payload)
-        print(f"wrote {args.out}")
+    for row in rows.values():
+        del row["seconds_inverse"]
+    write_payload(args, {"rows": rows, "ratios": ratios, "paired": paired, "failed": failed})
+
+
+def write_payload(args: argparse.Namespace, results: dict) -> None:
+    """args.out (when given) <- the run's command, CPU and point, and results."""
+    if not args.out:
+        return
+    payload = {"command": " ".join([f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')}", "python", *sys.argv]),
+               "cpu": cpu_description(), "shape": args.shape, "compute_type": args.compute_type,
+               "threads": args.threads, "sentences": SENTENCES, "source_tokens": SOURCE_TOKENS,
+               "target_tokens": TARGET_TOKENS, "rounds": args.rounds, **bu.environment(torch.device("cpu")), **results}
+    bu.write_json(args.out, payload)
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -371,9 +371,11 @@ def test_cpu_options_smoke_run(tmp_path):
     """The options benchmark times every fastformer system it is given (and CTranslate2's sampling and scoring in
     both threading modes where installed), each decoding or scoring the same target tokens, and takes its ratios
     from the rows' medians."""
-    systems = (["beam4", "beam4-ngram", "beam4-attention", "greedy", "sampling", "score"]
+    systems = (["beam4", "beam4-baseline", "beam4-ngram", "beam4-attention", "greedy", "sampling", "score"]
                + _where_ctranslate2(["ctranslate2-sampling", "ctranslate2-score"]))
-    results = _run_cpu_benchmark(tmp_path, "cpu_options.py", "--threads", "2", "--systems", *systems)
+    # The checkout's own package as the "earlier" one.
+    results = _run_cpu_benchmark(tmp_path, "cpu_options.py", "--threads", "2", "--systems", *systems,
+                                 "--baseline-path", str(BENCHMARKS.parent))
     rows = results["rows"]
     expected = {name for system in systems
                 for name in ((f"{system} intra", f"{system} inter") if system.startswith("ctranslate2") else (system,))}
@@ -387,10 +389,28 @@ def test_cpu_options_smoke_run(tmp_path):
         rows["beam4"]["tokens_per_s"] / rows["beam4-ngram"]["tokens_per_s"], rel=1e-2)
     assert ratios["sampling / greedy (speed)"] == pytest.approx(
         rows["sampling"]["tokens_per_s"] / rows["greedy"]["tokens_per_s"], rel=1e-2)
+    # One round: the paired ratio is the rows' own.
+    assert results["paired"]["beam4 / beam4-baseline (speed)"]["median"] == pytest.approx(
+        rows["beam4"]["tokens_per_s"] / rows["beam4-baseline"]["tokens_per_s"], rel=1e-2)
     if "ctranslate2-score" in systems:
         best = max(rows["ctranslate2-score intra"]["tokens_per_s"], rows["ctranslate2-score inter"]["tokens_per_s"])
         assert ratios["score / CTranslate2 score_batch at its best"] == pytest.approx(
             rows["score"]["tokens_per_s"] / best, rel=1e-2)
+
+
+def test_cpu_options_one_process_takes_each_ratio_within_a_round(tmp_path):
+    """--one-process: every system once a round in one process, each ratio's median and range over the rounds'
+    own ratios (an option's time over beam4's in the same round)."""
+    results = _run_cpu_benchmark(tmp_path, "cpu_options.py", "--threads", "1", "--one-process", "--rounds", "3",
+                                 "--systems", "beam4", "beam4-ngram", "greedy", "sampling")
+    seconds = results["seconds"]
+    assert set(seconds) == {"beam4", "beam4-ngram", "greedy", "sampling"}
+    assert all(len(values) == 3 and min(values) > 0 for values in seconds.values())
+    per_round = sorted(n / b for n, b in zip(seconds["beam4-ngram"], seconds["beam4"]))
+    assert results["ratios"]["beam4-ngram time / beam4 time"] == pytest.approx(
+        {"median": per_round[1], "min": per_round[0], "max": per_round[2]}, abs=2e-3)
+    speed = sorted(g / s for g, s in zip(seconds["greedy"], seconds["sampling"]))
+    assert results["ratios"]["sampling / greedy (speed)"]["median"] == pytest.approx(speed[1], abs=2e-3)
 
 
 def test_cpu_shortlist_smoke_run(tmp_path):
