@@ -61,14 +61,18 @@ import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 import bench_utils as bu
 from baselines import placeholder_vocabulary
-from fastformer import Shortlist, Transformer, TransformerConfig
+from fastformer import Transformer, TransformerConfig
 from fastformer.decoding.compiled import compiled_model, extension
 from fastformer.translation.export import to_ctranslate2
+
+if TYPE_CHECKING:  # an annotation only: cpu_options.py's beam4-baseline imports this with packages that predate it
+    from fastformer import Shortlist
 
 LENGTH_PENALTY = 0.6
 SYSTEMS = ("fastformer-float32", "fastformer-int8", "fastformer-bfloat16", "ctranslate2-float32", "ctranslate2-int8",
@@ -180,7 +184,7 @@ def gemm_floor_seconds(model: Transformer, compute_type: str, point: Point, n_se
     as the search converts it: the minimum over `repeats` runs of the whole sequence. The encoder's run on every
     thread; the rest as the search runs them (csrc/search.cpp): each thread decodes its own group of at least 4
     sentences with single-threaded GEMMs, so they are timed for one group on one thread, the floor were the groups
-    not to slow each other down."""
+    not to slow each other down; its output projection a block of sentences at a time, as the search runs it."""
     config = model.config
     d, ff, vocab, k = config.d_model, config.d_ff, config.vocab_size, point.beam
     threads = point.threads
@@ -189,12 +193,18 @@ def gemm_floor_seconds(model: Transformer, compute_type: str, point: Point, n_se
     source_len = point.source_tokens + 1
     source_rows, group_source_rows = n_sentences * source_len, group_sentences * source_len
     step_rows = group_sentences * k
+    # The search projects a block of sentences at a time (csrc/search.cpp's sentences_per_block): n_blocks calls of
+    # block_sentences each, the last block timed as full.
+    most = max(1, extension().logits_rows_per_block(vocab) // k)
+    n_blocks = -(-group_sentences // most)
+    block_sentences = -(-group_sentences // n_blocks)
     # (out, in, rows, calls) of every GEMM of one search: the encoder's, then one group's, whose first step decodes
     # beam 0 of each sentence only.
     encoder = [(out, inp, source_rows, config.n_encoder_layers) for out, inp in ((3 * d, d), (d, d), (ff, d), (d, ff))]
-    per_step = [(vocab, d, 1), (3 * d, d, config.n_decoder_layers), (d, d, 3 * config.n_decoder_layers),
+    per_step = [(3 * d, d, config.n_decoder_layers), (d, d, 3 * config.n_decoder_layers),
                 (ff, d, config.n_decoder_layers), (d, ff, config.n_decoder_layers)]
-    group = [(2 * d, d, group_source_rows, config.n_decoder_layers)]
+    group = [(2 * d, d, group_source_rows, config.n_decoder_layers), (vocab, d, block_sentences, n_blocks),
+             (vocab, d, block_sentences * k, n_blocks * (point.target_tokens - 1))]
     for out, inp, per_step_calls in per_step:
         group += [(out, inp, group_sentences, per_step_calls),
                   (out, inp, step_rows, per_step_calls * (point.target_tokens - 1))]

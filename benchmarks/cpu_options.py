@@ -279,7 +279,8 @@ def main() -> None:
                       "tokens_per_s": round(tokens / seconds, 1),
                       "spread_tokens_per_s": [round(tokens / max(s["seconds"] for s in samples), 1),
                                               round(tokens / min(s["seconds"] for s in samples), 1)],
-                      "warmup_calls": [sample["warmup_calls"] for sample in samples]}
+                      "warmup_calls": [sample["warmup_calls"] for sample in samples],
+                      "round_seconds": [round(sample["seconds"], 4) for sample in samples]}
         print(f"{name:28s} {rows[name]['tokens_per_s']:>9} tok/s  {rows[name]['seconds']} s", flush=True)
     ratios = summary(rows)
     paired = {}
