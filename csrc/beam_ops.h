@@ -45,6 +45,9 @@ struct SelfAttentionArgs {
   void* out;                    // [n_rows, heads * head_dim]
   const int32_t* step;          // [1]: the position decoded, in [0, cache_len)
   int n_rows, heads, head_dim, cache_len, beam_size;
+  // CPU: 1 where the caches hold float16 (the rows and the output stay float32), 0 where float32. CUDA's caches are
+  // the data's own type.
+  int half_cache = 0;
 };
 
 // Single-query cross-attention over the encoder's keys/values, shared by the beams of a sentence.
@@ -56,6 +59,7 @@ struct CrossAttentionArgs {
   const int32_t* row_slots;     // [n_rows]
   void* out;                    // [n_rows, heads * head_dim]
   int n_rows, heads, head_dim, src_len, beam_size;
+  int half_keys_values = 0;     // CPU: 1 where k and v hold float16 (q and out float32), 0 where float32
 };
 
 // How a finished hypothesis's sum of log-probabilities is normalized by its length |Y| (real tokens plus EOS):
@@ -187,6 +191,9 @@ FASTFORMER_HOST_DEVICE inline void write_next_beam(const BeamStepArgs& args, int
 // vectors with FMA) or "baseline" (the build's own target: SSE2 on x86-64).
 struct CpuLoops {
   const char* isa;
+  // Whether its attention loops widen float16 keys and values a vector at a time (AVX-512 or F16C); the baseline's
+  // take one value at a time, slower than reading float32.
+  bool vector_float16;
   void (*self_attention_step)(const SelfAttentionArgs& args);
   void (*cross_attention)(const CrossAttentionArgs& args);
   void (*beam_step)(const BeamStepArgs& args);

@@ -12,6 +12,10 @@
 
 #include "beam_ops.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>  // the float16 conversions of the AVX-512 and F16C loops
+#endif
+
 #define FASTFORMER_INLINE inline __attribute__((always_inline))
 // GCC warns that a vector passed by value has another ABI without AVX; every helper taking one is inlined, so no
 // vector crosses a call.
@@ -28,6 +32,7 @@
 #define FASTFORMER_ISA isa_avx512
 #define FASTFORMER_ISA_NAME "avx512"
 #define FASTFORMER_LANES 16
+#define FASTFORMER_F16C 1
 #include "beam_ops_cpu.inc"
 #pragma GCC pop_options
 
@@ -36,6 +41,7 @@
 #define FASTFORMER_ISA isa_avx2
 #define FASTFORMER_ISA_NAME "avx2"
 #define FASTFORMER_LANES 8
+#define FASTFORMER_F16C 1
 #include "beam_ops_cpu.inc"
 #pragma GCC pop_options
 #endif
@@ -44,6 +50,7 @@
 #define FASTFORMER_ISA isa_baseline
 #define FASTFORMER_ISA_NAME "baseline"
 #define FASTFORMER_LANES 8
+#define FASTFORMER_F16C 0
 #include "beam_ops_cpu.inc"
 
 namespace fastformer {

@@ -40,6 +40,19 @@ void check_cpu_float(const at::Tensor& t, const char* op) {
   TORCH_CHECK(t.scalar_type() == at::kFloat, op, " on the CPU takes float32 tensors, got ", t.scalar_type());
 }
 
+// An attention op's keys/values `t` (a cache, or the encoder's) against its float rows `rows`: the rows' dtype, or
+// float16 on the CPU (the 16-bit caches of CachedDecoder) -> whether float16.
+bool check_keys_values(const at::Tensor& t, const at::Tensor& rows, const char* name) {
+  const bool half = t.is_cpu() && t.scalar_type() == at::kHalf && rows.scalar_type() == at::kFloat;
+  if (!half) {
+    check_like(t, rows, name);
+    return false;
+  }
+  TORCH_CHECK(t.device() == rows.device(), name, " is on ", t.device(), ", expected ", rows.device());
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+  return true;
+}
+
 #ifdef FASTFORMER_WITH_CUDA
 DType cuda_dtype(const at::Tensor& t, const char* op) {
   switch (t.scalar_type()) {
@@ -196,8 +209,9 @@ at::Tensor self_attention_step(const at::Tensor& qkv, const at::Tensor& k_cache,
   TORCH_CHECK(indirection.dim() == 2 && indirection.size(0) == n_slots && indirection.size(1) == cache_len,
               "indirection must be [", n_slots, ", ", cache_len, "], got ", indirection.sizes());
   TORCH_CHECK(beam_size >= 1 && n_slots % beam_size == 0, "beam_size must divide n_slots=", n_slots);
-  check_like(qkv, k_cache, "qkv");
+  const bool half_cache = check_keys_values(k_cache, qkv, "k_cache");
   check_like(v_cache, k_cache, "v_cache");
+  check_like(qkv, qkv, "qkv");
   check_int32(indirection, "indirection", qkv.device());
   check_int32(row_slots, "row_slots", qkv.device());
   check_step(step, cache_len, qkv.device());
@@ -205,7 +219,8 @@ at::Tensor self_attention_step(const at::Tensor& qkv, const at::Tensor& k_cache,
   const SelfAttentionArgs args{qkv.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
                                indirection.data_ptr<int32_t>(), row_slots.data_ptr<int32_t>(), out.data_ptr(),
                                step.data_ptr<int32_t>(), static_cast<int>(n_rows), static_cast<int>(heads),
-                               static_cast<int>(head_dim), static_cast<int>(cache_len), static_cast<int>(beam_size)};
+                               static_cast<int>(head_dim), static_cast<int>(cache_len), static_cast<int>(beam_size),
+                               half_cache};
   run_fused_op("self_attention_step", qkv, args);
   return out;
 }
@@ -229,8 +244,8 @@ at::Tensor cross_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   TORCH_CHECK(src_lengths.dim() == 1 && src_lengths.size(0) == n_sentences, "src_lengths must be [", n_sentences,
               "], got ", src_lengths.sizes());
   TORCH_CHECK(beam_size >= 1, "beam_size must be >= 1, got ", beam_size);
-  check_like(k, q, "k");
-  check_like(v, q, "v");
+  const bool half_keys_values = check_keys_values(k, q, "k");
+  check_like(v, k, "v");
   check_like(q, q, "q");
   check_int32(src_lengths, "src_lengths", q.device());
   check_int32(row_slots, "row_slots", q.device());
@@ -238,7 +253,7 @@ at::Tensor cross_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   const CrossAttentionArgs args{q.data_ptr(), k.data_ptr(), v.data_ptr(), src_lengths.data_ptr<int32_t>(),
                                 row_slots.data_ptr<int32_t>(), out.data_ptr(), static_cast<int>(n_rows),
                                 static_cast<int>(heads), static_cast<int>(head_dim), static_cast<int>(src_len),
-                                static_cast<int>(beam_size)};
+                                static_cast<int>(beam_size), half_keys_values};
   run_fused_op("cross_attention", q, args);
   return out;
 }
@@ -373,9 +388,14 @@ CachedDecoder::CachedDecoder(const at::Tensor& memory, const at::Tensor& src_len
                               .view({n_sentences, src_len, 2, heads, head_dim})
                               .permute({2, 0, 3, 1, 4}));
   }
-  cross_keys_values_ = at::stack(keys_values).contiguous();
+  // On the CPU in int8 and bfloat16, whose linear layers round their inputs more than float16 does, the keys and
+  // values are kept in float16 where the loops widen it a vector at a time: the attention ops read half the bytes
+  // (self-attention's caches are the search's largest reads besides the weights).
+  const bool half = memory.is_cpu() && linears_->compute_type != ComputeType::kFloat32 && cpu_loops().vector_float16;
+  const at::TensorOptions cache_options = half ? memory.options().dtype(at::kHalf) : memory.options();
+  cross_keys_values_ = at::stack(keys_values).to(cache_options.dtype()).contiguous();
   for (int64_t layer = 0; layer < n_layers_; ++layer) {
-    k_cache_.push_back(at::empty({n_slots_, heads, cache_len, head_dim}, memory.options()));
+    k_cache_.push_back(at::empty({n_slots_, heads, cache_len, head_dim}, cache_options));
     v_cache_.push_back(at::empty_like(k_cache_.back()));
     // The search's first step decodes beam 0 only (search.cpp); a beam still empty after it reads its own slot at
     // position 0, which is then zeros rather than whatever the memory held.

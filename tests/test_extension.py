@@ -100,6 +100,28 @@ def test_attention_ops_at_every_head_size_and_length(head_dim):
                                cross_attention_expected(*cross_problem), **FP32)
 
 
+@pytest.mark.parametrize("head_dim", [12, 32, 96])
+def test_attention_ops_read_float16_keys_and_values_as_their_float32_values(head_dim):
+    """On the CPU the caches and the encoder's keys/values may be float16 beside float32 rows (the int8 and bfloat16
+    searches keep them so): the result is the float32 op's over their values, and the step's key and value are
+    appended rounded to float16."""
+    qkv, k_cache, v_cache, indirection, row_slots, beam, step = self_attention_problem(head_dim=head_dim, step=18)
+    k_half, v_half = k_cache.half(), v_cache.half()
+    out = torch.ops.fastformer.self_attention_step(qkv, k_half, v_half, indirection, row_slots, beam, step)
+    d = HEADS * head_dim
+    rounded_qkv = torch.cat([qkv[:, :d], qkv[:, d:].half().float()], dim=1)
+    expected = self_attention_expected(rounded_qkv, k_half.float(), v_half.float(), indirection, row_slots, beam,
+                                       step)
+    torch.testing.assert_close(out, expected, **FP32)
+    for row, slot in enumerate(row_slots.tolist()):
+        assert torch.equal(k_half[slot, :, step], qkv[row, d:2 * d].view(HEADS, head_dim).half())
+        assert torch.equal(v_half[slot, :, step], qkv[row, 2 * d:].view(HEADS, head_dim).half())
+    q, k, v, src_lengths, cross_rows, beam = cross_attention_problem(head_dim=head_dim, src_len=19)
+    torch.testing.assert_close(
+        torch.ops.fastformer.cross_attention(q, k.half(), v.half(), src_lengths, cross_rows, beam),
+        cross_attention_expected(q, k.half().float(), v.half().float(), src_lengths, cross_rows, beam), **FP32)
+
+
 def test_ops_pass_torch_library_checks():
     # Schema (the declared mutations), fake/meta kernels and dispatcher registration, as torch.compile needs them.
     for op, args in ((torch.ops.fastformer.self_attention_step.default, self_attention_problem()),
