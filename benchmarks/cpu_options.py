@@ -213,7 +213,7 @@ def time_in_one_process(args: argparse.Namespace) -> dict:
             ratios[f"beam4-{option} time / beam4 time"] = spread(per_round(f"beam4-{option}", "beam4"))
     if "sampling" in seconds and "greedy" in seconds:
         ratios["sampling / greedy (speed)"] = spread(per_round("greedy", "sampling"))
-    return {"seconds": {system: [round(s, 4) for s in values] for system, values in seconds.items()},
+    return {"seconds": {system: [round(s, 6) for s in values] for system, values in seconds.items()},
             "ratios": ratios}
 
 

@@ -373,9 +373,9 @@ def test_cpu_options_smoke_run(tmp_path):
     from the rows' medians."""
     systems = (["beam4", "beam4-baseline", "beam4-ngram", "beam4-attention", "greedy", "sampling", "score"]
                + _where_ctranslate2(["ctranslate2-sampling", "ctranslate2-score"]))
-    # The checkout's own package as the "earlier" one.
+    # The package under test as the "earlier" one: the directory it is installed in.
     results = _run_cpu_benchmark(tmp_path, "cpu_options.py", "--threads", "2", "--systems", *systems,
-                                 "--baseline-path", str(BENCHMARKS.parent))
+                                 "--baseline-path", str(Path(fastformer.__file__).resolve().parent.parent))
     rows = results["rows"]
     expected = {name for system in systems
                 for name in ((f"{system} intra", f"{system} inter") if system.startswith("ctranslate2") else (system,))}
