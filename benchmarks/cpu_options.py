@@ -120,15 +120,20 @@ def ctranslate2_run(system: str, model, src: torch.Tensor, compute_type: str, th
     return run
 
 
-def run_worker(args: argparse.Namespace) -> None:
-    """Times args.worker once after reaching steady state; prints {"seconds": s, "tokens": n, "warmup_calls": c}."""
+def model_and_sources(args: argparse.Namespace) -> tuple:
+    """On args.threads threads: the random model of args.shape (the same weights in every process) and the
+    SENTENCES sources it translates."""
     torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)  # the same random weights in every process
+    torch.manual_seed(args.seed)
     from fastformer import Transformer
 
     config = shape_config(args.shape, args.vocab)
-    model = Transformer(config).eval()
-    src = sources(config, SENTENCES, SOURCE_TOKENS, args.seed)
+    return Transformer(config).eval(), sources(config, SENTENCES, SOURCE_TOKENS, args.seed)
+
+
+def run_worker(args: argparse.Namespace) -> None:
+    """Times args.worker once after reaching steady state; prints {"seconds": s, "tokens": n, "warmup_calls": c}."""
+    model, src = model_and_sources(args)
     run = (fastformer_run(args.worker, model, src, args.compute_type) if args.worker in FASTFORMER_SYSTEMS
            else ctranslate2_run(args.worker, model, src, args.compute_type, args.threading, args.threads))
     warmup_calls = steady_call(lambda _: run(), src)
@@ -183,13 +188,7 @@ ONE_PROCESS_SYSTEMS = ("beam4", "beam4-prefix", "beam4-ngram", "beam4-repetition
 
 def time_in_one_process(args: argparse.Namespace) -> dict:
     """--one-process (module docstring) -> {"seconds": {system: per round}, "ratios": {name: spread}}."""
-    from fastformer import Transformer
-
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    config = shape_config(args.shape, args.vocab)
-    model = Transformer(config).eval()
-    src = sources(config, SENTENCES, SOURCE_TOKENS, args.seed)
+    model, src = model_and_sources(args)
     systems = [system for system in ONE_PROCESS_SYSTEMS if system in args.systems]
     runs = {system: fastformer_run(system, model, src, args.compute_type) for system in systems}
     for system, run in runs.items():

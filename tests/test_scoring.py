@@ -13,6 +13,7 @@ import fastformer
 from fastformer import Transformer, checkpoint
 from fastformer.__main__ import main
 from fastformer.data import BUNDLED_CORPUS, EOS_ID, read_lines
+from fastformer.decoding.compiled import extension
 from fastformer.translation.translator import ScoreResult, Translator
 from marian_models import CALIBRATION, built  # noqa: F401 (a fixture)
 from test_beam_search import MARIAN, make_model, padded_sources, put_non_finite_weight, real_token_ids
@@ -87,8 +88,6 @@ def test_score_takes_any_target_token_and_long_targets():
 def test_score_projects_a_chunk_of_rows_at_a_time():
     """At a 262k vocabulary the CPU scorer takes the output projection 30 rows at a time (logits_rows_per_block): 8
     targets of 9 tokens and EOS are 80 rows, three chunks."""
-    from fastformer.decoding.compiled import extension
-
     vocab = 1 << 18
     assert 2 * extension().logits_rows_per_block(vocab) < 80
     model = make_model(vocab=vocab)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 import fastformer
 from fastformer import Transformer
 from fastformer.data import EOS_ID
+from fastformer.decoding.compiled import extension
 from fastformer.reference.beam_search import beam_search
 from marian_models import CALIBRATION
 from test_beam_search import assert_same_hypotheses, make_model, padded_sources, real_token_ids
@@ -123,8 +124,6 @@ BLOCKED_LENGTHS = [7, 4, 9, 2, 12, 5, 3, 8, 6, 10, 2, 7, 11, 4, 5, 9, 3, 6, 8, 2
 @pytest.mark.parametrize("options", [{}, OPTIONS["all"], dict(SAMPLING, target_prefix=PREFIXES),
                                      dict(return_attention=True)], ids=["plain", "all", "sampling", "attention"])
 def test_a_step_ranked_in_blocks_translates_each_sentence_as_alone(options):
-    from fastformer.decoding.compiled import extension
-
     assert 2 * extension().logits_rows_per_block(BLOCKED_VOCAB) // 4 < len(BLOCKED_LENGTHS)
     model = make_model(vocab=BLOCKED_VOCAB, eos_scale=1.5)
     src = padded_sources(model, BLOCKED_LENGTHS)
