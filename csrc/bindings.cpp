@@ -11,6 +11,7 @@
 #include "beam_ops.h"
 #include "decoder.h"
 #include "encoder.h"
+#include "int8_gemm.h"
 #include "linear.h"
 
 namespace fastformer {
@@ -98,6 +99,8 @@ void bind_compiled(pybind11::module_& m) {
   auto compute_type = [](const std::string& name) { return parse_compute_type(name); };
   m.def("output_projection_takes_fbgemm", &output_projection_takes_fbgemm,
         "whether the decoder's int8 output projection may take FBGEMM's GEMM (decoder.h)");
+  m.def("int8_gemm_runs", &int8_gemm_runs,
+        "whether int8 linear layers run fastformer's own GEMM here: AVX512-VNNI, not capped below (int8_gemm.h)");
   m.def("int8_activation_max", &int8_activation_max,
         "the int8 activations' steps a side: 127 on CPUs with VNNI, else 63 (linear.h)");
   m.def("logits_rows_per_block", &logits_rows_per_block, py::arg("vocab"),
@@ -111,12 +114,14 @@ void bind_compiled(pybind11::module_& m) {
       }, "the instruction sets this build has loops for and this CPU runs, widest first (beam_ops.h)");
   py::class_<PackedLinear>(m, "PackedLinear", "y = x W^T + b with W converted once for a compute type (linear.h)")
       .def(py::init([=](const at::Tensor& weight, const std::optional<at::Tensor>& bias, int64_t rows,
-                        const std::string& type, bool fbgemm) {
+                        const std::string& type, bool fbgemm, bool own_gemm) {
              c10::InferenceMode inference;
-             return PackedLinear(weight, bias, rows, compute_type(type), fbgemm);
+             return PackedLinear(weight, bias, rows, compute_type(type), fbgemm, own_gemm);
            }),
            py::arg("weight"), py::arg("bias"), py::arg("rows"), py::arg("compute_type"), py::arg("fbgemm") = true,
-           "fbgemm=False: int8 takes oneDNN's GEMM, as where torch has no FBGEMM")
+           py::arg("own_gemm") = true,
+           "own_gemm=False: int8 takes FBGEMM's GEMM rather than fastformer's own (int8_gemm.h) where that runs; "
+           "fbgemm=False then: oneDNN's, as where torch has no FBGEMM")
       .def("__call__", [](const PackedLinear& linear, const at::Tensor& x) {
         c10::InferenceMode inference;
         return linear(x);

@@ -3,6 +3,7 @@
 #include "linear.h"
 
 #include "beam_ops.h"
+#include "int8_gemm.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -128,6 +129,13 @@ void scale_rows(at::Tensor& y, int64_t rows, const at::Tensor& scales, const std
   });
 }
 
+// [n] float32 -> [int8_panel_count(n) * 16], zeros past n (the vnni-int8 route's scales and bias).
+at::Tensor padded_to_panels(const at::Tensor& values) {
+  at::Tensor padded = at::zeros({int8_panel_count(values.size(0)) * 16}, values.options());
+  padded.narrow(0, 0, values.size(0)).copy_(values);
+  return padded;
+}
+
 at::Tensor apply_activation(at::Tensor x, std::optional<Activation> activation) {
   if (!activation) return x;
   switch (*activation) {
@@ -194,8 +202,8 @@ void keep_freed_buffers() {
 }
 
 PackedLinear::PackedLinear(const at::Tensor& weight, const std::optional<at::Tensor>& bias, int64_t rows,
-                           ComputeType compute_type, bool fbgemm)
-    : weight_(weight), bias_(bias), out_features_(weight.size(0)) {
+                           ComputeType compute_type, bool fbgemm, bool own_gemm)
+    : weight_(weight), bias_(bias), out_features_(weight.size(0)), in_features_(weight.size(1)) {
   TORCH_CHECK(weight.dim() == 2, "a linear weight must be [out, in], got ", weight.sizes());
   TORCH_CHECK(!bias || (bias->dim() == 1 && bias->size(0) == out_features_), "a linear bias must be [",
               out_features_, "], got ", bias ? bias->sizes() : at::IntArrayRef{});
@@ -204,8 +212,9 @@ PackedLinear::PackedLinear(const at::Tensor& weight, const std::optional<at::Ten
   const GemmOps& ops = gemm_ops();
   rows = std::max<int64_t>(rows, 1);
   if (compute_type == ComputeType::kInt8) {
-    pack_int8(weight.to(at::kFloat).contiguous(), rows, fbgemm);
+    pack_int8(weight.to(at::kFloat).contiguous(), rows, fbgemm, own_gemm);
     if (bias_) bias_ = bias_->to(at::kFloat).contiguous();
+    if (bias_ && route_ == Route::kVnniInt8) bias_ = padded_to_panels(*bias_);
     return;
   }
   const at::ScalarType dtype = compute_type == ComputeType::kBFloat16 ? at::kBFloat16 : at::kFloat;
@@ -223,6 +232,7 @@ PackedLinear::PackedLinear(const at::Tensor& weight, const std::optional<at::Ten
 at::Tensor PackedLinear::operator()(const at::Tensor& x, std::optional<Activation> activation) const {
   TORCH_CHECK(x.dim() == 2, "a linear layer takes [rows, in] rows, got ", x.sizes());
   if (x.size(0) == 0) return at::empty({0, out_features_}, x.options());
+  if (route_ == Route::kVnniInt8) return vnni_int8_linear(x, activation);
   if (route_ == Route::kFbgemmInt8 || route_ == Route::kOneDnnInt8) {
     return apply_activation(int8_linear(x), activation);
   }
@@ -239,10 +249,19 @@ at::Tensor PackedLinear::operator()(const at::Tensor& x, std::optional<Activatio
   return apply_activation(widen ? y.to(x.scalar_type()) : y, activation);
 }
 
-void PackedLinear::pack_int8(const at::Tensor& weight, int64_t rows, bool fbgemm) {
+void PackedLinear::pack_int8(const at::Tensor& weight, int64_t rows, bool fbgemm, bool own_gemm) {
   const GemmOps& ops = gemm_ops();
   weight_scales_ = std::get<0>(weight.abs().max(1)).div(127.0f).clamp_min(std::numeric_limits<float>::min());
   const at::Tensor quantized = weight.div(weight_scales_.unsqueeze(1)).round().clamp(-127, 127).to(at::kChar);
+  if (own_gemm && int8_gemm_runs()) {
+    weight_ = at::empty({int8_panel_count(out_features_) * int8_input_groups(in_features_) * 64}, at::kChar);
+    panel_offsets_ = at::empty({int8_panel_count(out_features_) * 16}, at::kInt);
+    int8_pack_panels(quantized.contiguous().data_ptr<int8_t>(), out_features_, in_features_,
+                     weight_.data_ptr<int8_t>(), panel_offsets_.data_ptr<int32_t>());
+    weight_scales_ = padded_to_panels(weight_scales_);
+    route_ = Route::kVnniInt8;
+    return;
+  }
   weight_zero_points_ = at::zeros({out_features_}, weight.options().dtype(at::kLong));
   if (fbgemm && ops.fbgemm_int8_prepack && ops.fbgemm_int8_linear) {
     try {
@@ -295,9 +314,35 @@ at::Tensor PackedLinear::int8_linear(const at::Tensor& x) const {
   return y.narrow(0, 0, rows);
 }
 
+at::Tensor PackedLinear::vnni_int8_linear(const at::Tensor& x, std::optional<Activation> activation) const {
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "an int8 linear layer takes float32 rows, got ", x.scalar_type());
+  TORCH_CHECK(x.size(1) == in_features_, "a linear layer of ", in_features_, " inputs got rows of ", x.size(1));
+  const at::Tensor input = x.contiguous();
+  const int64_t rows = input.size(0), groups = int8_input_groups(in_features_);
+  at::Tensor quantized = at::empty({rows, groups * 4}, input.options().dtype(at::kByte));
+  at::Tensor scales = at::empty({rows}, input.options());
+  at::parallel_for(0, rows, rows_per_task(in_features_), [&](int64_t first_row, int64_t end_row) {
+    int8_quantize_rows(input.data_ptr<float>() + first_row * in_features_, end_row - first_row, in_features_,
+                       quantized.data_ptr<uint8_t>() + first_row * groups * 4, scales.data_ptr<float>() + first_row);
+  });
+  at::Tensor y = at::empty({rows, out_features_}, input.options());
+  const bool relu = activation == Activation::kRelu;
+  // A task of at least 2^22 multiply-adds (~20 us), in blocks of 4 panels (int8_gemm's tile).
+  const int64_t n_panels = int8_panel_count(out_features_), n_blocks = (n_panels + 3) / 4;
+  const int64_t block_work = std::max<int64_t>(1, rows * in_features_ * 64);
+  at::parallel_for(0, n_blocks, std::max<int64_t>(1, (int64_t{1} << 22) / block_work), [&](int64_t first, int64_t end) {
+    int8_gemm(quantized.data_ptr<uint8_t>(), scales.data_ptr<float>(), rows, in_features_, weight_.data_ptr<int8_t>(),
+              panel_offsets_.data_ptr<int32_t>(), weight_scales_.data_ptr<float>(),
+              bias_ ? bias_->data_ptr<float>() : nullptr, relu, out_features_, first * 4,
+              std::min(end * 4, n_panels), y.data_ptr<float>());
+  });
+  return relu ? y : apply_activation(y, activation);
+}
+
 const char* PackedLinear::route() const {
   switch (route_) {
     case Route::kOneDnn: return "onednn";
+    case Route::kVnniInt8: return "vnni-int8";
     case Route::kFbgemmInt8: return "fbgemm-int8";
     case Route::kOneDnnInt8: return "onednn-int8";
     case Route::kAten: return "aten";
@@ -307,7 +352,7 @@ const char* PackedLinear::route() const {
 
 int64_t PackedLinear::nbytes() const {
   int64_t total = 0;
-  for (const at::Tensor* t : {&weight_, &weight_scales_, &weight_zero_points_}) {
+  for (const at::Tensor* t : {&weight_, &weight_scales_, &weight_zero_points_, &panel_offsets_}) {
     if (t->defined()) total += t->is_mkldnn() ? t->numel() * t->element_size() : t->nbytes();
   }
   if (bias_) total += bias_->nbytes();

@@ -54,7 +54,9 @@ float int8_activation_max();
 // - int8: W as int8 with one scale per output row (absmax / 127), and x quantized per row on the fly, symmetric:
 //   8 bits (absmax / 127) where the CPU has VNNI, else 7 (absmax / 63), as int8_activation_max() says.
 //   y = (x_q W_q^T) * x_scale * w_scale + b. Each row's result depends on that row
-//   only, so a sentence translates the same in any batch. Two GEMMs, the first this torch has:
+//   only, so a sentence translates the same in any batch. Three GEMMs, the first that runs here:
+//   - fastformer's own (int8_gemm.h) where the CPU has AVX512-VNNI: the rows quantized in one pass, the result
+//     scaled, biased and put through ReLU in the GEMM's registers;
 //   - FBGEMM's (quantized::linear_dynamic): it quantizes its input with one scale for the whole tensor, so each row
 //     is first divided by its absmax, and two rows holding +1 and -1 fix that scale at every call; the rows' scales
 //     multiply the result. Against oneDNN's int8 GEMM on the project's AVX2 test CPU, single-threaded: the same
@@ -67,30 +69,35 @@ class PackedLinear {
  public:
   PackedLinear() = default;
   // weight: [out, in], bias: [out]; rows: the rows a call usually has (oneDNN picks its blocking for it);
-  // fbgemm: whether int8 may take FBGEMM's GEMM (false: oneDNN's, as where FBGEMM is missing).
+  // fbgemm: whether int8 may take FBGEMM's GEMM (false: oneDNN's, as where FBGEMM is missing); own_gemm: whether
+  // it may take fastformer's own where it runs (false: the tests' way to the other two on such a CPU).
   PackedLinear(const at::Tensor& weight, const std::optional<at::Tensor>& bias, int64_t rows,
-               ComputeType compute_type = ComputeType::kFloat32, bool fbgemm = true);
+               ComputeType compute_type = ComputeType::kFloat32, bool fbgemm = true, bool own_gemm = true);
   // x: [rows, in] float32 (or the weight's dtype on CUDA) -> [rows, out] in x's dtype
   at::Tensor operator()(const at::Tensor& x, std::optional<Activation> activation = std::nullopt) const;
 
-  // "onednn", "fbgemm-int8", "onednn-int8" or "aten": the GEMM the layer runs.
+  // "onednn", "vnni-int8", "fbgemm-int8", "onednn-int8" or "aten": the GEMM the layer runs.
   const char* route() const;
   // The bytes of the converted weight, bias and scales.
   int64_t nbytes() const;
 
  private:
-  enum class Route { kAten, kOneDnn, kFbgemmInt8, kOneDnnInt8 };
-  void pack_int8(const at::Tensor& weight, int64_t rows, bool fbgemm);
+  enum class Route { kAten, kOneDnn, kVnniInt8, kFbgemmInt8, kOneDnnInt8 };
+  void pack_int8(const at::Tensor& weight, int64_t rows, bool fbgemm, bool own_gemm);
   at::Tensor int8_linear(const at::Tensor& x) const;
+  at::Tensor vnni_int8_linear(const at::Tensor& x, std::optional<Activation> activation) const;
 
   Route route_ = Route::kAten;
-  at::Tensor weight_;  // [out, in]: as given, cast, reordered for oneDNN, or int8 packed by oneDNN
+  // [out, in]: as given, cast, reordered for oneDNN, or int8 packed by oneDNN; vnni-int8: int8_gemm.h's panels
+  at::Tensor weight_;
   c10::IValue fbgemm_weight_;  // the int8 weight packed by FBGEMM (a LinearPackedParamsBase)
   int64_t fbgemm_weight_bytes_ = 0;
-  std::optional<at::Tensor> bias_;  // [out]: float32 for int8, else the weight's dtype
-  at::Tensor weight_scales_;        // int8: [out] float32
-  at::Tensor weight_zero_points_;   // int8: [out] int64 zeros (symmetric)
-  int64_t out_features_ = 0;
+  // [out]: float32 for int8, else the weight's dtype; vnni-int8: [panels * 16], zeros past out
+  std::optional<at::Tensor> bias_;
+  at::Tensor weight_scales_;       // int8: [out] float32; vnni-int8: [panels * 16], zeros past out
+  at::Tensor weight_zero_points_;  // oneDNN int8: [out] int64 zeros (symmetric)
+  at::Tensor panel_offsets_;       // vnni-int8: [panels * 16] int32, int8_gemm.h's offsets
+  int64_t out_features_ = 0, in_features_ = 0;
 };
 
 }  // namespace fastformer

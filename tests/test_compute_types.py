@@ -49,6 +49,17 @@ def linear_inputs(rows: int = 37, in_features: int = 96, out_features: int = 130
     return x, weight, bias
 
 
+# The int8 GEMMs a linear layer can take (linear.h): fastformer's own where the CPU runs it, FBGEMM's, oneDNN's.
+INT8_ROUTES = {"vnni": dict(), "fbgemm": dict(own_gemm=False), "onednn": dict(own_gemm=False, fbgemm=False)}
+
+
+def int8_route(name: str) -> dict:
+    """PackedLinear's keyword arguments for an int8 route; skips the test where the route does not run here."""
+    if name == "vnni" and not extension().int8_gemm_runs():
+        pytest.skip("fastformer's own int8 GEMM needs AVX512-VNNI (and FASTFORMER_CPU_ISA not below avx512)")
+    return INT8_ROUTES[name]
+
+
 def test_float32_linear_matches_float64():
     x, weight, bias = linear_inputs()
     linear = extension().PackedLinear(weight, bias, 16, "float32")
@@ -64,16 +75,16 @@ def test_bfloat16_linear_is_as_close_as_torch_in_bfloat16():
     assert_close_lowp(linear(x), torch_bf16, expected, "bfloat16 linear")
 
 
-@pytest.mark.parametrize("fbgemm", [True, False], ids=["fbgemm", "onednn"])
+@pytest.mark.parametrize("route", INT8_ROUTES)
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_int8_linear_error_is_within_the_bound_of_its_scales(with_bias, fbgemm):
+def test_int8_linear_error_is_within_the_bound_of_its_scales(with_bias, route):
     """Per row i and output j: x = x_q s_i + e (|e| <= s_i / 2, s_i = max|x_i| / A, A = int8_activation_max(): 127
     with VNNI, else 63) and w = w_q t_j + f (|f| <= t_j / 2, t_j = max|w_j| / 127), so
     |x.w - s_i t_j x_q.w_q| <= s_i / 2 sum|w_j| + t_j / 2 sum(|x_i| + s_i / 2)."""
     x, weight, bias = linear_inputs()
     bias = bias if with_bias else None
-    linear = extension().PackedLinear(weight, bias, 16, "int8", fbgemm=fbgemm)
-    assert linear.route == ("fbgemm-int8" if fbgemm else "onednn-int8")
+    linear = extension().PackedLinear(weight, bias, 16, "int8", **int8_route(route))
+    assert linear.route == f"{route}-int8"
     got = linear(x).double()
     x64, w64 = x.double(), weight.double()
     expected = F.linear(x64, w64, bias.double() if with_bias else None)
@@ -87,25 +98,38 @@ def test_int8_linear_error_is_within_the_bound_of_its_scales(with_bias, fbgemm):
     assert error.max() > 1e-3
 
 
-@pytest.mark.parametrize("compute_type,fbgemm", [("float32", True), ("bfloat16", True), ("int8", True),
-                                                 ("int8", False)])
-def test_linear_passes_non_finite_rows_on_and_takes_empty_batches(compute_type, fbgemm):
+@pytest.mark.parametrize("rows,in_features,out_features", [(7, 97, 130), (37, 96, 130), (64, 512, 1030)])
+def test_own_int8_gemm_equals_onednns_on_the_same_quantization(rows, in_features, out_features):
+    """Both quantize each row to absmax / 127 steps around 128 and scale the int32 sums by the weights' scales, then
+    the rows' and the bias, in that order: the same int32 sums, so equal up to the floats' last bits. Shapes
+    past the tile (6 rows, 64 outputs) and the 4-input groups in both directions."""
+    x, weight, bias = linear_inputs(rows, in_features, out_features)
+    own = extension().PackedLinear(weight, bias, 16, "int8", **int8_route("vnni"))
+    onednn = extension().PackedLinear(weight, bias, 16, "int8", **int8_route("onednn"))
+    torch.testing.assert_close(own(x), onednn(x), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(own(x[:1]), onednn(x[:1]), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("compute_type,route", [("float32", None), ("bfloat16", None)] +
+                         [("int8", route) for route in INT8_ROUTES])
+def test_linear_passes_non_finite_rows_on_and_takes_empty_batches(compute_type, route):
     x, weight, bias = linear_inputs(rows=6)
     x[1, 7] = float("nan")
     x[2, 0] = float("inf")
-    linear = extension().PackedLinear(weight, bias, 16, compute_type, fbgemm=fbgemm)
+    linear = extension().PackedLinear(weight, bias, 16, compute_type, **(int8_route(route) if route else {}))
     y = linear(x)
     assert not torch.isfinite(y[1]).any() and not torch.isfinite(y[2]).any()
     assert torch.isfinite(y[[0, 3, 4, 5]]).all()
     assert linear(x[:0]).shape == (0, weight.shape[0])
 
 
-@pytest.mark.parametrize("fbgemm", [True, False], ids=["fbgemm", "onednn"])
-def test_an_int8_row_does_not_depend_on_the_other_rows(fbgemm):
+@pytest.mark.parametrize("route", INT8_ROUTES)
+def test_an_int8_row_does_not_depend_on_the_other_rows(route):
     """FBGEMM quantizes a whole input with one scale: the rows, divided by their absmax, and the two rows +1/-1
-    fix it, so that a row's result is the same beside any others, large or small."""
+    fix it, so that a row's result is the same beside any others, large or small. fastformer's own GEMM tiles
+    6 rows at a time: a row's result must not depend on its place in a tile either."""
     x, weight, bias = linear_inputs(rows=9)
-    linear = extension().PackedLinear(weight, bias, 16, "int8", fbgemm=fbgemm)
+    linear = extension().PackedLinear(weight, bias, 16, "int8", **int8_route(route))
     alone = torch.cat([linear(x[i:i + 1]) for i in range(x.shape[0])])
     others = torch.randn(23, x.shape[1], generator=torch.Generator().manual_seed(4)) * 50.0
     assert torch.equal(linear(x), alone)

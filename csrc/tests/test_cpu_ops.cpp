@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "beam_ops.h"
+#include "int8_gemm.h"
 
 namespace {
 
@@ -435,7 +436,80 @@ void test_top_k_row() {
 
 }  // namespace
 
+// int8_gemm.h against brute force: the quantized rows against the formula of linear.h, the outputs against a double
+// product of those rows with the weights. rows and out around the tile (6 rows, 4 panels of 16), in around a group
+// of 4 inputs; a row holding NaN and an all-zero row; with and without bias and ReLU.
+void test_int8_gemm(int rows, int out, int in, bool with_bias, bool relu) {
+  std::uniform_int_distribution<int> weight_values(-127, 127);
+  std::vector<int8_t> weight(out * in);
+  for (int8_t& w : weight) w = static_cast<int8_t>(weight_values(rng));
+  std::vector<float> x = random_floats(rows * in), w_scales = random_floats(out, 0.01f), bias = random_floats(out);
+  if (rows > 2) {
+    x[in] = std::numeric_limits<float>::quiet_NaN();  // row 1
+    std::fill(x.begin() + 2 * in, x.begin() + 3 * in, 0.0f);  // row 2
+  }
+  const int64_t n_panels = fastformer::int8_panel_count(out), row_bytes = fastformer::int8_input_groups(in) * 4;
+  std::vector<int8_t> panels(n_panels * row_bytes * 16);
+  std::vector<int32_t> offsets(n_panels * 16);
+  fastformer::int8_pack_panels(weight.data(), out, in, panels.data(), offsets.data());
+  std::vector<uint8_t> x_q(rows * row_bytes);
+  std::vector<float> x_scales(rows);
+  fastformer::int8_quantize_rows(x.data(), rows, in, x_q.data(), x_scales.data());
+  std::vector<float> padded_scales(n_panels * 16, 0.0f), padded_bias(n_panels * 16, 0.0f);
+  std::copy(w_scales.begin(), w_scales.end(), padded_scales.begin());
+  std::copy(bias.begin(), bias.end(), padded_bias.begin());
+  std::vector<float> y(rows * out, -1.0f);
+  // Two calls over the panels, as two threads would split them.
+  const int64_t half = n_panels / 2;
+  for (auto [first, end] : {std::pair{int64_t{0}, half}, std::pair{half, n_panels}}) {
+    fastformer::int8_gemm(x_q.data(), x_scales.data(), rows, in, panels.data(), offsets.data(), padded_scales.data(),
+                          with_bias ? padded_bias.data() : nullptr, relu, out, first, end, y.data());
+  }
+  for (int r = 0; r < rows; ++r) {
+    const float* row = x.data() + r * in;
+    float absmax = 0.0f;
+    bool finite = true;
+    for (int i = 0; i < in; ++i) {
+      absmax = std::max(absmax, std::fabs(row[i]));
+      finite = finite && std::isfinite(row[i]);
+    }
+    const bool usable = finite && absmax > 0.0f;
+    EXPECT(finite ? x_scales[r] == (usable ? absmax / 127.0f : 1.0f) : std::isnan(x_scales[r]));
+    bool rows_equal = true;
+    for (int i = 0; i < row_bytes; ++i) {
+      const int expected = usable && i < in ? static_cast<int>(std::nearbyint(row[i] * (127.0f / absmax))) + 128 : 128;
+      rows_equal = rows_equal && x_q[r * row_bytes + i] == expected;
+    }
+    EXPECT(rows_equal);
+    for (int o = 0; o < out; ++o) {
+      int64_t dot = 0;
+      for (int i = 0; i < in; ++i) dot += (int64_t{x_q[r * row_bytes + i]} - 128) * weight[o * in + i];
+      double expected = double(dot) * w_scales[o] * x_scales[r] + (with_bias ? bias[o] : 0.0);
+      if (relu) expected = std::max(expected, 0.0);
+      const float got = y[r * out + o];
+      if (!finite) {
+        EXPECT(std::isnan(got));
+      } else if (std::fabs(got - expected) > 1e-5 * (1.0 + std::fabs(expected))) {
+        std::fprintf(stderr, "int8_gemm rows=%d out=%d in=%d: y[%d, %d] = %g, expected %g\n", rows, out, in, r, o,
+                     got, expected);
+        EXPECT(false);
+        return;
+      }
+    }
+  }
+}
+
 int main() {
+  if (fastformer::int8_gemm_runs()) {
+    for (int rows : {1, 5, 6, 7, 13}) {
+      for (int out : {1, 16, 17, 64, 70, 130}) {
+        for (int in : {1, 4, 37, 64}) test_int8_gemm(rows, out, in, /*with_bias=*/out % 2 == 0, /*relu=*/in == 37);
+      }
+    }
+    std::printf("int8_gemm checked (AVX512-VNNI)\n");
+  } else {
+    std::printf("int8_gemm not checked: this CPU (or FASTFORMER_CPU_ISA) has no AVX512-VNNI\n");
+  }
   std::string tested;
   for (const fastformer::CpuLoops* isa : fastformer::cpu_isas()) {
     loops = isa;

@@ -1,0 +1,42 @@
+// fastformer's own int8 GEMM for CPUs with AVX512-VNNI, torch-free: the int8 compute type's linear layer (linear.h)
+// y = (x_q W_q^T) * x_scale * w_scale + b, with the rows quantized in one pass and the result scaled, biased and
+// (optionally) put through ReLU as it leaves the registers. FBGEMM's and oneDNN's int8 GEMMs, which it replaces
+// where it runs, take the activations through four more passes over memory (per-row normalization, the library's
+// range search and quantization) and the result through one more (the rows' scales and the bias).
+//
+// Layout: W_q [out, in] int8 is held in panels of 16 outputs, each [in_groups, 16, 4] (in_groups = ceil(in / 4)):
+// the 4 consecutive inputs of 16 outputs are one 64-byte vector, which VNNI's vpdpbusd multiplies with 4 bytes of a
+// row broadcast, summing into 16 int32 lanes. The rows go in as uint8 x_q + 128 (vpdpbusd multiplies unsigned by
+// signed bytes), and 128 * each output's weight sum (its offset) is subtracted from the sums.
+#pragma once
+
+#include <cstdint>
+
+namespace fastformer {
+
+// Whether int8_gemm runs here: a CPU with AVX512-VNNI, and FASTFORMER_CPU_ISA leaving "avx512" (beam_ops.h's
+// cpu_loops()), on an x86-64 build by GCC.
+bool int8_gemm_runs();
+
+// The panels of 16 outputs that hold `out` outputs, and the groups of 4 inputs that hold `in` inputs.
+inline int64_t int8_panel_count(int64_t out) { return (out + 15) / 16; }
+inline int64_t int8_input_groups(int64_t in) { return (in + 3) / 4; }
+
+// weight [out, in] int8 -> panels [panel_count, input_groups, 16, 4] (zeros past out and in) and offsets
+// [panel_count * 16] (128 * each output's weight sum, 0 past out).
+void int8_pack_panels(const int8_t* weight, int64_t out, int64_t in, int8_t* panels, int32_t* offsets);
+
+// x [rows, in] float32 -> x_q [rows, input_groups * 4] uint8 (round(x / scale) + 128, 128 in the padding) and
+// scales [rows]: absmax / 127 (linear.h); NaN for a row holding NaN or inf and 1 for an all-zero row, both with x_q
+// all 128, so that the first gives NaN outputs (the search's finite check) and the second the bias.
+void int8_quantize_rows(const float* x, int64_t rows, int64_t in, uint8_t* x_q, float* scales);
+
+// y[:, panels first_panel .. end_panel) <- (x_q - 128) W_q^T * x_scales[row] * w_scales + bias, then ReLU where
+// relu; y's row stride is out (a last panel past it is stored in part). x_q: [rows, input_groups(in) * 4] uint8,
+// x_scales: [rows], panels/offsets: int8_pack_panels', w_scales and bias: [panel_count * 16] (0 past out; bias may
+// be null). Single-threaded: the caller splits the panels across threads.
+void int8_gemm(const uint8_t* x_q, const float* x_scales, int64_t rows, int64_t in, const int8_t* panels,
+               const int32_t* offsets, const float* w_scales, const float* bias, bool relu, int64_t out,
+               int64_t first_panel, int64_t end_panel, float* y);
+
+}  // namespace fastformer
