@@ -131,10 +131,12 @@ def fastformer_translator(model: Transformer, compute_type: str, point: Point,
                           shortlist: Shortlist | None = None) -> Translate:
     def translate(src: torch.Tensor, shortlisted: bool = False) -> list[list[int]]:
         # max_len_b so that EOS is forced at step target_tokens - 1, after which hypotheses have target_tokens tokens.
+        # No scores, as CTranslate2's translate_batch and fastformer's Translator return by default: greedy search
+        # then skips the log-softmax in both.
         results = model.translate(src, beam_size=point.beam, length_penalty=LENGTH_PENALTY, max_len_a=1.0,
                                   max_len_b=point.target_tokens - 1 - src.shape[1],
                                   min_len=model.config.max_positions, compute_type=compute_type,
-                                  shortlist=shortlist if shortlisted else None)
+                                  shortlist=shortlist if shortlisted else None, return_scores=False)
         return [sentence[0].tokens + [model.config.eos_id] for sentence in results]
 
     return translate

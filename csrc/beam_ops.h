@@ -95,6 +95,9 @@ struct BeamStepArgs {
   // [n_sentences] or null: the token each sentence must take at this step (a target prefix's, or the one sampling
   // drew), -1 for none. Forcing EOS at max_len wins over it; a forced token's score is its log-probability.
   const int32_t* forced_tokens;
+  // [n_active] or null (CPU only, with_scores 0): each row's allowed argmax found elsewhere (the int8 output
+  // projection's, CachedDecoder::greedy_tokens; -1 for a row that is not finite), taken instead of reading logits.
+  const int32_t* greedy_tokens;
 };
 
 // A candidate of a sentence's step: id = beam * vocab + token.

@@ -107,19 +107,17 @@ void check_step(const at::Tensor& step, int64_t cache_len, const at::Device& dev
 }
 
 // Checks of a beam step's inputs against the state's shapes (the state may have room for more rows than active).
-void check_beam_step_inputs(const at::Tensor& logits, const at::Tensor& active, const at::Tensor& max_lens,
-                            const BeamState& state, const SearchOptions& options) {
+// The checks of beam_step's and greedy_step's inputs besides the logits or tokens (on `device`, of width vocab).
+void check_beam_step_inputs(const at::Device& device, int64_t vocab, const at::Tensor& active,
+                            const at::Tensor& max_lens, const BeamState& state, const SearchOptions& options) {
   const int64_t k = options.beam_size, n_sentences = state.finished_count.numel(), n_slots = n_sentences * k;
   const int64_t n_active = active.numel(), cache_len = state.indirection_in().size(1);
-  const at::Device device = logits.device();
   TORCH_CHECK(k >= 1, "beam_size must be >= 1, got ", k);
-  TORCH_CHECK(!logits.is_cuda() || k <= kMaxCudaBeamSize, "beam_size must be <= ", kMaxCudaBeamSize,
+  TORCH_CHECK(!device.is_cuda() || k <= kMaxCudaBeamSize, "beam_size must be <= ", kMaxCudaBeamSize,
               " on CUDA, got ", k);
-  TORCH_CHECK(logits.dim() == 2 && logits.size(0) == n_active * k && logits.is_contiguous(),
-              "logits must be a contiguous [n_active * beam_size=", n_active * k, ", vocab], got ", logits.sizes());
   check_step(state.step, cache_len, device);
   TORCH_CHECK(options.pad_id >= 0 && options.bos_id >= 0 && options.eos_id >= 0 &&
-                  std::max({options.pad_id, options.bos_id, options.eos_id}) < logits.size(1),
+                  std::max({options.pad_id, options.bos_id, options.eos_id}) < vocab,
               "pad_id, bos_id and eos_id must be in [0, vocab)");
   check_int32(active, "active", device);
   check_int32(max_lens, "max_lens", device);
@@ -157,10 +155,11 @@ LengthPenaltyForm parse_length_penalty_form(const std::string& name) {
   TORCH_CHECK(false, "length_penalty_form must be \"gnmt\" or \"length\", got \"", name, "\"");
 }
 
-BeamStepArgs beam_step_args(const at::Tensor& logits, const at::Tensor& active, const at::Tensor& max_lens,
+// logits: [n_active * beam_size, vocab] (null: greedy_tokens instead, BeamStepArgs::greedy_tokens).
+BeamStepArgs beam_step_args(const void* logits, int64_t vocab, const at::Tensor& active, const at::Tensor& max_lens,
                             BeamState& state, const SearchOptions& options) {
   BeamStepArgs args{};
-  args.logits = logits.data_ptr();
+  args.logits = logits;
   args.active = active.data_ptr<int32_t>();
   args.max_lens = max_lens.data_ptr<int32_t>();
   args.sums = state.sums.data_ptr<float>();
@@ -178,7 +177,7 @@ BeamStepArgs beam_step_args(const at::Tensor& logits, const at::Tensor& active, 
   args.candidate_ids = state.candidate_ids.data_ptr<int32_t>();
   args.n_sentences = static_cast<int>(state.finished_count.numel());
   args.n_active = static_cast<int>(active.numel());
-  args.vocab = static_cast<int>(logits.size(1));
+  args.vocab = static_cast<int>(vocab);
   args.beam_size = static_cast<int>(options.beam_size);
   args.cache_len = static_cast<int>(state.indirection_in().size(1));
   args.step = state.step.data_ptr<int32_t>();
@@ -186,8 +185,7 @@ BeamStepArgs beam_step_args(const at::Tensor& logits, const at::Tensor& active, 
   args.pad_id = static_cast<int>(options.pad_id);
   args.bos_id = static_cast<int>(options.bos_id);
   args.eos_id = static_cast<int>(options.eos_id);
-  // Blocked n-grams' -inf logits would read as a non-finite row to the greedy path (beam_ops_cpu.inc's greedy_token).
-  args.with_scores = options.return_scores || options.beam_size > 1 || options.no_repeat_ngram_size > 0;
+  args.with_scores = !greedy_without_scores(options);
   args.length_penalty = options.length_penalty;
   args.length_penalty_form = parse_length_penalty_form(options.length_penalty_form);
   args.forced_tokens = state.forced_tokens.defined() ? state.forced_tokens.data_ptr<int32_t>() : nullptr;
@@ -287,8 +285,29 @@ BeamState::BeamState(int64_t n_sentences, int64_t beam_size, int64_t cache_len, 
 
 void beam_step(const at::Tensor& logits, const at::Tensor& active, const at::Tensor& max_lens, BeamState& state,
                const SearchOptions& options) {
-  check_beam_step_inputs(logits, active, max_lens, state, options);
-  run_fused_op("beam_step", logits, beam_step_args(logits, active, max_lens, state, options));
+  const int64_t rows = active.numel() * options.beam_size;
+  TORCH_CHECK(logits.dim() == 2 && logits.size(0) == rows && logits.is_contiguous(),
+              "logits must be a contiguous [n_active * beam_size=", rows, ", vocab], got ", logits.sizes());
+  check_beam_step_inputs(logits.device(), logits.size(1), active, max_lens, state, options);
+  run_fused_op("beam_step", logits,
+               beam_step_args(logits.data_ptr(), logits.size(1), active, max_lens, state, options));
+}
+
+bool greedy_without_scores(const SearchOptions& options) {
+  // Blocked n-grams' -inf logits would read as a non-finite row to the greedy path (beam_ops_cpu.inc's greedy_token).
+  return options.beam_size == 1 && !options.return_scores && options.no_repeat_ngram_size == 0;
+}
+
+void greedy_step(const at::Tensor& greedy_tokens, int64_t vocab, const at::Tensor& active, const at::Tensor& max_lens,
+                 BeamState& state, const SearchOptions& options) {
+  check_int32(greedy_tokens, "greedy_tokens", at::kCPU);
+  TORCH_CHECK(greedy_tokens.numel() == active.numel(), "greedy_tokens must have n_active=", active.numel(),
+              " entries, got ", greedy_tokens.numel());
+  check_beam_step_inputs(greedy_tokens.device(), vocab, active, max_lens, state, options);
+  BeamStepArgs args = beam_step_args(nullptr, vocab, active, max_lens, state, options);
+  TORCH_CHECK(greedy_without_scores(options), "greedy_step is a greedy search's without scores");
+  args.greedy_tokens = greedy_tokens.data_ptr<int32_t>();
+  beam_step_cpu(args);
 }
 
 at::Tensor step_tensor(int64_t step, const at::Device& device) {
@@ -493,6 +512,15 @@ at::Tensor CachedDecoder::hidden(const at::Tensor& tokens, const at::Tensor& row
       });
   if (cross_attention) *cross_attention = last_cross_attention(last_query, row_slots);
   return x;
+}
+
+bool CachedDecoder::has_greedy_tokens() const { return !linears_->output_ids && linears_->output.has_argmax(); }
+
+at::Tensor CachedDecoder::greedy_tokens(const at::Tensor& hidden, const std::vector<int64_t>& barred) const {
+  TORCH_CHECK(has_greedy_tokens(), "greedy_tokens needs an int8 output projection on fastformer's own GEMM and no "
+              "shortlist");
+  c10::InferenceMode inference;
+  return linears_->output.argmax(hidden, barred);
 }
 
 at::Tensor CachedDecoder::logits(const at::Tensor& x) const {

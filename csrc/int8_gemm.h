@@ -39,4 +39,12 @@ void int8_gemm(const uint8_t* x_q, const float* x_scales, int64_t rows, int64_t 
                const int32_t* offsets, const float* w_scales, const float* bias, bool relu, int64_t out,
                int64_t first_panel, int64_t end_panel, float* y);
 
+// The id of each row's highest output among those not in barred ([n_barred] ids), ties to the lower id, with the
+// outputs never written: a greedy search's argmax over its logits. y as int8_gemm computes it without ReLU, over
+// all panels; best_tokens [rows]: -1 where a row's outputs hold NaN or inf (every output counts, the barred too).
+// Single-threaded: the caller splits the rows across threads.
+void int8_gemm_argmax(const uint8_t* x_q, const float* x_scales, int64_t rows, int64_t in, const int8_t* panels,
+                      const int32_t* offsets, const float* w_scales, const float* bias, int64_t out,
+                      const int64_t* barred, int n_barred, int32_t* best_tokens);
+
 }  // namespace fastformer

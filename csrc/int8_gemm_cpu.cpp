@@ -9,6 +9,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "beam_ops.h"
 
@@ -48,6 +49,15 @@ FASTFORMER_INLINE __mmask16 panel_lanes(int64_t panel, int64_t out) {
   return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
 }
 
+// int8_gemm_argmax's running best of one row: in each lane, the best output so far among those the lane has seen
+// (16 apart) and its id, and NaN where any output was NaN or inf. Plain arrays: a vector's heap blocks are 16-byte
+// aligned, not 64.
+struct RowBest {
+  float value[16];
+  int32_t token[16];
+  float poison[16];
+};
+
 struct Tile {
   const uint8_t* x_q;  // the tile's first row
   int64_t row_bytes;   // input_groups * 4
@@ -62,7 +72,10 @@ struct Tile {
   const int8_t* next_panels;
   bool relu;
   int64_t first_panel, out;
-  float* y;  // the tile's first row and output
+  float* y;  // the tile's first row and output; null: best takes the outputs instead
+  RowBest* best;  // int8_gemm_argmax: the tile's first row's
+  const int64_t* barred;  // int8_gemm_argmax: the ids left out of the best
+  int n_barred;
 };
 
 // sum + the 4-byte dot products of row (uint8) and weights (int8) in each int32 lane. In assembly: GCC 12 compiles
@@ -83,7 +96,24 @@ FASTFORMER_INLINE void finish(const Tile& t, int r, int p, __m512i sum) {
   if (t.bias) value = _mm512_add_ps(value, _mm512_loadu_ps(t.bias + p * 16));
   // max(0, NaN) is NaN here (the second operand wins a comparison with NaN): a NaN reaches the finite check.
   if (t.relu) value = _mm512_max_ps(_mm512_setzero_ps(), value);
-  _mm512_mask_storeu_ps(t.y + r * t.out + p * 16, lanes, value);
+  if (t.y) {
+    _mm512_mask_storeu_ps(t.y + r * t.out + p * 16, lanes, value);
+    return;
+  }
+  const int64_t panel = t.first_panel + p;
+  __mmask16 allowed = lanes;
+  for (int i = 0; i < t.n_barred; ++i) {
+    if (t.barred[i] / 16 == panel) allowed &= static_cast<__mmask16>(~(1u << (t.barred[i] % 16)));
+  }
+  RowBest& best = t.best[r];
+  const __m512 poison = _mm512_loadu_ps(best.poison);
+  _mm512_storeu_ps(best.poison, _mm512_mask_add_ps(poison, lanes, poison, _mm512_mul_ps(value, _mm512_setzero_ps())));
+  // Strictly greater: a lane's earlier (lower) id keeps a tie.
+  const __mmask16 better = _mm512_mask_cmp_ps_mask(allowed, value, _mm512_loadu_ps(best.value), _CMP_GT_OQ);
+  _mm512_mask_storeu_ps(best.value, better, value);
+  const __m512i ids = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(panel * 16)),
+                                       _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  _mm512_mask_storeu_epi32(best.token, better, ids);
 }
 
 template <int kRows, int kPanels>
@@ -180,10 +210,15 @@ void int8_quantize_rows(const float* x, int64_t rows, int64_t in, uint8_t* x_q, 
   }
 }
 
-void int8_gemm(const uint8_t* x_q, const float* x_scales, int64_t rows, int64_t in, const int8_t* panels,
-               const int32_t* offsets, const float* w_scales, const float* bias, bool relu, int64_t out,
-               int64_t first_panel, int64_t end_panel, float* y) {
-  const int64_t groups = int8_input_groups(in), row_bytes = groups * 4, panel_bytes = groups * 64;
+namespace {
+
+// The tiles of rows [0, rows) x panels [first_panel, end_panel): `tile` holds what they share (x_q, x_scales,
+// panels, offsets, w_scales, bias, y and best at their starts, and the rest as they are), each tile its own part.
+// A chunk of rows at a time (kRowChunkBytes), every panel passing over it, a block of kTilePanels panels over
+// its tiles of kTileRows rows in turn.
+void run_tiles(Tile tile, int64_t rows, int64_t first_panel, int64_t end_panel) {
+  const Tile whole = tile;
+  const int64_t row_bytes = tile.row_bytes, panel_bytes = tile.panel_bytes;
   const int64_t chunk_rows = std::max<int64_t>(kTileRows, kRowChunkBytes / row_bytes / kTileRows * kTileRows);
   for (int64_t chunk = 0; chunk < rows; chunk += chunk_rows) {
     const int64_t chunk_end = std::min(rows, chunk + chunk_rows);
@@ -191,14 +226,61 @@ void int8_gemm(const uint8_t* x_q, const float* x_scales, int64_t rows, int64_t 
       const int n_panels = static_cast<int>(std::min<int64_t>(kTilePanels, end_panel - panel));
       for (int64_t row = chunk; row < chunk_end; row += kTileRows) {
         const int n_rows = static_cast<int>(std::min<int64_t>(kTileRows, chunk_end - row));
-        const Tile tile{x_q + row * row_bytes, row_bytes, x_scales + row, panels + panel * panel_bytes, panel_bytes,
-                        groups, offsets + panel * 16, w_scales + panel * 16, bias ? bias + panel * 16 : nullptr,
-                        row == chunk && panel + kTilePanels < end_panel ? panels + (panel + kTilePanels) * panel_bytes
-                                                                         : nullptr,
-                        relu, panel, out, y + row * out + panel * 16};
+        tile.x_q = whole.x_q + row * row_bytes;
+        tile.x_scales = whole.x_scales + row;
+        tile.panels = whole.panels + panel * panel_bytes;
+        tile.offsets = whole.offsets + panel * 16;
+        tile.w_scales = whole.w_scales + panel * 16;
+        tile.bias = whole.bias ? whole.bias + panel * 16 : nullptr;
+        tile.next_panels = row == chunk && panel + kTilePanels < end_panel
+                               ? whole.panels + (panel + kTilePanels) * panel_bytes
+                               : nullptr;
+        tile.first_panel = panel;
+        tile.y = whole.y ? whole.y + row * whole.out + panel * 16 : nullptr;
+        tile.best = whole.best ? whole.best + row : nullptr;
         tile_function(n_rows, n_panels)(tile);
       }
     }
+  }
+}
+
+}  // namespace
+
+void int8_gemm(const uint8_t* x_q, const float* x_scales, int64_t rows, int64_t in, const int8_t* panels,
+               const int32_t* offsets, const float* w_scales, const float* bias, bool relu, int64_t out,
+               int64_t first_panel, int64_t end_panel, float* y) {
+  const int64_t groups = int8_input_groups(in);
+  run_tiles(Tile{x_q, groups * 4, x_scales, panels, groups * 64, groups, offsets, w_scales, bias, nullptr, relu,
+                 first_panel, out, y, nullptr, nullptr, 0},
+            rows, first_panel, end_panel);
+}
+
+void int8_gemm_argmax(const uint8_t* x_q, const float* x_scales, int64_t rows, int64_t in, const int8_t* panels,
+                      const int32_t* offsets, const float* w_scales, const float* bias, int64_t out,
+                      const int64_t* barred, int n_barred, int32_t* best_tokens) {
+  const int64_t groups = int8_input_groups(in);
+  std::vector<RowBest> best(rows);
+  for (RowBest& row : best) {
+    std::fill(row.value, row.value + 16, -std::numeric_limits<float>::infinity());
+    std::fill(row.token, row.token + 16, -1);
+    std::fill(row.poison, row.poison + 16, 0.0f);
+  }
+  run_tiles(Tile{x_q, groups * 4, x_scales, panels, groups * 64, groups, offsets, w_scales, bias, nullptr, false, 0,
+                 out, nullptr, best.data(), barred, n_barred},
+            rows, 0, int8_panel_count(out));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* values = best[r].value;
+    const int32_t* tokens = best[r].token;
+    int32_t chosen = -1;
+    float top = -std::numeric_limits<float>::infinity();
+    for (int lane = 0; lane < 16; ++lane) {
+      if (tokens[lane] >= 0 && (values[lane] > top || (values[lane] == top && tokens[lane] < chosen))) {
+        top = values[lane];
+        chosen = tokens[lane];
+      }
+    }
+    const bool finite = std::none_of(best[r].poison, best[r].poison + 16, [](float x) { return std::isnan(x); });
+    best_tokens[r] = finite ? chosen : -1;
   }
 }
 
@@ -216,6 +298,10 @@ void int8_quantize_rows(const float*, int64_t, int64_t, uint8_t*, float*) {
 }
 void int8_gemm(const uint8_t*, const float*, int64_t, int64_t, const int8_t*, const int32_t*, const float*,
                const float*, bool, int64_t, int64_t, int64_t, float*) {
+  throw std::logic_error("int8_gemm is not in this build");
+}
+void int8_gemm_argmax(const uint8_t*, const float*, int64_t, int64_t, const int8_t*, const int32_t*, const float*,
+                      const float*, int64_t, const int64_t*, int, int32_t*) {
   throw std::logic_error("int8_gemm is not in this build");
 }
 

@@ -314,7 +314,7 @@ at::Tensor PackedLinear::int8_linear(const at::Tensor& x) const {
   return y.narrow(0, 0, rows);
 }
 
-at::Tensor PackedLinear::vnni_int8_linear(const at::Tensor& x, std::optional<Activation> activation) const {
+std::pair<at::Tensor, at::Tensor> PackedLinear::vnni_quantized(const at::Tensor& x) const {
   TORCH_CHECK(x.scalar_type() == at::kFloat, "an int8 linear layer takes float32 rows, got ", x.scalar_type());
   TORCH_CHECK(x.size(1) == in_features_, "a linear layer of ", in_features_, " inputs got rows of ", x.size(1));
   const at::Tensor input = x.contiguous();
@@ -325,7 +325,13 @@ at::Tensor PackedLinear::vnni_int8_linear(const at::Tensor& x, std::optional<Act
     int8_quantize_rows(input.data_ptr<float>() + first_row * in_features_, end_row - first_row, in_features_,
                        quantized.data_ptr<uint8_t>() + first_row * groups * 4, scales.data_ptr<float>() + first_row);
   });
-  at::Tensor y = at::empty({rows, out_features_}, input.options());
+  return {quantized, scales};
+}
+
+at::Tensor PackedLinear::vnni_int8_linear(const at::Tensor& x, std::optional<Activation> activation) const {
+  const auto [quantized, scales] = vnni_quantized(x);
+  const int64_t rows = x.size(0);
+  at::Tensor y = at::empty({rows, out_features_}, x.options());
   const bool relu = activation == Activation::kRelu;
   // A task of at least 2^22 multiply-adds (~20 us), in blocks of 4 panels (int8_gemm's tile).
   const int64_t n_panels = int8_panel_count(out_features_), n_blocks = (n_panels + 3) / 4;
@@ -337,6 +343,22 @@ at::Tensor PackedLinear::vnni_int8_linear(const at::Tensor& x, std::optional<Act
               std::min(end * 4, n_panels), y.data_ptr<float>());
   });
   return relu ? y : apply_activation(y, activation);
+}
+
+at::Tensor PackedLinear::argmax(const at::Tensor& x, const std::vector<int64_t>& barred) const {
+  TORCH_CHECK(has_argmax(), "argmax runs on the vnni-int8 route only, this layer's is ", route());
+  TORCH_CHECK(x.dim() == 2, "a linear layer takes [rows, in] rows, got ", x.sizes());
+  const auto [quantized, scales] = vnni_quantized(x);
+  const int64_t rows = x.size(0), row_bytes = quantized.size(1);
+  at::Tensor tokens = at::empty({rows}, x.options().dtype(at::kInt));
+  // Rows split across threads: each row's best is over every panel, in order.
+  at::parallel_for(0, rows, 6, [&](int64_t first_row, int64_t end_row) {
+    int8_gemm_argmax(quantized.data_ptr<uint8_t>() + first_row * row_bytes, scales.data_ptr<float>() + first_row,
+                     end_row - first_row, in_features_, weight_.data_ptr<int8_t>(), panel_offsets_.data_ptr<int32_t>(),
+                     weight_scales_.data_ptr<float>(), bias_ ? bias_->data_ptr<float>() : nullptr, out_features_,
+                     barred.data(), static_cast<int>(barred.size()), tokens.data_ptr<int32_t>() + first_row);
+  });
+  return tokens;
 }
 
 const char* PackedLinear::route() const {

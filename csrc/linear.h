@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace fastformer {
 
@@ -76,6 +77,13 @@ class PackedLinear {
   // x: [rows, in] float32 (or the weight's dtype on CUDA) -> [rows, out] in x's dtype
   at::Tensor operator()(const at::Tensor& x, std::optional<Activation> activation = std::nullopt) const;
 
+  // Whether argmax runs: the vnni-int8 route's.
+  bool has_argmax() const { return route_ == Route::kVnniInt8; }
+  // x: [rows, in] float32 -> [rows] int32: the id of each row's highest output among those not in barred (int64
+  // ids), ties to the lower, -1 where a row's outputs hold NaN or inf; the outputs are never written
+  // (int8_gemm.h's int8_gemm_argmax). Where has_argmax().
+  at::Tensor argmax(const at::Tensor& x, const std::vector<int64_t>& barred) const;
+
   // "onednn", "vnni-int8", "fbgemm-int8", "onednn-int8" or "aten": the GEMM the layer runs.
   const char* route() const;
   // The bytes of the converted weight, bias and scales.
@@ -86,6 +94,8 @@ class PackedLinear {
   void pack_int8(const at::Tensor& weight, int64_t rows, bool fbgemm, bool own_gemm);
   at::Tensor int8_linear(const at::Tensor& x) const;
   at::Tensor vnni_int8_linear(const at::Tensor& x, std::optional<Activation> activation) const;
+  // x [rows, in] float32 -> (its rows quantized [rows, input_groups * 4] uint8, their scales [rows]): int8_gemm.h's.
+  std::pair<at::Tensor, at::Tensor> vnni_quantized(const at::Tensor& x) const;
 
   Route route_ = Route::kAten;
   // [out, in]: as given, cast, reordered for oneDNN, or int8 packed by oneDNN; vnni-int8: int8_gemm.h's panels

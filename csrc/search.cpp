@@ -127,7 +127,7 @@ class StepRules {
   // The logits beam_step ranks at state.step for `rows` ([n_rows, vocab], changed in place by the history rules),
   // with state.forced_tokens set.
   at::Tensor before_step(const at::Tensor& logits, const Rows& rows, BeamState& state) const {
-    if (!history_.defined() && !state.forced_tokens.defined()) return logits;
+    if (!act_on_logits(state)) return logits;
     const at::Tensor step = state.step.to(at::kLong);
     if (history_.defined()) {
       at::Tensor forced_rows;  // a prefix's token is taken as it is, scored by the model's own logits
@@ -150,6 +150,9 @@ class StepRules {
     state.forced_tokens.copy_(forced);
     return logits;
   }
+
+  // Whether before_step changes the logits or forces tokens (no option of them is on: it returns them untouched).
+  bool act_on_logits(const BeamState& state) const { return history_.defined() || state.forced_tokens.defined(); }
 
   // After beam_step at state.step: each slot's history becomes its new parent's, plus the token it took.
   void after_step(const BeamState& state) {
@@ -275,6 +278,16 @@ class StepRules {
 void decode_step(CachedDecoder& decoder, BeamState& state, const Rows& rows, const at::Tensor& max_lens,
                  const SearchOptions& options, StepRules& rules, bool first_step) {
   const int64_t k = options.beam_size, n_active = rows.active.numel();
+  if (state.sums.is_cpu() && greedy_without_scores(options) && !rules.act_on_logits(state) &&
+      decoder.has_greedy_tokens()) {
+    // Each row's argmax found as the output projection makes its logits, which are never written (a block of
+    // logits is 9.5 MB at 64 sentences and 37k words, written and read back at every step).
+    std::vector<int64_t> barred{options.pad_id, options.bos_id};
+    if (state.step.item<int64_t>() < options.min_len) barred.push_back(options.eos_id);
+    const at::Tensor hidden = decode_hidden(decoder, state, rows.row_slots, rows.row_slots_long, options);
+    greedy_step(decoder.greedy_tokens(hidden, barred), decoder.vocab(), rows.active, max_lens, state, options);
+    return;
+  }
   const bool first_beams_only = first_step && k > 1;
   const at::Tensor first_beams =
       first_beams_only ? rows.row_slots.view({-1, k}).select(1, 0).contiguous() : at::Tensor();

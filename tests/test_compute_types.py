@@ -254,12 +254,17 @@ def test_a_large_beam_finds_the_optimum_of_the_converted_model(compute_type):
         assert got[0][0].score == pytest.approx(ranked[0].score, abs=atol)
 
 
-def test_int8_beam_1_is_greedy_decoding():
-    model = make_model(vocab=37, eos_scale=4.0)
-    src = padded_sources(model, [6])
+@pytest.mark.parametrize("return_scores", [True, False], ids=["scores", "argmax-only"])
+@pytest.mark.parametrize("min_len", [0, 3])
+def test_int8_beam_1_is_greedy_decoding(min_len, return_scores):
+    """Without scores, where the own int8 GEMM runs, each step's argmax is found as the output projection makes the
+    logits (PackedLinear.argmax), with EOS barred before min_len; with scores, from the logits written. The
+    sentence's greedy translation ends before 3 tokens unless EOS is barred."""
+    model = make_model(vocab=37, eos_scale=24.0)
+    src = padded_sources(model, [6], seed=2)
     config = model.config
     tokens: list[int] = []
-    for _ in range(8):  # greedy: the argmax after the prefix, decoded step by step in int8
+    for step in range(8):  # greedy: the argmax after the prefix, decoded step by step in int8
         memory, src_lengths = encode(model, src, compiled_model(model, "int8"))
         prefix = [config.bos_id, *tokens]
         decoder = cached_decoder(model, EncoderOutput(memory, src_lengths), 1,
@@ -267,13 +272,47 @@ def test_int8_beam_1_is_greedy_decoding():
         indirection = torch.zeros(1, len(prefix), dtype=torch.int32)
         for step, token in enumerate(prefix):
             logits = decoder.step(torch.tensor([token]), torch.zeros(1, dtype=torch.int32), indirection, step)
-        allowed = torch.tensor([*real_token_ids(config), config.eos_id])  # the search never emits PAD or BOS
+        # The search never emits PAD or BOS, nor EOS before min_len.
+        allowed = torch.tensor([*real_token_ids(config), *([config.eos_id] if step >= min_len else [])])
         best = int(allowed[logits[0, allowed].argmax()])
         if best == config.eos_id:
             break
         tokens.append(best)
-    got = model.translate(src, beam_size=1, min_len=0, max_len_a=0.0, max_len_b=8, compute_type="int8")
+    got = model.translate(src, beam_size=1, min_len=min_len, max_len_a=0.0, max_len_b=8, compute_type="int8",
+                          return_scores=return_scores)
     assert got[0][0].tokens == tokens
+    assert len(tokens) < 3 if min_len == 0 else len(tokens) >= min_len
+
+
+def test_int8_greedy_search_without_scores_equals_the_one_with_scores_on_a_batch():
+    """The argmax found inside the output projection (no scores) against the one read from the logits (scores):
+    the same logits, so the same tokens, for sentences finishing at different steps."""
+    model = make_model(vocab=37, eos_scale=8.0)
+    src = padded_sources(model, [7, 2, 5, 1, 4, 9, 3, 8], seed=3)
+    search = dict(beam_size=1, max_len_a=1.0, max_len_b=5, compute_type="int8")
+    with_scores = model.translate(src, return_scores=True, **search)
+    argmax_only = model.translate(src, return_scores=False, **search)
+    assert [h[0].tokens for h in argmax_only] == [h[0].tokens for h in with_scores]
+    assert len({len(h[0].tokens) for h in with_scores}) > 1
+
+
+def test_int8_argmax_equals_torchs_argmax_of_the_outputs():
+    """PackedLinear.argmax against torch.argmax of the same layer's outputs with the barred ids at -inf: the
+    outputs' last panel in part, ids barred in several panels, ties to the lower id (two equal weight rows), and
+    -1 for the rows holding NaN or inf."""
+    x, weight, bias = linear_inputs(rows=13, in_features=96, out_features=130)
+    weight[77] = weight[40]  # equal outputs at 40 and 77 ...
+    bias[77] = bias[40] = 50.0  # ... and the highest in every row
+    linear = extension().PackedLinear(weight, bias, 16, "int8", **int8_route("vnni"))
+    outputs = linear(x)
+    for barred in ([], [0, 1, 2], [40, 129]):
+        expected = outputs.clone()
+        expected[:, barred] = -float("inf")
+        assert torch.equal(linear.argmax(x, barred).long(), expected.argmax(dim=1))
+    x[3, 5] = float("nan")
+    x[8, 0] = float("inf")
+    tokens = linear.argmax(x, [])
+    assert tokens[3] == -1 and tokens[8] == -1 and (tokens[[0, 1, 2, 4, 5, 6, 7]] == 40).all()
 
 
 def test_int8_translation_does_not_depend_on_the_batch():
