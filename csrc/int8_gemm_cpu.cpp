@@ -68,7 +68,8 @@ struct Tile {
   const int32_t* offsets;  // from the tile's first output on, as w_scales and bias
   const float* w_scales;
   const float* bias;
-  // The next 4 panels, to prefetch while the first tile of these reads its own from memory; null in the others.
+  // The next 4 panels, to prefetch into L2 while the first tile of these reads its own from memory (into L1 they
+  // would evict the panels in use); null in the others.
   const int8_t* next_panels;
   bool relu;
   int64_t first_panel, out;
@@ -87,33 +88,64 @@ FASTFORMER_INLINE __m512i dot_add(__m512i sum, __m512i row, __m512i weights) {
 }
 
 // One output vector of a tile: sum [16] int32 -> the row's 16 outputs of panel p.
-FASTFORMER_INLINE void finish(const Tile& t, int r, int p, __m512i sum) {
-  const __mmask16 lanes = panel_lanes(t.first_panel + p, t.out);
+FASTFORMER_INLINE __m512 output_of(const Tile& t, int r, int p, __m512i sum) {
   // In linear.cpp's order for its other int8 routes: the weights' scales first, then the row's and the bias.
   const __m512i centered = _mm512_sub_epi32(sum, _mm512_loadu_si512(t.offsets + p * 16));
   const __m512 product = _mm512_mul_ps(_mm512_cvtepi32_ps(centered), _mm512_loadu_ps(t.w_scales + p * 16));
   __m512 value = _mm512_mul_ps(product, _mm512_set1_ps(t.x_scales[r]));
   if (t.bias) value = _mm512_add_ps(value, _mm512_loadu_ps(t.bias + p * 16));
   // max(0, NaN) is NaN here (the second operand wins a comparison with NaN): a NaN reaches the finite check.
-  if (t.relu) value = _mm512_max_ps(_mm512_setzero_ps(), value);
-  if (t.y) {
-    _mm512_mask_storeu_ps(t.y + r * t.out + p * 16, lanes, value);
-    return;
-  }
+  return t.relu ? _mm512_max_ps(_mm512_setzero_ps(), value) : value;
+}
+
+// The lanes of panel p of a tile that may be a row's best: its outputs (panel_lanes) but the barred ids.
+FASTFORMER_INLINE __mmask16 allowed_lanes(const Tile& t, int p) {
   const int64_t panel = t.first_panel + p;
-  __mmask16 allowed = lanes;
+  __mmask16 allowed = panel_lanes(panel, t.out);
   for (int i = 0; i < t.n_barred; ++i) {
     if (t.barred[i] / 16 == panel) allowed &= static_cast<__mmask16>(~(1u << (t.barred[i] % 16)));
   }
-  RowBest& best = t.best[r];
-  const __m512 poison = _mm512_loadu_ps(best.poison);
-  _mm512_storeu_ps(best.poison, _mm512_mask_add_ps(poison, lanes, poison, _mm512_mul_ps(value, _mm512_setzero_ps())));
-  // Strictly greater: a lane's earlier (lower) id keeps a tie.
-  const __mmask16 better = _mm512_mask_cmp_ps_mask(allowed, value, _mm512_loadu_ps(best.value), _CMP_GT_OQ);
-  _mm512_mask_storeu_ps(best.value, better, value);
-  const __m512i ids = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(panel * 16)),
-                                       _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-  _mm512_mask_storeu_epi32(best.token, better, ids);
+  return allowed;
+}
+
+// The tile's outputs into y, or (y null) each row's best of them into its RowBest: first the best of the tile's
+// panels in registers, then one comparison with the row's best so far, which came from earlier panels and so keeps a
+// tie (as each lane's earlier panel does here: strictly greater wins).
+template <int kRows, int kPanels>
+FASTFORMER_INLINE void finish(const Tile& t, const __m512i (&sums)[kRows][kPanels]) {
+  if (t.y) {
+    for (int r = 0; r < kRows; ++r) {
+      for (int p = 0; p < kPanels; ++p) {
+        _mm512_mask_storeu_ps(t.y + r * t.out + p * 16, panel_lanes(t.first_panel + p, t.out),
+                              output_of(t, r, p, sums[r][p]));
+      }
+    }
+    return;
+  }
+  __mmask16 lanes[kPanels], allowed[kPanels];
+  __m512i ids[kPanels];
+  for (int p = 0; p < kPanels; ++p) {
+    lanes[p] = panel_lanes(t.first_panel + p, t.out);
+    allowed[p] = allowed_lanes(t, p);
+    ids[p] = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>((t.first_panel + p) * 16)),
+                              _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  }
+  for (int r = 0; r < kRows; ++r) {
+    __m512 best = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), poison = _mm512_setzero_ps();
+    __m512i token = _mm512_set1_epi32(-1);
+    for (int p = 0; p < kPanels; ++p) {
+      const __m512 value = output_of(t, r, p, sums[r][p]);
+      poison = _mm512_mask_add_ps(poison, lanes[p], poison, _mm512_mul_ps(value, _mm512_setzero_ps()));
+      const __mmask16 better = _mm512_mask_cmp_ps_mask(allowed[p], value, best, _CMP_GT_OQ);
+      best = _mm512_mask_mov_ps(best, better, value);
+      token = _mm512_mask_mov_epi32(token, better, ids[p]);
+    }
+    RowBest& so_far = t.best[r];
+    _mm512_storeu_ps(so_far.poison, _mm512_add_ps(_mm512_loadu_ps(so_far.poison), poison));
+    const __mmask16 better = _mm512_cmp_ps_mask(best, _mm512_loadu_ps(so_far.value), _CMP_GT_OQ);
+    _mm512_mask_storeu_ps(so_far.value, better, best);
+    _mm512_mask_storeu_epi32(so_far.token, better, token);
+  }
 }
 
 template <int kRows, int kPanels>
@@ -127,7 +159,7 @@ void run_tile(const Tile& t) {
     for (int p = 0; p < kPanels; ++p) weights[p] = _mm512_loadu_si512(t.panels + p * t.panel_bytes + g * 64);
     if (t.next_panels) {
       for (int p = 0; p < kTilePanels; ++p) {
-        _mm_prefetch(reinterpret_cast<const char*>(t.next_panels + p * t.panel_bytes + g * 64), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(t.next_panels + p * t.panel_bytes + g * 64), _MM_HINT_T1);
       }
     }
     for (int r = 0; r < kRows; ++r) {
@@ -137,9 +169,7 @@ void run_tile(const Tile& t) {
       for (int p = 0; p < kPanels; ++p) sums[r][p] = dot_add(sums[r][p], row, weights[p]);
     }
   }
-  for (int r = 0; r < kRows; ++r) {
-    for (int p = 0; p < kPanels; ++p) finish(t, r, p, sums[r][p]);
-  }
+  finish(t, sums);
 }
 
 using TileFunction = void (*)(const Tile&);

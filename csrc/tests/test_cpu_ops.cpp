@@ -497,6 +497,23 @@ void test_int8_gemm(int rows, int out, int in, bool with_bias, bool relu) {
       }
     }
   }
+  if (relu) return;  // int8_gemm_argmax ranks the outputs before any activation
+  // int8_gemm_argmax: each row's first highest output of y (checked above) outside barred, -1 for the NaN row.
+  const std::vector<int64_t> barred{0, out - 1, 20};
+  std::vector<int32_t> best(rows, -2);
+  fastformer::int8_gemm_argmax(x_q.data(), x_scales.data(), rows, in, panels.data(), offsets.data(),
+                               padded_scales.data(), with_bias ? padded_bias.data() : nullptr, out, barred.data(),
+                               static_cast<int>(barred.size()), best.data());
+  for (int r = 0; r < rows; ++r) {
+    int32_t expected = -1;
+    for (int o = 0; o < out; ++o) {
+      const bool allowed = std::find(barred.begin(), barred.end(), o) == barred.end();
+      if (allowed && !std::isnan(y[r * out + o]) && (expected < 0 || y[r * out + o] > y[r * out + expected])) {
+        expected = o;
+      }
+    }
+    EXPECT(best[r] == (std::isnan(x_scales[r]) ? -1 : expected));
+  }
 }
 
 int main() {
