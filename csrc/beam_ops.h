@@ -96,7 +96,7 @@ struct BeamStepArgs {
   // drew), -1 for none. Forcing EOS at max_len wins over it; a forced token's score is its log-probability.
   const int32_t* forced_tokens;
   // [n_active] or null (CPU only, with_scores 0): each row's allowed argmax found elsewhere (the int8 output
-  // projection's, CachedDecoder::greedy_tokens; -1 for a row that is not finite), taken instead of reading logits.
+  // projection's, CachedDecoder::top_k; -1 for a row that is not finite), taken instead of reading logits.
   const int32_t* greedy_tokens;
 };
 

@@ -126,12 +126,12 @@ void bind_compiled(pybind11::module_& m) {
         c10::InferenceMode inference;
         return linear(x);
       }, py::arg("x"), "x [rows, in] float32 -> [rows, out] float32")
-      .def("argmax", [](const PackedLinear& linear, const at::Tensor& x, const std::vector<int64_t>& barred) {
+      .def("top_k", [](const PackedLinear& linear, const at::Tensor& x, int64_t k, const std::vector<int64_t>& barred) {
         c10::InferenceMode inference;
-        return linear.argmax(x, barred);
-      }, py::arg("x"), py::arg("barred"),
-           "x [rows, in] float32 -> [rows] int32: each row's argmax outside barred, -1 for a non-finite row, the "
-           "outputs never written (vnni-int8 route only)")
+        return linear.top_k(x, k, barred);
+      }, py::arg("x"), py::arg("k"), py::arg("barred"),
+           "x [rows, in] float32 -> (values [rows, k], ids [rows, k], finite [rows]): each row's k best outputs "
+           "outside barred, the outputs never written (vnni-int8 route only, linear.h)")
       .def_property_readonly("route", &PackedLinear::route)
       .def_property_readonly("nbytes", &PackedLinear::nbytes);
   py::class_<DecoderLinears, std::shared_ptr<DecoderLinears>>(m, "DecoderLinears",

@@ -514,13 +514,13 @@ at::Tensor CachedDecoder::hidden(const at::Tensor& tokens, const at::Tensor& row
   return x;
 }
 
-bool CachedDecoder::has_greedy_tokens() const { return !linears_->output_ids && linears_->output.has_argmax(); }
+bool CachedDecoder::has_top_k() const { return !linears_->output_ids && linears_->output.has_top_k(); }
 
-at::Tensor CachedDecoder::greedy_tokens(const at::Tensor& hidden, const std::vector<int64_t>& barred) const {
-  TORCH_CHECK(has_greedy_tokens(), "greedy_tokens needs an int8 output projection on fastformer's own GEMM and no "
-              "shortlist");
+std::tuple<at::Tensor, at::Tensor, at::Tensor> CachedDecoder::top_k(const at::Tensor& hidden, int64_t k,
+                                                                    const std::vector<int64_t>& barred) const {
+  TORCH_CHECK(has_top_k(), "top_k needs an int8 output projection on fastformer's own GEMM and no shortlist");
   c10::InferenceMode inference;
-  return linears_->output.argmax(hidden, barred);
+  return linears_->output.top_k(hidden, k, barred);
 }
 
 at::Tensor CachedDecoder::logits(const at::Tensor& x) const {

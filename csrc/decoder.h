@@ -222,7 +222,7 @@ void beam_step(const at::Tensor& logits, const at::Tensor& active, const at::Ten
 // size 1, no return_scores, no n-gram blocking.
 bool greedy_without_scores(const SearchOptions& options);
 // beam_step of a greedy search on the CPU that takes each row's allowed argmax as found with the output projection
-// (CachedDecoder::greedy_tokens) instead of its logits: greedy_tokens [n_active] int32, -1 for a row that is not
+// (CachedDecoder::top_k) instead of its logits: greedy_tokens [n_active] int32, -1 for a row that is not
 // finite; vocab: the logits' width. Only where greedy_without_scores(options).
 void greedy_step(const at::Tensor& greedy_tokens, int64_t vocab, const at::Tensor& active, const at::Tensor& max_lens,
                  BeamState& state, const SearchOptions& options);
@@ -262,11 +262,13 @@ class CachedDecoder {
   at::Tensor hidden(const at::Tensor& tokens, const at::Tensor& row_slots, const at::Tensor& indirection,
                     const at::Tensor& step, at::Tensor* cross_attention = nullptr);
   at::Tensor logits(const at::Tensor& hidden) const;
-  // Whether greedy_tokens runs: an output projection on the vnni-int8 route (linear.h) without a shortlist.
-  bool has_greedy_tokens() const;
-  // hidden [n_rows, d_model] -> [n_rows] int32: the id of each row's highest logit among those not in barred, -1
-  // where a row's logits are not finite, without the logits ever written (PackedLinear::argmax).
-  at::Tensor greedy_tokens(const at::Tensor& hidden, const std::vector<int64_t>& barred) const;
+  // Whether top_k runs: an output projection on the vnni-int8 route (linear.h) without a shortlist.
+  bool has_top_k() const;
+  // hidden [n_rows, d_model] -> (values [n_rows, k], ids [n_rows, k] int64, finite [n_rows] bool): each row's k
+  // highest logits among the ids not in barred, and whether its logits are finite, without the logits ever written
+  // (PackedLinear::top_k).
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> top_k(const at::Tensor& hidden, int64_t k,
+                                                       const std::vector<int64_t>& barred) const;
 
   int64_t n_slots() const { return n_slots_; }
   int64_t cache_len() const { return cache_len_; }

@@ -39,12 +39,16 @@ void int8_gemm(const uint8_t* x_q, const float* x_scales, int64_t rows, int64_t 
                const int32_t* offsets, const float* w_scales, const float* bias, bool relu, int64_t out,
                int64_t first_panel, int64_t end_panel, float* y);
 
-// The id of each row's highest output among those not in barred ([n_barred] ids), ties to the lower id, with the
-// outputs never written: a greedy search's argmax over its logits. y as int8_gemm computes it without ReLU, over
-// all panels; best_tokens [rows]: -1 where a row's outputs hold NaN or inf (every output counts, the barred too).
-// Single-threaded: the caller splits the rows across threads.
-void int8_gemm_argmax(const uint8_t* x_q, const float* x_scales, int64_t rows, int64_t in, const int8_t* panels,
-                      const int32_t* offsets, const float* w_scales, const float* bias, int64_t out,
-                      const int64_t* barred, int n_barred, int32_t* best_tokens);
+// The largest k int8_gemm_top_k keeps.
+constexpr int kInt8GemmMaxTopK = 64;
+
+// The k (1..kInt8GemmMaxTopK) highest outputs of each row among those whose ids are not in barred ([n_barred]),
+// best first, ties to the lower id, with the outputs never written: a greedy search's argmax (k 1) or sampling's
+// top-k over its logits. y as int8_gemm computes it without ReLU, over all panels. values [rows, k] and ids
+// [rows, k]: -inf and -1 past a row's finite allowed outputs; finite [rows]: 0 where a row's outputs hold NaN or inf
+// (the barred too), else 1. Single-threaded: the caller splits the rows across threads.
+void int8_gemm_top_k(const uint8_t* x_q, const float* x_scales, int64_t rows, int64_t in, const int8_t* panels,
+                     const int32_t* offsets, const float* w_scales, const float* bias, int64_t out,
+                     const int64_t* barred, int n_barred, int k, float* values, int64_t* ids, int32_t* finite);
 
 }  // namespace fastformer

@@ -36,6 +36,7 @@ bool int8_gemm_runs() {
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #define FASTFORMER_INLINE inline __attribute__((always_inline))
+#define FASTFORMER_NOINLINE __attribute__((noinline))
 
 namespace {
 
@@ -49,12 +50,14 @@ FASTFORMER_INLINE __mmask16 panel_lanes(int64_t panel, int64_t out) {
   return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
 }
 
-// int8_gemm_argmax's running best of one row: in each lane, the best output so far among those the lane has seen
-// (16 apart) and its id, and NaN where any output was NaN or inf. Plain arrays: a vector's heap blocks are 16-byte
-// aligned, not 64.
-struct RowBest {
-  float value[16];
-  int32_t token[16];
+// int8_gemm_top_k's running best of one row: its best outputs so far (ranked best first, ties to the lower id: the
+// panels come in order of their ids, so an output equal to one kept loses to it) and NaN in `poison` where any
+// output was NaN or inf. Plain arrays: a vector's heap blocks are 16-byte aligned, not 64.
+struct RowTopK {
+  float values[kInt8GemmMaxTopK];
+  int64_t ids[kInt8GemmMaxTopK];
+  int size;
+  float bar;  // the value an output must beat to enter: -inf until `size` reaches k, then the k-th best
   float poison[16];
 };
 
@@ -74,9 +77,10 @@ struct Tile {
   bool relu;
   int64_t first_panel, out;
   float* y;  // the tile's first row and output; null: best takes the outputs instead
-  RowBest* best;  // int8_gemm_argmax: the tile's first row's
-  const int64_t* barred;  // int8_gemm_argmax: the ids left out of the best
+  RowTopK* best;  // int8_gemm_top_k: the tile's first row's
+  const int64_t* barred;  // int8_gemm_top_k: the ids left out of the best
   int n_barred;
+  int k;  // int8_gemm_top_k: the outputs kept a row
 };
 
 // sum + the 4-byte dot products of row (uint8) and weights (int8) in each int32 lane. In assembly: GCC 12 compiles
@@ -108,9 +112,26 @@ FASTFORMER_INLINE __mmask16 allowed_lanes(const Tile& t, int p) {
   return allowed;
 }
 
-// The tile's outputs into y, or (y null) each row's best of them into its RowBest: first the best of the tile's
-// panels in registers, then one comparison with the row's best so far, which came from earlier panels and so keeps a
-// tie (as each lane's earlier panel does here: strictly greater wins).
+// Offers row's outputs `value` of panel `panel` in the lanes of `candidates` to its best, in the order of their ids.
+FASTFORMER_NOINLINE void offer(RowTopK& row, int k, int64_t panel, __m512 value, __mmask16 candidates) {
+  alignas(64) float values[16];
+  _mm512_store_ps(values, value);
+  for (; candidates; candidates &= candidates - 1) {
+    const int lane = __builtin_ctz(candidates);
+    if (!(values[lane] > row.bar)) continue;  // an earlier lane of this panel raised the bar
+    int at = row.size < k ? row.size++ : k - 1;
+    for (; at > 0 && row.values[at - 1] < values[lane]; --at) {
+      row.values[at] = row.values[at - 1];
+      row.ids[at] = row.ids[at - 1];
+    }
+    row.values[at] = values[lane];
+    row.ids[at] = panel * 16 + lane;
+    if (row.size == k) row.bar = row.values[k - 1];
+  }
+}
+
+// The tile's outputs into y, or (y null) offered to each row's best (RowTopK): a panel's outputs cost one comparison
+// with the row's bar unless one of them beats it.
 template <int kRows, int kPanels>
 FASTFORMER_INLINE void finish(const Tile& t, const __m512i (&sums)[kRows][kPanels]) {
   if (t.y) {
@@ -123,28 +144,20 @@ FASTFORMER_INLINE void finish(const Tile& t, const __m512i (&sums)[kRows][kPanel
     return;
   }
   __mmask16 lanes[kPanels], allowed[kPanels];
-  __m512i ids[kPanels];
   for (int p = 0; p < kPanels; ++p) {
     lanes[p] = panel_lanes(t.first_panel + p, t.out);
     allowed[p] = allowed_lanes(t, p);
-    ids[p] = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>((t.first_panel + p) * 16)),
-                              _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
   }
   for (int r = 0; r < kRows; ++r) {
-    __m512 best = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), poison = _mm512_setzero_ps();
-    __m512i token = _mm512_set1_epi32(-1);
+    RowTopK& row = t.best[r];
+    __m512 poison = _mm512_setzero_ps();
     for (int p = 0; p < kPanels; ++p) {
       const __m512 value = output_of(t, r, p, sums[r][p]);
       poison = _mm512_mask_add_ps(poison, lanes[p], poison, _mm512_mul_ps(value, _mm512_setzero_ps()));
-      const __mmask16 better = _mm512_mask_cmp_ps_mask(allowed[p], value, best, _CMP_GT_OQ);
-      best = _mm512_mask_mov_ps(best, better, value);
-      token = _mm512_mask_mov_epi32(token, better, ids[p]);
+      const __mmask16 above = _mm512_mask_cmp_ps_mask(allowed[p], value, _mm512_set1_ps(row.bar), _CMP_GT_OQ);
+      if (above) offer(row, t.k, t.first_panel + p, value, above);
     }
-    RowBest& so_far = t.best[r];
-    _mm512_storeu_ps(so_far.poison, _mm512_add_ps(_mm512_loadu_ps(so_far.poison), poison));
-    const __mmask16 better = _mm512_cmp_ps_mask(best, _mm512_loadu_ps(so_far.value), _CMP_GT_OQ);
-    _mm512_mask_storeu_ps(so_far.value, better, best);
-    _mm512_mask_storeu_epi32(so_far.token, better, token);
+    _mm512_storeu_ps(row.poison, _mm512_add_ps(_mm512_loadu_ps(row.poison), poison));
   }
 }
 
@@ -281,36 +294,31 @@ void int8_gemm(const uint8_t* x_q, const float* x_scales, int64_t rows, int64_t 
                int64_t first_panel, int64_t end_panel, float* y) {
   const int64_t groups = int8_input_groups(in);
   run_tiles(Tile{x_q, groups * 4, x_scales, panels, groups * 64, groups, offsets, w_scales, bias, nullptr, relu,
-                 first_panel, out, y, nullptr, nullptr, 0},
+                 first_panel, out, y, nullptr, nullptr, 0, 0},
             rows, first_panel, end_panel);
 }
 
-void int8_gemm_argmax(const uint8_t* x_q, const float* x_scales, int64_t rows, int64_t in, const int8_t* panels,
-                      const int32_t* offsets, const float* w_scales, const float* bias, int64_t out,
-                      const int64_t* barred, int n_barred, int32_t* best_tokens) {
+void int8_gemm_top_k(const uint8_t* x_q, const float* x_scales, int64_t rows, int64_t in, const int8_t* panels,
+                     const int32_t* offsets, const float* w_scales, const float* bias, int64_t out,
+                     const int64_t* barred, int n_barred, int k, float* values, int64_t* ids, int32_t* finite) {
+  if (k < 1 || k > kInt8GemmMaxTopK) throw std::invalid_argument("int8_gemm_top_k takes k in [1, 64]");
   const int64_t groups = int8_input_groups(in);
-  std::vector<RowBest> best(rows);
-  for (RowBest& row : best) {
-    std::fill(row.value, row.value + 16, -std::numeric_limits<float>::infinity());
-    std::fill(row.token, row.token + 16, -1);
+  std::vector<RowTopK> best(rows);
+  for (RowTopK& row : best) {
+    row.size = 0;
+    row.bar = -std::numeric_limits<float>::infinity();
     std::fill(row.poison, row.poison + 16, 0.0f);
   }
   run_tiles(Tile{x_q, groups * 4, x_scales, panels, groups * 64, groups, offsets, w_scales, bias, nullptr, false, 0,
-                 out, nullptr, best.data(), barred, n_barred},
+                 out, nullptr, best.data(), barred, n_barred, k},
             rows, 0, int8_panel_count(out));
   for (int64_t r = 0; r < rows; ++r) {
-    const float* values = best[r].value;
-    const int32_t* tokens = best[r].token;
-    int32_t chosen = -1;
-    float top = -std::numeric_limits<float>::infinity();
-    for (int lane = 0; lane < 16; ++lane) {
-      if (tokens[lane] >= 0 && (values[lane] > top || (values[lane] == top && tokens[lane] < chosen))) {
-        top = values[lane];
-        chosen = tokens[lane];
-      }
+    const RowTopK& row = best[r];
+    for (int i = 0; i < k; ++i) {
+      values[r * k + i] = i < row.size ? row.values[i] : -std::numeric_limits<float>::infinity();
+      ids[r * k + i] = i < row.size ? row.ids[i] : -1;
     }
-    const bool finite = std::none_of(best[r].poison, best[r].poison + 16, [](float x) { return std::isnan(x); });
-    best_tokens[r] = finite ? chosen : -1;
+    finite[r] = std::none_of(row.poison, row.poison + 16, [](float x) { return std::isnan(x); });
   }
 }
 
@@ -330,8 +338,8 @@ void int8_gemm(const uint8_t*, const float*, int64_t, int64_t, const int8_t*, co
                const float*, bool, int64_t, int64_t, int64_t, float*) {
   throw std::logic_error("int8_gemm is not in this build");
 }
-void int8_gemm_argmax(const uint8_t*, const float*, int64_t, int64_t, const int8_t*, const int32_t*, const float*,
-                      const float*, int64_t, const int64_t*, int, int32_t*) {
+void int8_gemm_top_k(const uint8_t*, const float*, int64_t, int64_t, const int8_t*, const int32_t*, const float*,
+                     const float*, int64_t, const int64_t*, int, int, float*, int64_t*, int32_t*) {
   throw std::logic_error("int8_gemm is not in this build");
 }
 

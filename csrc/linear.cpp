@@ -345,20 +345,26 @@ at::Tensor PackedLinear::vnni_int8_linear(const at::Tensor& x, std::optional<Act
   return relu ? y : apply_activation(y, activation);
 }
 
-at::Tensor PackedLinear::argmax(const at::Tensor& x, const std::vector<int64_t>& barred) const {
-  TORCH_CHECK(has_argmax(), "argmax runs on the vnni-int8 route only, this layer's is ", route());
+std::tuple<at::Tensor, at::Tensor, at::Tensor> PackedLinear::top_k(const at::Tensor& x, int64_t k,
+                                                                   const std::vector<int64_t>& barred) const {
+  TORCH_CHECK(has_top_k(), "top_k runs on the vnni-int8 route only, this layer's is ", route());
   TORCH_CHECK(x.dim() == 2, "a linear layer takes [rows, in] rows, got ", x.sizes());
+  TORCH_CHECK(k >= 1 && k <= kInt8GemmMaxTopK, "top_k takes k in [1, ", kInt8GemmMaxTopK, "], got ", k);
   const auto [quantized, scales] = vnni_quantized(x);
   const int64_t rows = x.size(0), row_bytes = quantized.size(1);
-  at::Tensor tokens = at::empty({rows}, x.options().dtype(at::kInt));
+  at::Tensor values = at::empty({rows, k}, x.options());
+  at::Tensor ids = at::empty({rows, k}, x.options().dtype(at::kLong));
+  at::Tensor finite = at::empty({rows}, x.options().dtype(at::kInt));
   // Rows split across threads: each row's best is over every panel, in order.
   at::parallel_for(0, rows, 6, [&](int64_t first_row, int64_t end_row) {
-    int8_gemm_argmax(quantized.data_ptr<uint8_t>() + first_row * row_bytes, scales.data_ptr<float>() + first_row,
-                     end_row - first_row, in_features_, weight_.data_ptr<int8_t>(), panel_offsets_.data_ptr<int32_t>(),
-                     weight_scales_.data_ptr<float>(), bias_ ? bias_->data_ptr<float>() : nullptr, out_features_,
-                     barred.data(), static_cast<int>(barred.size()), tokens.data_ptr<int32_t>() + first_row);
+    int8_gemm_top_k(quantized.data_ptr<uint8_t>() + first_row * row_bytes, scales.data_ptr<float>() + first_row,
+                    end_row - first_row, in_features_, weight_.data_ptr<int8_t>(), panel_offsets_.data_ptr<int32_t>(),
+                    weight_scales_.data_ptr<float>(), bias_ ? bias_->data_ptr<float>() : nullptr, out_features_,
+                    barred.data(), static_cast<int>(barred.size()), static_cast<int>(k),
+                    values.data_ptr<float>() + first_row * k, ids.data_ptr<int64_t>() + first_row * k,
+                    finite.data_ptr<int32_t>() + first_row);
   });
-  return tokens;
+  return {values, ids, finite.to(at::kBool)};
 }
 
 const char* PackedLinear::route() const {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace fastformer {
@@ -77,12 +78,14 @@ class PackedLinear {
   // x: [rows, in] float32 (or the weight's dtype on CUDA) -> [rows, out] in x's dtype
   at::Tensor operator()(const at::Tensor& x, std::optional<Activation> activation = std::nullopt) const;
 
-  // Whether argmax runs: the vnni-int8 route's.
-  bool has_argmax() const { return route_ == Route::kVnniInt8; }
-  // x: [rows, in] float32 -> [rows] int32: the id of each row's highest output among those not in barred (int64
-  // ids), ties to the lower, -1 where a row's outputs hold NaN or inf; the outputs are never written
-  // (int8_gemm.h's int8_gemm_argmax). Where has_argmax().
-  at::Tensor argmax(const at::Tensor& x, const std::vector<int64_t>& barred) const;
+  // Whether top_k runs: the vnni-int8 route's.
+  bool has_top_k() const { return route_ == Route::kVnniInt8; }
+  // x: [rows, in] float32 -> (values [rows, k] float32, ids [rows, k] int64, finite [rows] bool): each row's k
+  // highest outputs among the ids not in barred, best first, ties to the lower id (-inf and -1 past its finite
+  // ones), and whether its outputs are all finite; the outputs are never written (int8_gemm.h's int8_gemm_top_k,
+  // k <= kInt8GemmMaxTopK). Where has_top_k().
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> top_k(const at::Tensor& x, int64_t k,
+                                                       const std::vector<int64_t>& barred) const;
 
   // "onednn", "vnni-int8", "fbgemm-int8", "onednn-int8" or "aten": the GEMM the layer runs.
   const char* route() const;

@@ -142,8 +142,7 @@ class StepRules {
                                           : at::full_like(state.forced_tokens, -1);
     if (sampling_) {
       // beam_size 1: row r is sentence rows.active[r]; a prefix's token wins over the draw.
-      const at::Tensor drawn = sample(logits, uniforms_.index_select(0, step).view({-1}).index_select(
-                                                  0, rows.row_slots_long), state.step);
+      const at::Tensor drawn = sample(logits, row_uniforms(rows, step), state.step);
       const at::Tensor row_forced = forced.index_select(0, rows.row_slots_long);
       forced = forced.index_copy(0, rows.row_slots_long, at::where(row_forced.ge(0), row_forced, drawn));
     }
@@ -153,6 +152,23 @@ class StepRules {
 
   // Whether before_step changes the logits or forces tokens (no option of them is on: it returns them untouched).
   bool act_on_logits(const BeamState& state) const { return history_.defined() || state.forced_tokens.defined(); }
+
+  // How many of each row's best logits (pad and BOS barred, EOS before min_len) the step needs where that is all it
+  // needs: 1 for a greedy search's argmax, sampling_topk for a draw from the top-k (draw_from_top_k); 0 where the
+  // step needs the logits themselves (a prefix, the history rules, sampling from more than the scan's top-k).
+  int64_t best_logits_needed(int64_t vocab) const {
+    if (prefix_.defined() || history_.defined()) return 0;
+    const int64_t topk = options_.sampling_topk;
+    return !sampling_ ? 1 : topk > 0 && topk <= kMaxScannedTopK && topk < vocab ? topk : 0;
+  }
+
+  // before_step's draw for `rows` from their best logits found already (values [n_rows, k] float32 and ids [n_rows,
+  // k] int64 as top_k_allowed_cpu gives them, k = best_logits_needed): state.forced_tokens set to the draws.
+  void draw_from_top_k(const at::Tensor& values, const at::Tensor& ids, const Rows& rows, BeamState& state) const {
+    const at::Tensor drawn = draw(values.div(options_.sampling_temperature), ids,
+                                  row_uniforms(rows, state.step.to(at::kLong)));
+    state.forced_tokens.copy_(at::full_like(state.forced_tokens, -1).index_copy(0, rows.row_slots_long, drawn));
+  }
 
   // After beam_step at state.step: each slot's history becomes its new parent's, plus the token it took.
   void after_step(const BeamState& state) {
@@ -235,6 +251,14 @@ class StepRules {
         std::tie(values, ids) = x.sort(/*dim=*/-1, /*descending=*/true);
       }
     }
+    return draw(values, ids, uniforms);
+  }
+
+  // One token per row by inverse CDF at uniforms [n_rows] from its candidates' logits over the temperature (values
+  // [n_rows, n]: best first where top-p applies, -inf for none) and their ids ([n_rows, n] int64; undefined: the
+  // vocabulary's order), top-p applied.
+  at::Tensor draw(const at::Tensor& values, const at::Tensor& ids, const at::Tensor& uniforms) const {
+    const double topp = options_.sampling_topp;
     at::Tensor probs = values.softmax(-1);
     if (topp < 1.0) probs = probs * (probs.cumsum(-1) - probs).lt(topp);  // the most likely set reaching topp
     const at::Tensor cdf = probs.cumsum(-1);
@@ -242,6 +266,11 @@ class StepRules {
     const at::Tensor target = cdf.narrow(1, cdf.size(1) - 1, 1) * uniforms.unsqueeze(1);
     const at::Tensor choice = cdf.le(target).sum(1, /*keepdim=*/true);
     return (ids.defined() ? ids.gather(1, choice) : choice).view({-1}).to(at::kInt);
+  }
+
+  // The draws' uniforms [n_rows] of `rows` at step ([1] int64).
+  at::Tensor row_uniforms(const Rows& rows, const at::Tensor& step) const {
+    return uniforms_.index_select(0, step).view({-1}).index_select(0, rows.row_slots_long);
   }
 
   // The largest top-k the CPU's one-pass scan takes (top_k_allowed_cpu); a larger one goes to ATen's topk.
@@ -278,14 +307,17 @@ class StepRules {
 void decode_step(CachedDecoder& decoder, BeamState& state, const Rows& rows, const at::Tensor& max_lens,
                  const SearchOptions& options, StepRules& rules, bool first_step) {
   const int64_t k = options.beam_size, n_active = rows.active.numel();
-  if (state.sums.is_cpu() && greedy_without_scores(options) && !rules.act_on_logits(state) &&
-      decoder.has_greedy_tokens()) {
-    // Each row's argmax found as the output projection makes its logits, which are never written (a block of
-    // logits is 9.5 MB at 64 sentences and 37k words, written and read back at every step).
+  const int64_t best_needed = rules.best_logits_needed(decoder.vocab());
+  if (state.sums.is_cpu() && greedy_without_scores(options) && best_needed > 0 && decoder.has_top_k()) {
+    // A greedy search's argmax, or sampling's top-k, found as the output projection makes the logits, which are
+    // never written (a block of logits is 9.5 MB at 64 sentences and 37k words, written and read back every step).
     std::vector<int64_t> barred{options.pad_id, options.bos_id};
     if (state.step.item<int64_t>() < options.min_len) barred.push_back(options.eos_id);
     const at::Tensor hidden = decode_hidden(decoder, state, rows.row_slots, rows.row_slots_long, options);
-    greedy_step(decoder.greedy_tokens(hidden, barred), decoder.vocab(), rows.active, max_lens, state, options);
+    const auto [values, ids, finite] = decoder.top_k(hidden, best_needed, barred);
+    if (state.forced_tokens.defined()) rules.draw_from_top_k(values, ids, rows, state);
+    const at::Tensor best = at::where(finite, ids.select(1, 0), -1).to(at::kInt);  // -1: not finite
+    greedy_step(best, decoder.vocab(), rows.active, max_lens, state, options);
     return;
   }
   const bool first_beams_only = first_step && k > 1;

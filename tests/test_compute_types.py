@@ -284,6 +284,23 @@ def test_int8_beam_1_is_greedy_decoding(min_len, return_scores):
     assert len(tokens) < 3 if min_len == 0 else len(tokens) >= min_len
 
 
+@pytest.mark.parametrize("topk,topp", [(10, 1.0), (5, 0.8), (64, 1.0)])
+def test_int8_sampling_without_scores_draws_as_the_one_with_scores(topk, topp):
+    """Without scores, where the own int8 GEMM runs, sampling's top-k is found as the output projection makes the
+    logits (PackedLinear.top_k); with scores, from the logits written (the one-pass scan): the same candidates and
+    uniforms, so the same samples, with EOS barred before min_len as well."""
+    model = make_model(vocab=130, eos_scale=8.0)
+    src = padded_sources(model, [7, 2, 5, 1, 4, 9, 3, 8], seed=3)
+    drawn = set()
+    for seed in range(4):  # n_best > 1 asks for scores: one sample a sentence and call
+        search = dict(beam_size=1, max_len_a=1.0, max_len_b=5, min_len=2, compute_type="int8", sampling_topk=topk,
+                      sampling_topp=topp, sampling_temperature=0.7, seed=seed)
+        with_scores = [s[0].tokens for s in model.translate(src, return_scores=True, **search)]
+        assert [s[0].tokens for s in model.translate(src, return_scores=False, **search)] == with_scores
+        drawn.update(tuple(tokens) for tokens in with_scores)
+    assert len(drawn) > 16
+
+
 def test_int8_greedy_search_without_scores_equals_the_one_with_scores_on_a_batch():
     """The argmax found inside the output projection (no scores) against the one read from the logits (scores):
     the same logits, so the same tokens, for sentences finishing at different steps."""
@@ -296,10 +313,11 @@ def test_int8_greedy_search_without_scores_equals_the_one_with_scores_on_a_batch
     assert len({len(h[0].tokens) for h in with_scores}) > 1
 
 
-def test_int8_argmax_equals_torchs_argmax_of_the_outputs():
-    """PackedLinear.argmax against torch.argmax of the same layer's outputs with the barred ids at -inf: the
-    outputs' last panel in part, ids barred in several panels, ties to the lower id (two equal weight rows), and
-    -1 for the rows holding NaN or inf."""
+@pytest.mark.parametrize("k", [1, 10, 64])
+def test_int8_top_k_equals_a_stable_sort_of_the_outputs(k):
+    """PackedLinear.top_k against a stable descending sort of the same layer's outputs with the barred ids at -inf:
+    the outputs' last panel in part, ids barred in several panels, ties to the lower id (two equal weight rows, the
+    highest outputs of every row), and finite False for the rows holding NaN or inf."""
     x, weight, bias = linear_inputs(rows=13, in_features=96, out_features=130)
     weight[77] = weight[40]  # equal outputs at 40 and 77 ...
     bias[77] = bias[40] = 50.0  # ... and the highest in every row
@@ -308,11 +326,17 @@ def test_int8_argmax_equals_torchs_argmax_of_the_outputs():
     for barred in ([], [0, 1, 2], [40, 129]):
         expected = outputs.clone()
         expected[:, barred] = -float("inf")
-        assert torch.equal(linear.argmax(x, barred).long(), expected.argmax(dim=1))
+        expected_values, expected_ids = expected.sort(dim=1, descending=True, stable=True)
+        values, ids, finite = linear.top_k(x, k, barred)
+        assert torch.equal(ids, expected_ids[:, :k]) and torch.equal(values, expected_values[:, :k])
+        assert finite.all()
     x[3, 5] = float("nan")
     x[8, 0] = float("inf")
-    tokens = linear.argmax(x, [])
-    assert tokens[3] == -1 and tokens[8] == -1 and (tokens[[0, 1, 2, 4, 5, 6, 7]] == 40).all()
+    values, ids, finite = linear.top_k(x, k, [])
+    assert finite.tolist() == [i not in (3, 8) for i in range(13)]
+    assert (ids[[0, 1, 2, 4, 5, 6, 7], 0] == 40).all()
+    if k > 1:
+        assert (ids[[0, 1, 2, 4, 5, 6, 7], 1] == 77).all()
 
 
 def test_int8_translation_does_not_depend_on_the_batch():

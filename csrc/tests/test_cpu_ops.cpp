@@ -497,22 +497,32 @@ void test_int8_gemm(int rows, int out, int in, bool with_bias, bool relu) {
       }
     }
   }
-  if (relu) return;  // int8_gemm_argmax ranks the outputs before any activation
-  // int8_gemm_argmax: each row's first highest output of y (checked above) outside barred, -1 for the NaN row.
+  if (relu) return;  // int8_gemm_top_k ranks the outputs before any activation
+  // int8_gemm_top_k: each row's k highest outputs of y (checked above) outside barred, best first, ties to the lower
+  // id; -inf and -1 past the allowed ones; the NaN row not finite.
   const std::vector<int64_t> barred{0, out - 1, 20};
-  std::vector<int32_t> best(rows, -2);
-  fastformer::int8_gemm_argmax(x_q.data(), x_scales.data(), rows, in, panels.data(), offsets.data(),
-                               padded_scales.data(), with_bias ? padded_bias.data() : nullptr, out, barred.data(),
-                               static_cast<int>(barred.size()), best.data());
-  for (int r = 0; r < rows; ++r) {
-    int32_t expected = -1;
-    for (int o = 0; o < out; ++o) {
-      const bool allowed = std::find(barred.begin(), barred.end(), o) == barred.end();
-      if (allowed && !std::isnan(y[r * out + o]) && (expected < 0 || y[r * out + o] > y[r * out + expected])) {
-        expected = o;
+  for (int k : {1, 5}) {
+    std::vector<float> values(rows * k);
+    std::vector<int64_t> ids(rows * k);
+    std::vector<int32_t> finite(rows);
+    fastformer::int8_gemm_top_k(x_q.data(), x_scales.data(), rows, in, panels.data(), offsets.data(),
+                                padded_scales.data(), with_bias ? padded_bias.data() : nullptr, out, barred.data(),
+                                static_cast<int>(barred.size()), k, values.data(), ids.data(), finite.data());
+    for (int r = 0; r < rows; ++r) {
+      EXPECT(finite[r] == !std::isnan(x_scales[r]));
+      if (!finite[r]) continue;
+      std::vector<int64_t> expected;
+      for (int o = 0; o < out; ++o) {
+        if (std::find(barred.begin(), barred.end(), o) == barred.end()) expected.push_back(o);
+      }
+      std::stable_sort(expected.begin(), expected.end(),
+                       [&](int64_t a, int64_t b) { return y[r * out + a] > y[r * out + b]; });
+      for (int i = 0; i < k; ++i) {
+        const bool kept = i < static_cast<int>(expected.size());
+        EXPECT(ids[r * k + i] == (kept ? expected[i] : -1));
+        EXPECT(values[r * k + i] == (kept ? y[r * out + expected[i]] : -std::numeric_limits<float>::infinity()));
       }
     }
-    EXPECT(best[r] == (std::isnan(x_scales[r]) ? -1 : expected));
   }
 }
 
