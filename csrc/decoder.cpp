@@ -23,17 +23,21 @@
 namespace fastformer {
 namespace {
 
+// t on `device` and contiguous.
+void check_placed(const at::Tensor& t, const at::Device& device, const char* name) {
+  TORCH_CHECK(t.device() == device, name, " is on ", t.device(), ", expected ", device);
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+}
+
 void check_int32(const at::Tensor& t, const char* name, const at::Device& device) {
   TORCH_CHECK(t.scalar_type() == at::kInt, name, " must be int32, got ", t.scalar_type());
-  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
-  TORCH_CHECK(t.device() == device, name, " is on ", t.device(), ", expected ", device);
+  check_placed(t, device, name);
 }
 
 void check_like(const at::Tensor& t, const at::Tensor& like, const char* name) {
   TORCH_CHECK(t.scalar_type() == like.scalar_type(), name, " must have dtype ", like.scalar_type(), ", got ",
               t.scalar_type());
-  TORCH_CHECK(t.device() == like.device(), name, " is on ", t.device(), ", expected ", like.device());
-  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+  check_placed(t, like.device(), name);
 }
 
 void check_cpu_float(const at::Tensor& t, const char* op) {
@@ -48,8 +52,7 @@ bool check_keys_values(const at::Tensor& t, const at::Tensor& rows, const char* 
     check_like(t, rows, name);
     return false;
   }
-  TORCH_CHECK(t.device() == rows.device(), name, " is on ", t.device(), ", expected ", rows.device());
-  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+  check_placed(t, rows.device(), name);
   return true;
 }
 

@@ -304,6 +304,8 @@ class StepRules {
 // (sentences_per_block) their logits and beam_step under `rules` (the indirection written, the step not advanced).
 // At step 0 only beam 0 of each sentence holds a hypothesis (BeamState), so only its rows are decoded (a
 // beam_size-th of the step's work); beam_step skips the other rows for their -inf sums, and reads zeros there.
+// Where the step needs only each row's best logits (StepRules::best_logits_needed: greedy search, sampling from a
+// top-k) and the output projection can find them (CachedDecoder::top_k), it takes those: no logits are made.
 void decode_step(CachedDecoder& decoder, BeamState& state, const Rows& rows, const at::Tensor& max_lens,
                  const SearchOptions& options, StepRules& rules, bool first_step) {
   const int64_t k = options.beam_size, n_active = rows.active.numel();
