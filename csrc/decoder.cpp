@@ -306,9 +306,9 @@ void greedy_step(const at::Tensor& greedy_tokens, int64_t vocab, const at::Tenso
   check_int32(greedy_tokens, "greedy_tokens", at::kCPU);
   TORCH_CHECK(greedy_tokens.numel() == active.numel(), "greedy_tokens must have n_active=", active.numel(),
               " entries, got ", greedy_tokens.numel());
+  TORCH_CHECK(greedy_without_scores(options), "greedy_step is a greedy search's without scores");
   check_beam_step_inputs(greedy_tokens.device(), vocab, active, max_lens, state, options);
   BeamStepArgs args = beam_step_args(nullptr, vocab, active, max_lens, state, options);
-  TORCH_CHECK(greedy_without_scores(options), "greedy_step is a greedy search's without scores");
   args.greedy_tokens = greedy_tokens.data_ptr<int32_t>();
   beam_step_cpu(args);
 }

@@ -1,8 +1,9 @@
 // fastformer's own int8 GEMM for CPUs with AVX512-VNNI, torch-free: the int8 compute type's linear layer (linear.h)
-// y = (x_q W_q^T) * x_scale * w_scale + b, with the rows quantized in one pass and the result scaled, biased and
-// (optionally) put through ReLU as it leaves the registers. FBGEMM's and oneDNN's int8 GEMMs, which it replaces
-// where it runs, take the activations through four more passes over memory (per-row normalization, the library's
-// range search and quantization) and the result through one more (the rows' scales and the bias).
+// y = (x_q W_q^T) * x_scale * w_scale + b, with the rows quantized straight into the bytes it multiplies (their
+// absmax, then the bytes) and the result scaled, biased and (optionally) put through ReLU as it leaves the
+// registers. FBGEMM's int8 GEMM, which it replaces where it runs, takes the activations through four passes (the
+// absmax, per-row normalization, the library's range search and quantization) and the result through two (the
+// library's dequantization, then the rows' scales and the bias).
 //
 // Layout: W_q [out, in] int8 is held in panels of 16 outputs, each [in_groups, 16, 4] (in_groups = ceil(in / 4)):
 // the 4 consecutive inputs of 16 outputs are one 64-byte vector, which VNNI's vpdpbusd multiplies with 4 bytes of a
@@ -26,10 +27,10 @@ inline int64_t int8_input_groups(int64_t in) { return (in + 3) / 4; }
 // [panel_count * 16] (128 * each output's weight sum, 0 past out).
 void int8_pack_panels(const int8_t* weight, int64_t out, int64_t in, int8_t* panels, int32_t* offsets);
 
-// x [rows, in] float32 -> x_q [rows, input_groups * 4] uint8 (round(x / scale) + 128, 128 in the padding) and
-// scales [rows]: absmax / 127 (linear.h); NaN for a row holding NaN or inf and 1 for an all-zero row, both with x_q
-// all 128, so that the first gives NaN outputs (the search's finite check) and the second the bias.
-void int8_quantize_rows(const float* x, int64_t rows, int64_t in, uint8_t* x_q, float* scales);
+// row [in] float32 and its inverse scale (linear.cpp's row_scales: 127 / absmax, or 0 for a row of NaN, inf or
+// zeros) -> x_q [input_groups * 4] uint8: round(row * inverse) + 128, and 128 in the padding and wherever inverse
+// is 0 (that row's scale, NaN or 1, then gives NaN outputs or the bias).
+void int8_quantize_row(const float* row, int64_t in, float inverse, uint8_t* x_q);
 
 // y[:, panels first_panel .. end_panel) <- (x_q - 128) W_q^T * x_scales[row] * w_scales + bias, then ReLU where
 // relu; y's row stride is out (a last panel past it is stored in part). x_q: [rows, input_groups(in) * 4] uint8,

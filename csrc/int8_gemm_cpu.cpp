@@ -221,35 +221,16 @@ void int8_pack_panels(const int8_t* weight, int64_t out, int64_t in, int8_t* pan
   }
 }
 
-void int8_quantize_rows(const float* x, int64_t rows, int64_t in, uint8_t* x_q, float* scales) {
-  const int64_t row_bytes = int8_input_groups(in) * 4;
-  const __m512 sign = _mm512_set1_ps(-0.0f);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = x + r * in;
-    uint8_t* quantized = x_q + r * row_bytes;
-    __m512 largest = _mm512_setzero_ps();
-    __mmask16 not_finite = 0;
-    for (int64_t i = 0; i < in; i += 16) {
-      const __mmask16 lanes = in - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (in - i)) - 1);
-      const __m512 v = _mm512_maskz_loadu_ps(lanes, row + i);
-      not_finite |= _mm512_fpclass_ps_mask(v, 0x99);  // QNaN, SNaN, +inf, -inf
-      largest = _mm512_max_ps(largest, _mm512_andnot_ps(sign, v));
-    }
-    const float absmax = _mm512_reduce_max_ps(largest);
-    std::memset(quantized, 128, row_bytes);
-    if (not_finite || absmax == 0.0f) {
-      scales[r] = not_finite ? std::numeric_limits<float>::quiet_NaN() : 1.0f;
-      continue;
-    }
-    scales[r] = absmax / 127.0f;
-    const __m512 inverse = _mm512_set1_ps(127.0f / absmax);
-    const __m512i zero_point = _mm512_set1_epi32(128);
-    for (int64_t i = 0; i < in; i += 16) {
-      const __mmask16 lanes = in - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (in - i)) - 1);
-      // Rounded to nearest even, as std::nearbyint in the default rounding mode; |x| * 127 / absmax <= 127.
-      const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, row + i), inverse));
-      _mm512_mask_cvtepi32_storeu_epi8(quantized + i, lanes, _mm512_add_epi32(q, zero_point));
-    }
+void int8_quantize_row(const float* row, int64_t in, float inverse, uint8_t* x_q) {
+  std::memset(x_q, 128, int8_input_groups(in) * 4);
+  if (inverse == 0.0f) return;
+  const __m512 factor = _mm512_set1_ps(inverse);
+  const __m512i zero_point = _mm512_set1_epi32(128);
+  for (int64_t i = 0; i < in; i += 16) {
+    const __mmask16 lanes = in - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (in - i)) - 1);
+    // Rounded to nearest even, as std::nearbyint in the default rounding mode; |x| * 127 / absmax <= 127.
+    const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, row + i), factor));
+    _mm512_mask_cvtepi32_storeu_epi8(x_q + i, lanes, _mm512_add_epi32(q, zero_point));
   }
 }
 
@@ -331,7 +312,7 @@ bool int8_gemm_runs() { return false; }
 void int8_pack_panels(const int8_t*, int64_t, int64_t, int8_t*, int32_t*) {
   throw std::logic_error("int8_gemm is not in this build");
 }
-void int8_quantize_rows(const float*, int64_t, int64_t, uint8_t*, float*) {
+void int8_quantize_row(const float*, int64_t, float, uint8_t*) {
   throw std::logic_error("int8_gemm is not in this build");
 }
 void int8_gemm(const uint8_t*, const float*, int64_t, int64_t, const int8_t*, const int32_t*, const float*,

@@ -55,8 +55,9 @@ class SilentWarnings : public c10::WarningHandler {
 // The rows of a [rows, width] loop that make a task worth a thread (a serial loop inside the search's threads).
 int64_t rows_per_task(int64_t width) { return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(width, 1)); }
 
-// Each row's scale (linear.h): absmax / 63, NaN for a row holding NaN or inf (so that its outputs are NaN for the
-// search's finite check), 1 for an all-zero row. Calls write(row, inverse) with 1 / scale (0 for the two others).
+// Each row's scale (linear.h): absmax / int8_activation_max(), NaN for a row holding NaN or inf (so that its
+// outputs are NaN for the search's finite check), 1 for an all-zero row. Calls write(row, inverse) with 1 / scale
+// (0 for the two others).
 template <typename WriteRow>
 at::Tensor row_scales(const at::Tensor& x, WriteRow&& write) {
   const int64_t rows = x.size(0), in = x.size(1);
@@ -318,12 +319,11 @@ std::pair<at::Tensor, at::Tensor> PackedLinear::vnni_quantized(const at::Tensor&
   TORCH_CHECK(x.scalar_type() == at::kFloat, "an int8 linear layer takes float32 rows, got ", x.scalar_type());
   TORCH_CHECK(x.size(1) == in_features_, "a linear layer of ", in_features_, " inputs got rows of ", x.size(1));
   const at::Tensor input = x.contiguous();
-  const int64_t rows = input.size(0), groups = int8_input_groups(in_features_);
-  at::Tensor quantized = at::empty({rows, groups * 4}, input.options().dtype(at::kByte));
-  at::Tensor scales = at::empty({rows}, input.options());
-  at::parallel_for(0, rows, rows_per_task(in_features_), [&](int64_t first_row, int64_t end_row) {
-    int8_quantize_rows(input.data_ptr<float>() + first_row * in_features_, end_row - first_row, in_features_,
-                       quantized.data_ptr<uint8_t>() + first_row * groups * 4, scales.data_ptr<float>() + first_row);
+  const int64_t row_bytes = int8_input_groups(in_features_) * 4;
+  at::Tensor quantized = at::empty({input.size(0), row_bytes}, input.options().dtype(at::kByte));
+  uint8_t* target = quantized.data_ptr<uint8_t>();
+  at::Tensor scales = row_scales(input, [&](int64_t r, const float* row, float inverse) {
+    int8_quantize_row(row, in_features_, inverse, target + r * row_bytes);
   });
   return {quantized, scales};
 }

@@ -57,7 +57,7 @@ float int8_activation_max();
 //   8 bits (absmax / 127) where the CPU has VNNI, else 7 (absmax / 63), as int8_activation_max() says.
 //   y = (x_q W_q^T) * x_scale * w_scale + b. Each row's result depends on that row
 //   only, so a sentence translates the same in any batch. Three GEMMs, the first that runs here:
-//   - fastformer's own (int8_gemm.h) where the CPU has AVX512-VNNI: the rows quantized in one pass, the result
+//   - fastformer's own (int8_gemm.h) where the CPU has AVX512-VNNI: the rows quantized in two passes, the result
 //     scaled, biased and put through ReLU in the GEMM's registers;
 //   - FBGEMM's (quantized::linear_dynamic): it quantizes its input with one scale for the whole tensor, so each row
 //     is first divided by its absmax, and two rows holding +1 and -1 fix that scale at every call; the rows' scales
