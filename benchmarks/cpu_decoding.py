@@ -27,7 +27,9 @@ the best before it by more than 3% (at least 2 calls, at most MAX_WARMUP_CALLS),
 
 Each fastformer row (in a sweep, at the headline shape only) also gives its share of the GEMM floor: the time of
 the same GEMMs (the encoder's, the cross-attention keys/values', and every step's decoder and output projection, at
-the rows the search has) run alone through the same converted linear layers, divided by the row's time.
+the rows the search has) run alone through the same converted linear layers, divided by the row's time. Where the
+search takes its candidates from the int8 output projection's summary (fastformer's own GEMM: no logits written),
+the floor times that projection as it runs there, summary and all.
 CTranslate2's GEMMs are its own. Beside it: the weights a decoding step reads (step_weight_mib, once per thread's
 group of sentences) and the rate the row read them at (weight_read_gb_s), against the copy bandwidth of the
 machine at that many threads (copy_bandwidth_gb_s in the JSON): a small batch whose rate nears that bandwidth is
@@ -49,6 +51,7 @@ tests/test_export.py, and the compute types' agreement on a trained model in tes
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -195,9 +198,13 @@ def gemm_floor_seconds(model: Transformer, compute_type: str, point: Point, n_se
     source_len = point.source_tokens + 1
     source_rows, group_source_rows = n_sentences * source_len, group_sentences * source_len
     step_rows = group_sentences * k
-    # The search projects a block of sentences at a time (csrc/search.cpp's sentences_per_block): n_blocks calls of
-    # block_sentences each, the last block timed as full.
-    most = max(1, extension().logits_rows_per_block(vocab) // k)
+    # The search's output projection: with the int8 own GEMM, each row's best logits (1 for a greedy search without
+    # scores, which the benchmark asks for; else 2 * beam with the log-softmax's terms and EOS's logit) over all of a
+    # step's rows (csrc/search.cpp's best_logits_step); otherwise the logits, a block of sentences at a time
+    # (sentences_per_block): n_blocks calls of block_sentences each, the last block timed as full.
+    best_needed = 1 if k == 1 else 2 * k
+    summarized = compute_type == "int8" and extension().int8_gemm_runs() and best_needed <= 64
+    most = group_sentences if summarized else max(1, extension().logits_rows_per_block(vocab) // k)
     n_blocks = -(-group_sentences // most)
     block_sentences = -(-group_sentences // n_blocks)
     # (out, in, rows, calls) of every GEMM of one search: the encoder's, then one group's, whose first step decodes
@@ -218,7 +225,17 @@ def gemm_floor_seconds(model: Transformer, compute_type: str, point: Point, n_se
             weight = torch.randn(out, inp, generator=generator) * inp ** -0.5
             fbgemm = out != vocab or extension().output_projection_takes_fbgemm()  # as the search's decoder
             linear = extension().PackedLinear(weight, torch.zeros(out), rows, compute_type, fbgemm)
-            timed.append((linear, torch.randn(rows, inp, generator=generator), calls))
+            x = torch.randn(rows, inp, generator=generator)
+            if out == vocab and summarized:
+                barred = [config.pad_id, config.bos_id]
+                if k == 1:
+                    timed.append((functools.partial(linear.summarize, x, 1, barred), calls))
+                else:
+                    eos = torch.full((rows,), config.eos_id, dtype=torch.int64)
+                    timed.append((functools.partial(linear.summarize, x, best_needed, barred, log_totals=True,
+                                                    picked_ids=eos), calls))
+            else:
+                timed.append((functools.partial(linear, x), calls))
         return timed
 
     def best_time(timed: list, n_threads: int) -> float:
@@ -228,9 +245,9 @@ def gemm_floor_seconds(model: Transformer, compute_type: str, point: Point, n_se
             best = float("inf")
             for _ in range(repeats):
                 start = time.perf_counter()
-                for linear, x, calls in timed:
+                for gemm, calls in timed:
                     for _ in range(calls):
-                        linear(x)
+                        gemm()
                 best = min(best, time.perf_counter() - start)
             return best
         finally:

@@ -66,6 +66,19 @@ struct CrossAttentionArgs {
 // GNMT's ((5 + |Y|) / 6) ** alpha, or |Y| ** alpha as fairseq, transformers, CTranslate2 and Marian do.
 enum class LengthPenaltyForm : int { kGnmt = 0, kLength = 1 };
 
+// What a step of the CPU search may take instead of the logits: each row's best allowed logits and its log-softmax's
+// terms, found as the output projection made the logits (the int8 one's int8_gemm_summary), which it never wrote.
+// Rows as the logits' ([n_active * beam_size]).
+struct BestLogits {
+  const float* values;      // [rows, k]: the row's k highest logits among the tokens allowed (pad and BOS never, EOS
+  const int64_t* ids;       // [rows, k]  not before min_len), best first, ties to the lower id; -1 past the finite
+  int k;                    //            ones. k >= 2 * beam_size, so that every candidate of the step is there
+  const float* tops;        // [rows]: the row's highest logit
+  const float* log_totals;  // [rows]: log(sum of e^(logit - top)): log_softmax = (logit - top) - log_total
+  const float* eos_logits;  // [rows]: the logit of EOS (forced at max_len, whatever its rank)
+  const int32_t* finite;    // [rows]: 0 where the row's logits hold NaN or inf (it then offers no candidate)
+};
+
 // One step of the search for every active sentence: log-softmax, running sums, masks, top-2k candidates,
 // finished-hypothesis bookkeeping, the next beams (tokens, sums, history, cache indirection).
 struct BeamStepArgs {
@@ -96,8 +109,11 @@ struct BeamStepArgs {
   // drew), -1 for none. Forcing EOS at max_len wins over it; a forced token's score is its log-probability.
   const int32_t* forced_tokens;
   // [n_active] or null (CPU only, with_scores 0): each row's allowed argmax found elsewhere (the int8 output
-  // projection's, CachedDecoder::top_k; -1 for a row that is not finite), taken instead of reading logits.
+  // projection's, CachedDecoder::summarize; -1 for a row that is not finite), taken instead of reading logits.
   const int32_t* greedy_tokens;
+  // Null, or (CPU only, logits null, no forced tokens) each row's best logits found elsewhere, taken instead of
+  // reading logits.
+  const BestLogits* best;
 };
 
 // A candidate of a sentence's step: id = beam * vocab + token.

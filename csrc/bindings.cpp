@@ -4,6 +4,7 @@
 #include <torch/extension.h>
 #include <torch/library.h>
 
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -94,6 +95,11 @@ void bind_structs(pybind11::module_& m) {
 }
 
 // The converted linear layers (linear.h, encoder.h, decoder.h): made once, kept by fastformer/decoding/search.py.
+// An undefined tensor as None.
+std::optional<at::Tensor> optional_tensor(const at::Tensor& t) {
+  return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
+}
+
 void bind_compiled(pybind11::module_& m) {
   namespace py = pybind11;
   auto compute_type = [](const std::string& name) { return parse_compute_type(name); };
@@ -126,12 +132,20 @@ void bind_compiled(pybind11::module_& m) {
         c10::InferenceMode inference;
         return linear(x);
       }, py::arg("x"), "x [rows, in] float32 -> [rows, out] float32")
-      .def("top_k", [](const PackedLinear& linear, const at::Tensor& x, int64_t k, const std::vector<int64_t>& barred) {
+      .def("summarize", [](const PackedLinear& linear, const at::Tensor& x, int64_t k,
+                           const std::vector<int64_t>& barred, bool log_totals,
+                           const std::optional<at::Tensor>& picked_ids) {
         c10::InferenceMode inference;
-        return linear.top_k(x, k, barred);
-      }, py::arg("x"), py::arg("k"), py::arg("barred"),
-           "x [rows, in] float32 -> (values [rows, k], ids [rows, k], finite [rows]): each row's k best outputs "
-           "outside barred, the outputs never written (vnni-int8 route only, linear.h)")
+        const PackedLinear::Summary s = linear.summarize(x, k, barred, log_totals, picked_ids.value_or(at::Tensor()));
+        return py::dict(py::arg("values") = s.values, py::arg("ids") = s.ids, py::arg("finite") = s.finite,
+                        py::arg("tops") = optional_tensor(s.tops),
+                        py::arg("log_totals") = optional_tensor(s.log_totals),
+                        py::arg("picked") = optional_tensor(s.picked));
+      }, py::arg("x"), py::arg("k"), py::arg("barred") = std::vector<int64_t>{}, py::arg("log_totals") = false,
+           py::arg("picked_ids") = std::nullopt,
+           "x [rows, in] float32 -> dict of values/ids [rows, k] (each row's k best outputs outside barred), finite, "
+           "tops and log_totals (log_softmax = (y - top) - log_total), picked (the output at picked_ids), [rows] "
+           "each (None where not asked); the outputs never written (vnni-int8 route only, linear.h)")
       .def_property_readonly("route", &PackedLinear::route)
       .def_property_readonly("nbytes", &PackedLinear::nbytes);
   py::class_<DecoderLinears, std::shared_ptr<DecoderLinears>>(m, "DecoderLinears",

@@ -313,6 +313,26 @@ void greedy_step(const at::Tensor& greedy_tokens, int64_t vocab, const at::Tenso
   beam_step_cpu(args);
 }
 
+void beam_step_from_best(const PackedLinear::Summary& best, int64_t vocab, const at::Tensor& active,
+                         const at::Tensor& max_lens, BeamState& state, const SearchOptions& options) {
+  const int64_t rows = active.numel() * options.beam_size;
+  TORCH_CHECK(best.values.dim() == 2 && best.values.size(0) == rows && best.values.size(1) >= 2 * options.beam_size,
+              "best values must be [n_active * beam_size=", rows, ", k >= 2 * beam_size], got ", best.values.sizes());
+  TORCH_CHECK(best.tops.defined() && best.log_totals.defined() && best.picked.defined(),
+              "beam_step_from_best needs each row's top, log_total and EOS logit");
+  TORCH_CHECK(!state.forced_tokens.defined(), "beam_step_from_best takes no forced tokens");
+  check_beam_step_inputs(best.values.device(), vocab, active, max_lens, state, options);
+  const at::Tensor values = best.values.contiguous(), ids = best.ids.contiguous(), tops = best.tops.contiguous();
+  const at::Tensor log_totals = best.log_totals.contiguous(), eos_logits = best.picked.contiguous();
+  const at::Tensor finite = best.finite.to(at::kInt).contiguous();
+  const BestLogits best_logits{values.data_ptr<float>(), ids.data_ptr<int64_t>(), static_cast<int>(values.size(1)),
+                               tops.data_ptr<float>(), log_totals.data_ptr<float>(), eos_logits.data_ptr<float>(),
+                               finite.data_ptr<int32_t>()};
+  BeamStepArgs args = beam_step_args(nullptr, vocab, active, max_lens, state, options);
+  args.best = &best_logits;
+  beam_step_cpu(args);
+}
+
 at::Tensor step_tensor(int64_t step, const at::Device& device) {
   return at::full({1}, step, at::TensorOptions().dtype(at::kInt).device(device));
 }
@@ -517,13 +537,13 @@ at::Tensor CachedDecoder::hidden(const at::Tensor& tokens, const at::Tensor& row
   return x;
 }
 
-bool CachedDecoder::has_top_k() const { return !linears_->output_ids && linears_->output.has_top_k(); }
+bool CachedDecoder::has_summary() const { return !linears_->output_ids && linears_->output.has_summary(); }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> CachedDecoder::top_k(const at::Tensor& hidden, int64_t k,
-                                                                    const std::vector<int64_t>& barred) const {
-  TORCH_CHECK(has_top_k(), "top_k needs an int8 output projection on fastformer's own GEMM and no shortlist");
+PackedLinear::Summary CachedDecoder::summarize(const at::Tensor& hidden, int64_t k, const std::vector<int64_t>& barred,
+                                               bool with_log_totals, const at::Tensor& picked_ids) const {
+  TORCH_CHECK(has_summary(), "summarize needs an int8 output projection on fastformer's own GEMM and no shortlist");
   c10::InferenceMode inference;
-  return linears_->output.top_k(hidden, k, barred);
+  return linears_->output.summarize(hidden, k, barred, with_log_totals, picked_ids);
 }
 
 at::Tensor CachedDecoder::logits(const at::Tensor& x) const {

@@ -222,10 +222,15 @@ void beam_step(const at::Tensor& logits, const at::Tensor& active, const at::Ten
 // size 1, no return_scores, no n-gram blocking.
 bool greedy_without_scores(const SearchOptions& options);
 // beam_step of a greedy search on the CPU that takes each row's allowed argmax as found with the output projection
-// (CachedDecoder::top_k) instead of its logits: greedy_tokens [n_active] int32, -1 for a row that is not
+// (CachedDecoder::summarize) instead of its logits: greedy_tokens [n_active] int32, -1 for a row that is not
 // finite; vocab: the logits' width. Only where greedy_without_scores(options).
 void greedy_step(const at::Tensor& greedy_tokens, int64_t vocab, const at::Tensor& active, const at::Tensor& max_lens,
                  BeamState& state, const SearchOptions& options);
+// beam_step on the CPU from each row's best logits instead of its logits (beam_ops.h's BestLogits): `best` as
+// CachedDecoder::summarize gives it for the rows [n_active * beam_size] with k >= 2 * beam_size, log_totals, and
+// EOS picked; vocab: the logits' width. No forced tokens (a prefix, sampling).
+void beam_step_from_best(const PackedLinear::Summary& best, int64_t vocab, const at::Tensor& active,
+                         const at::Tensor& max_lens, BeamState& state, const SearchOptions& options);
 
 // An attention block of decoder layer `layer`: its input rows [rows, d_model] -> its output [rows, d_model].
 using DecoderBlock = std::function<at::Tensor(const at::Tensor& h, int64_t layer)>;
@@ -262,13 +267,13 @@ class CachedDecoder {
   at::Tensor hidden(const at::Tensor& tokens, const at::Tensor& row_slots, const at::Tensor& indirection,
                     const at::Tensor& step, at::Tensor* cross_attention = nullptr);
   at::Tensor logits(const at::Tensor& hidden) const;
-  // Whether top_k runs: an output projection on the vnni-int8 route (linear.h) without a shortlist.
-  bool has_top_k() const;
-  // hidden [n_rows, d_model] -> (values [n_rows, k], ids [n_rows, k] int64, finite [n_rows] bool): each row's k
-  // highest logits among the ids not in barred, and whether its logits are finite, without the logits ever written
-  // (PackedLinear::top_k).
-  std::tuple<at::Tensor, at::Tensor, at::Tensor> top_k(const at::Tensor& hidden, int64_t k,
-                                                       const std::vector<int64_t>& barred) const;
+  // Whether summarize runs: an output projection on the vnni-int8 route (linear.h) without a shortlist.
+  bool has_summary() const;
+  // hidden [n_rows, d_model] -> its logits' summary (PackedLinear::summarize: each row's k highest logits among the
+  // ids not in barred, whether they are finite, and where asked the log-softmax's terms and the logit at picked_ids),
+  // without the logits ever written.
+  PackedLinear::Summary summarize(const at::Tensor& hidden, int64_t k, const std::vector<int64_t>& barred,
+                                  bool with_log_totals = false, const at::Tensor& picked_ids = {}) const;
 
   int64_t n_slots() const { return n_slots_; }
   int64_t cache_len() const { return cache_len_; }

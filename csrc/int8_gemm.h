@@ -40,16 +40,36 @@ void int8_gemm(const uint8_t* x_q, const float* x_scales, int64_t rows, int64_t 
                const int32_t* offsets, const float* w_scales, const float* bias, bool relu, int64_t out,
                int64_t first_panel, int64_t end_panel, float* y);
 
-// The largest k int8_gemm_top_k keeps.
+// The largest k int8_gemm_summary keeps.
 constexpr int kInt8GemmMaxTopK = 64;
 
-// The k (1..kInt8GemmMaxTopK) highest outputs of each row among those whose ids are not in barred ([n_barred]),
-// best first, ties to the lower id, with the outputs never written: a greedy search's argmax (k 1) or sampling's
-// top-k over its logits. y as int8_gemm computes it without ReLU, over all panels. values [rows, k] and ids
-// [rows, k]: -inf and -1 past a row's finite allowed outputs; finite [rows]: 0 where a row's outputs hold NaN or inf
-// (the barred too), else 1. Single-threaded: the caller splits the rows across threads.
-void int8_gemm_top_k(const uint8_t* x_q, const float* x_scales, int64_t rows, int64_t in, const int8_t* panels,
-                     const int32_t* offsets, const float* w_scales, const float* bias, int64_t out,
-                     const int64_t* barred, int n_barred, int k, float* values, int64_t* ids, int32_t* finite);
+// What int8_gemm_summary keeps of each of `rows` rows of outputs y (as int8_gemm computes them without ReLU, over all
+// panels), which it never writes: a search step's or a scorer's view of its logits. The optional parts are null
+// where not wanted.
+struct Int8RowSummary {
+  // The k (0..kInt8GemmMaxTopK) highest outputs of each row whose ids are not in barred ([n_barred]), best first,
+  // ties to the lower id: values [rows, k] and ids [rows, k], -inf and -1 past a row's finite allowed outputs (a
+  // greedy search's argmax, sampling's top-k, a beam search's candidates).
+  int k = 0;
+  const int64_t* barred = nullptr;
+  int n_barred = 0;
+  float* values = nullptr;
+  int64_t* ids = nullptr;
+  // [rows]: 0 where a row's outputs hold NaN or inf (the barred too), else 1.
+  int32_t* finite = nullptr;
+  // [rows] or null: each row's highest output (all ids) and log(sum over all ids of e^(y - top)), so that
+  // log_softmax(y)[i] = (y[i] - top) - log_total. Summed as the panels pass, rescaled where the top rises.
+  float* tops = nullptr;
+  float* log_totals = nullptr;
+  // [rows] or null: an id of each row in [0, out), and that row's output there (a scored target, or EOS).
+  const int64_t* picked_ids = nullptr;
+  float* picked = nullptr;
+};
+
+// The summary of y's rows into `summary`'s arrays (Int8RowSummary). Arguments as int8_gemm's. Single-threaded: the
+// caller splits the rows across threads.
+void int8_gemm_summary(const uint8_t* x_q, const float* x_scales, int64_t rows, int64_t in, const int8_t* panels,
+                       const int32_t* offsets, const float* w_scales, const float* bias, int64_t out,
+                       const Int8RowSummary& summary);
 
 }  // namespace fastformer

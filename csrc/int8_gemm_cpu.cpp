@@ -50,15 +50,19 @@ FASTFORMER_INLINE __mmask16 panel_lanes(int64_t panel, int64_t out) {
   return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
 }
 
-// int8_gemm_top_k's running best of one row: its best outputs so far (ranked best first, ties to the lower id: the
-// panels come in order of their ids, so an output equal to one kept loses to it) and NaN in `poison` where any
-// output was NaN or inf. Plain arrays: a vector's heap blocks are 16-byte aligned, not 64.
-struct RowTopK {
+// int8_gemm_summary's running summary of one row (Int8RowSummary): its best outputs so far (ranked best first, ties to
+// the lower id: the panels come in order of their ids, so an output equal to one kept loses to it), NaN in `poison`
+// where any output was NaN or inf, each lane's highest output and sum of e^(output - that), and the picked output.
+// Plain arrays: a vector's heap blocks are 16-byte aligned, not 64.
+struct RowSummary {
   float values[kInt8GemmMaxTopK];
   int64_t ids[kInt8GemmMaxTopK];
   int size;
   float bar;  // the value an output must beat to enter: -inf until `size` reaches k, then the k-th best
   float poison[16];
+  float lane_tops[16];
+  float lane_totals[16];
+  float picked;
 };
 
 struct Tile {
@@ -76,11 +80,10 @@ struct Tile {
   const int8_t* next_panels;
   bool relu;
   int64_t first_panel, out;
-  float* y;  // the tile's first row and output; null: best takes the outputs instead
-  RowTopK* best;  // int8_gemm_top_k: the tile's first row's
-  const int64_t* barred;  // int8_gemm_top_k: the ids left out of the best
-  int n_barred;
-  int k;  // int8_gemm_top_k: the outputs kept a row
+  float* y;  // the tile's first row and output; null: `rows` summarizes the outputs instead
+  RowSummary* rows;  // int8_gemm_summary: the tile's first row's
+  const Int8RowSummary* summary;  // int8_gemm_summary: what is kept
+  const int64_t* picked_ids;  // int8_gemm_summary: the tile's first row's, or null
 };
 
 // sum + the 4-byte dot products of row (uint8) and weights (int8) in each int32 lane. In assembly: GCC 12 compiles
@@ -106,14 +109,50 @@ FASTFORMER_INLINE __m512 output_of(const Tile& t, int r, int p, __m512i sum) {
 FASTFORMER_INLINE __mmask16 allowed_lanes(const Tile& t, int p) {
   const int64_t panel = t.first_panel + p;
   __mmask16 allowed = panel_lanes(panel, t.out);
-  for (int i = 0; i < t.n_barred; ++i) {
-    if (t.barred[i] / 16 == panel) allowed &= static_cast<__mmask16>(~(1u << (t.barred[i] % 16)));
+  const Int8RowSummary& s = *t.summary;
+  for (int i = 0; i < s.n_barred; ++i) {
+    if (s.barred[i] / 16 == panel) allowed &= static_cast<__mmask16>(~(1u << (s.barred[i] % 16)));
   }
   return allowed;
 }
 
+// e^x for x <= 0 (to ~2 ulp; x < -87 gives ~1e-38 rather than 0, and NaN gives it too): 2^n * e^r with n =
+// round(x / ln 2) and |r| <= ln(2) / 2 by a degree-6 polynomial, ln 2 split in two so that r stays exact.
+FASTFORMER_INLINE __m512 exp_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f),
+                                    _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x));
+  __m512 p = _mm512_set1_ps(1.38888889e-3f);
+  for (const float c : {8.33333333e-3f, 4.16666667e-2f, 1.66666667e-1f, 0.5f, 1.0f, 1.0f}) {
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  }
+  return _mm512_scalef_ps(p, n);
+}
+
+// Adds a tile's outputs of one row (value[p] in the `lanes` of panel p) to the row's lane-wise highest outputs and
+// sums of e^(output - highest): a lane's sum is rescaled only where the tile raises its highest.
+template <int kPanels>
+FASTFORMER_INLINE void add_to_totals(RowSummary& row, const __m512 (&value)[kPanels],
+                                     const __mmask16 (&lanes)[kPanels]) {
+  __m512 tile_top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int p = 0; p < kPanels; ++p) tile_top = _mm512_mask_max_ps(tile_top, lanes[p], tile_top, value[p]);
+  __m512 top = _mm512_loadu_ps(row.lane_tops), total = _mm512_loadu_ps(row.lane_totals);
+  const __mmask16 raised = _mm512_cmp_ps_mask(tile_top, top, _CMP_GT_OQ);
+  if (raised) {
+    total = _mm512_mask_mul_ps(total, raised, total, exp_nonpositive(_mm512_sub_ps(top, tile_top)));
+    top = _mm512_mask_mov_ps(top, raised, tile_top);
+    _mm512_storeu_ps(row.lane_tops, top);
+  }
+  for (int p = 0; p < kPanels; ++p) {
+    total = _mm512_mask_add_ps(total, lanes[p], total, exp_nonpositive(_mm512_sub_ps(value[p], top)));
+  }
+  _mm512_storeu_ps(row.lane_totals, total);
+}
+
 // Offers row's outputs `value` of panel `panel` in the lanes of `candidates` to its best, in the order of their ids.
-FASTFORMER_NOINLINE void offer(RowTopK& row, int k, int64_t panel, __m512 value, __mmask16 candidates) {
+FASTFORMER_NOINLINE void offer(RowSummary& row, int k, int64_t panel, __m512 value, __mmask16 candidates) {
   alignas(64) float values[16];
   _mm512_store_ps(values, value);
   for (; candidates; candidates &= candidates - 1) {
@@ -130,8 +169,8 @@ FASTFORMER_NOINLINE void offer(RowTopK& row, int k, int64_t panel, __m512 value,
   }
 }
 
-// The tile's outputs into y, or (y null) offered to each row's best (RowTopK): a panel's outputs cost one comparison
-// with the row's bar unless one of them beats it.
+// The tile's outputs into y, or (y null) into each row's summary (RowSummary): a panel's outputs cost one comparison
+// with the row's bar unless one of them beats it, and their exponentials where the summary takes log_totals.
 template <int kRows, int kPanels>
 FASTFORMER_INLINE void finish(const Tile& t, const __m512i (&sums)[kRows][kPanels]) {
   if (t.y) {
@@ -148,16 +187,28 @@ FASTFORMER_INLINE void finish(const Tile& t, const __m512i (&sums)[kRows][kPanel
     lanes[p] = panel_lanes(t.first_panel + p, t.out);
     allowed[p] = allowed_lanes(t, p);
   }
+  const Int8RowSummary& s = *t.summary;
   for (int r = 0; r < kRows; ++r) {
-    RowTopK& row = t.best[r];
+    RowSummary& row = t.rows[r];
+    __m512 value[kPanels];
     __m512 poison = _mm512_setzero_ps();
     for (int p = 0; p < kPanels; ++p) {
-      const __m512 value = output_of(t, r, p, sums[r][p]);
-      poison = _mm512_mask_add_ps(poison, lanes[p], poison, _mm512_mul_ps(value, _mm512_setzero_ps()));
-      const __mmask16 above = _mm512_mask_cmp_ps_mask(allowed[p], value, _mm512_set1_ps(row.bar), _CMP_GT_OQ);
-      if (above) offer(row, t.k, t.first_panel + p, value, above);
+      value[p] = output_of(t, r, p, sums[r][p]);
+      poison = _mm512_mask_add_ps(poison, lanes[p], poison, _mm512_mul_ps(value[p], _mm512_setzero_ps()));
+      if (s.k == 0) continue;
+      const __mmask16 above = _mm512_mask_cmp_ps_mask(allowed[p], value[p], _mm512_set1_ps(row.bar), _CMP_GT_OQ);
+      if (above) offer(row, s.k, t.first_panel + p, value[p], above);
     }
     _mm512_storeu_ps(row.poison, _mm512_add_ps(_mm512_loadu_ps(row.poison), poison));
+    if (s.log_totals) add_to_totals(row, value, lanes);
+    if (t.picked_ids) {
+      const int64_t p = t.picked_ids[r] / 16 - t.first_panel;
+      if (p >= 0 && p < kPanels) {
+        alignas(64) float values[16];
+        _mm512_store_ps(values, value[p]);
+        row.picked = values[t.picked_ids[r] % 16];
+      }
+    }
   }
 }
 
@@ -261,7 +312,8 @@ void run_tiles(Tile tile, int64_t rows, int64_t first_panel, int64_t end_panel) 
                                : nullptr;
         tile.first_panel = panel;
         tile.y = whole.y ? whole.y + row * whole.out + panel * 16 : nullptr;
-        tile.best = whole.best ? whole.best + row : nullptr;
+        tile.rows = whole.rows ? whole.rows + row : nullptr;
+        tile.picked_ids = whole.picked_ids ? whole.picked_ids + row : nullptr;
         tile_function(n_rows, n_panels)(tile);
       }
     }
@@ -275,31 +327,42 @@ void int8_gemm(const uint8_t* x_q, const float* x_scales, int64_t rows, int64_t 
                int64_t first_panel, int64_t end_panel, float* y) {
   const int64_t groups = int8_input_groups(in);
   run_tiles(Tile{x_q, groups * 4, x_scales, panels, groups * 64, groups, offsets, w_scales, bias, nullptr, relu,
-                 first_panel, out, y, nullptr, nullptr, 0, 0},
+                 first_panel, out, y, nullptr, nullptr, nullptr},
             rows, first_panel, end_panel);
 }
 
-void int8_gemm_top_k(const uint8_t* x_q, const float* x_scales, int64_t rows, int64_t in, const int8_t* panels,
-                     const int32_t* offsets, const float* w_scales, const float* bias, int64_t out,
-                     const int64_t* barred, int n_barred, int k, float* values, int64_t* ids, int32_t* finite) {
-  if (k < 1 || k > kInt8GemmMaxTopK) throw std::invalid_argument("int8_gemm_top_k takes k in [1, 64]");
+void int8_gemm_summary(const uint8_t* x_q, const float* x_scales, int64_t rows, int64_t in, const int8_t* panels,
+                       const int32_t* offsets, const float* w_scales, const float* bias, int64_t out,
+                       const Int8RowSummary& summary) {
+  const int k = summary.k;
+  if (k < 0 || k > kInt8GemmMaxTopK) throw std::invalid_argument("int8_gemm_summary takes k in [0, 64]");
+  const float inf = std::numeric_limits<float>::infinity();
   const int64_t groups = int8_input_groups(in);
-  std::vector<RowTopK> best(rows);
-  for (RowTopK& row : best) {
+  std::vector<RowSummary> summaries(rows);
+  for (RowSummary& row : summaries) {
     row.size = 0;
-    row.bar = -std::numeric_limits<float>::infinity();
+    row.bar = -inf;
     std::fill(row.poison, row.poison + 16, 0.0f);
+    std::fill(row.lane_tops, row.lane_tops + 16, -inf);
+    std::fill(row.lane_totals, row.lane_totals + 16, 0.0f);
   }
   run_tiles(Tile{x_q, groups * 4, x_scales, panels, groups * 64, groups, offsets, w_scales, bias, nullptr, false, 0,
-                 out, nullptr, best.data(), barred, n_barred, k},
+                 out, nullptr, summaries.data(), &summary, summary.picked_ids},
             rows, 0, int8_panel_count(out));
   for (int64_t r = 0; r < rows; ++r) {
-    const RowTopK& row = best[r];
+    const RowSummary& row = summaries[r];
     for (int i = 0; i < k; ++i) {
-      values[r * k + i] = i < row.size ? row.values[i] : -std::numeric_limits<float>::infinity();
-      ids[r * k + i] = i < row.size ? row.ids[i] : -1;
+      summary.values[r * k + i] = i < row.size ? row.values[i] : -inf;
+      summary.ids[r * k + i] = i < row.size ? row.ids[i] : -1;
     }
-    finite[r] = std::none_of(row.poison, row.poison + 16, [](float x) { return std::isnan(x); });
+    summary.finite[r] = std::none_of(row.poison, row.poison + 16, [](float x) { return std::isnan(x); });
+    if (summary.picked) summary.picked[r] = row.picked;
+    if (!summary.log_totals) continue;
+    const float top = *std::max_element(row.lane_tops, row.lane_tops + 16);
+    float total = 0.0f;
+    for (int lane = 0; lane < 16; ++lane) total += row.lane_totals[lane] * std::exp(row.lane_tops[lane] - top);
+    summary.tops[r] = top;
+    summary.log_totals[r] = std::log(total);
   }
 }
 
@@ -319,8 +382,8 @@ void int8_gemm(const uint8_t*, const float*, int64_t, int64_t, const int8_t*, co
                const float*, bool, int64_t, int64_t, int64_t, float*) {
   throw std::logic_error("int8_gemm is not in this build");
 }
-void int8_gemm_top_k(const uint8_t*, const float*, int64_t, int64_t, const int8_t*, const int32_t*, const float*,
-                     const float*, int64_t, const int64_t*, int, int, float*, int64_t*, int32_t*) {
+void int8_gemm_summary(const uint8_t*, const float*, int64_t, int64_t, const int8_t*, const int32_t*, const float*,
+                       const float*, int64_t, const Int8RowSummary&) {
   throw std::logic_error("int8_gemm is not in this build");
 }
 

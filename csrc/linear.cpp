@@ -345,26 +345,50 @@ at::Tensor PackedLinear::vnni_int8_linear(const at::Tensor& x, std::optional<Act
   return relu ? y : apply_activation(y, activation);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> PackedLinear::top_k(const at::Tensor& x, int64_t k,
-                                                                   const std::vector<int64_t>& barred) const {
-  TORCH_CHECK(has_top_k(), "top_k runs on the vnni-int8 route only, this layer's is ", route());
+PackedLinear::Summary PackedLinear::summarize(const at::Tensor& x, int64_t k, const std::vector<int64_t>& barred,
+                                              bool with_log_totals, const at::Tensor& picked_ids) const {
+  TORCH_CHECK(has_summary(), "summarize runs on the vnni-int8 route only, this layer's is ", route());
   TORCH_CHECK(x.dim() == 2, "a linear layer takes [rows, in] rows, got ", x.sizes());
-  TORCH_CHECK(k >= 1 && k <= kInt8GemmMaxTopK, "top_k takes k in [1, ", kInt8GemmMaxTopK, "], got ", k);
+  TORCH_CHECK(k >= 0 && k <= kInt8GemmMaxTopK, "summarize keeps k in [0, ", kInt8GemmMaxTopK, "] outputs, got ", k);
+  const int64_t rows = x.size(0);
+  at::Tensor picked_in;
+  if (picked_ids.defined()) {
+    TORCH_CHECK(picked_ids.scalar_type() == at::kLong && picked_ids.dim() == 1 && picked_ids.size(0) == rows,
+                "picked_ids must be [rows=", rows, "] int64, got ", picked_ids.scalar_type(), " ", picked_ids.sizes());
+    picked_in = picked_ids.contiguous();
+    TORCH_CHECK(rows == 0 || (picked_in.min().item<int64_t>() >= 0 && picked_in.max().item<int64_t>() < out_features_),
+                "picked_ids must be in [0, ", out_features_, ")");
+  }
   const auto [quantized, scales] = vnni_quantized(x);
-  const int64_t rows = x.size(0), row_bytes = quantized.size(1);
-  at::Tensor values = at::empty({rows, k}, x.options());
-  at::Tensor ids = at::empty({rows, k}, x.options().dtype(at::kLong));
-  at::Tensor finite = at::empty({rows}, x.options().dtype(at::kInt));
-  // Rows split across threads: each row's best is over every panel, in order.
+  const int64_t row_bytes = quantized.size(1);
+  const at::TensorOptions floats = x.options();
+  Summary summary{at::empty({rows, k}, floats), at::empty({rows, k}, floats.dtype(at::kLong)),
+                  at::empty({rows}, floats.dtype(at::kInt))};
+  if (with_log_totals) summary.tops = at::empty({rows}, floats), summary.log_totals = at::empty({rows}, floats);
+  if (picked_in.defined()) summary.picked = at::empty({rows}, floats);
+  auto at_row = [](const at::Tensor& t, int64_t row, int64_t width) -> float* {
+    return t.defined() ? t.data_ptr<float>() + row * width : nullptr;
+  };
+  // Rows split across threads: each row's summary is over every panel, in order.
   at::parallel_for(0, rows, 6, [&](int64_t first_row, int64_t end_row) {
-    int8_gemm_top_k(quantized.data_ptr<uint8_t>() + first_row * row_bytes, scales.data_ptr<float>() + first_row,
-                    end_row - first_row, in_features_, weight_.data_ptr<int8_t>(), panel_offsets_.data_ptr<int32_t>(),
-                    weight_scales_.data_ptr<float>(), bias_ ? bias_->data_ptr<float>() : nullptr, out_features_,
-                    barred.data(), static_cast<int>(barred.size()), static_cast<int>(k),
-                    values.data_ptr<float>() + first_row * k, ids.data_ptr<int64_t>() + first_row * k,
-                    finite.data_ptr<int32_t>() + first_row);
+    Int8RowSummary part;
+    part.k = static_cast<int>(k);
+    part.barred = barred.data();
+    part.n_barred = static_cast<int>(barred.size());
+    part.values = at_row(summary.values, first_row, k);
+    part.ids = summary.ids.data_ptr<int64_t>() + first_row * k;
+    part.finite = summary.finite.data_ptr<int32_t>() + first_row;
+    part.tops = at_row(summary.tops, first_row, 1);
+    part.log_totals = at_row(summary.log_totals, first_row, 1);
+    part.picked_ids = picked_in.defined() ? picked_in.data_ptr<int64_t>() + first_row : nullptr;
+    part.picked = at_row(summary.picked, first_row, 1);
+    int8_gemm_summary(quantized.data_ptr<uint8_t>() + first_row * row_bytes, scales.data_ptr<float>() + first_row,
+                      end_row - first_row, in_features_, weight_.data_ptr<int8_t>(),
+                      panel_offsets_.data_ptr<int32_t>(), weight_scales_.data_ptr<float>(),
+                      bias_ ? bias_->data_ptr<float>() : nullptr, out_features_, part);
   });
-  return {values, ids, finite.to(at::kBool)};
+  summary.finite = summary.finite.to(at::kBool);
+  return summary;
 }
 
 const char* PackedLinear::route() const {

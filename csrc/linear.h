@@ -78,14 +78,20 @@ class PackedLinear {
   // x: [rows, in] float32 (or the weight's dtype on CUDA) -> [rows, out] in x's dtype
   at::Tensor operator()(const at::Tensor& x, std::optional<Activation> activation = std::nullopt) const;
 
-  // Whether top_k runs: the vnni-int8 route's.
-  bool has_top_k() const { return route_ == Route::kVnniInt8; }
-  // x: [rows, in] float32 -> (values [rows, k] float32, ids [rows, k] int64, finite [rows] bool): each row's k
-  // highest outputs among the ids not in barred, best first, ties to the lower id (-inf and -1 past its finite
-  // ones), and whether its outputs are all finite; the outputs are never written (int8_gemm.h's int8_gemm_top_k,
-  // k <= kInt8GemmMaxTopK). Where has_top_k().
-  std::tuple<at::Tensor, at::Tensor, at::Tensor> top_k(const at::Tensor& x, int64_t k,
-                                                       const std::vector<int64_t>& barred) const;
+  // Whether summarize runs: the vnni-int8 route's.
+  bool has_summary() const { return route_ == Route::kVnniInt8; }
+  // What summarize keeps of each row's outputs, which it never writes (int8_gemm.h's Int8RowSummary).
+  struct Summary {
+    at::Tensor values, ids;       // [rows, k] float32, int64: the k highest outputs outside barred, best first
+    at::Tensor finite;            // [rows] bool: whether the row's outputs are all finite
+    at::Tensor tops, log_totals;  // [rows] float32, where asked: log_softmax(y)[i] = (y[i] - top) - log_total
+    at::Tensor picked;            // [rows] float32, where picked_ids were given: the output at each row's id
+  };
+  // x: [rows, in] float32 -> its outputs' Summary: the k (0..kInt8GemmMaxTopK) highest among the ids not in barred
+  // (ties to the lower id; -inf and -1 past a row's finite ones), with_log_totals: each row's top and log_total,
+  // picked_ids ([rows] int64 in [0, out), or undefined): the output at each. Where has_summary().
+  Summary summarize(const at::Tensor& x, int64_t k, const std::vector<int64_t>& barred, bool with_log_totals = false,
+                    const at::Tensor& picked_ids = {}) const;
 
   // "onednn", "vnni-int8", "fbgemm-int8", "onednn-int8" or "aten": the GEMM the layer runs.
   const char* route() const;

@@ -154,12 +154,16 @@ class StepRules {
   bool act_on_logits(const BeamState& state) const { return history_.defined() || state.forced_tokens.defined(); }
 
   // How many of each row's best logits (pad and BOS barred, EOS before min_len) the step needs where that is all it
-  // needs: 1 for a greedy search's argmax, sampling_topk for a draw from the top-k (draw_from_top_k); 0 where the
-  // step needs the logits themselves (a prefix, the history rules, sampling from more than the scan's top-k).
-  int64_t best_logits_needed(int64_t vocab) const {
+  // needs: without scores, 1 for a greedy search's argmax and sampling_topk for a draw from the top-k
+  // (draw_from_top_k); with scores, 2 * beam_size for a search's candidates (beam_step_from_best); 0 where the step
+  // needs the logits themselves (a prefix, the history rules, sampling with scores or from more than the scan's
+  // top-k).
+  int64_t best_logits_needed(int64_t vocab, bool with_scores) const {
     if (prefix_.defined() || history_.defined()) return 0;
-    const int64_t topk = options_.sampling_topk;
-    return !sampling_ ? 1 : topk > 0 && topk <= kMaxScannedTopK && topk < vocab ? topk : 0;
+    const int64_t needed = sampling_      ? (with_scores ? 0 : options_.sampling_topk)
+                           : with_scores ? 2 * options_.beam_size
+                                         : 1;
+    return needed > 0 && needed <= kMaxScannedTopK && needed < vocab ? needed : 0;
   }
 
   // before_step's draw for `rows` from their best logits found already (values [n_rows, k] float32 and ids [n_rows,
@@ -300,46 +304,77 @@ class StepRules {
   at::Tensor slots_, first_slots_, positions_;  // [n_slots], [n_slots] (its sentence's first), [cache_len] int64
 };
 
-// One step of the search over `rows` at state.step: the decoder's hidden states, then a block of sentences at a time
-// (sentences_per_block) their logits and beam_step under `rules` (the indirection written, the step not advanced).
 // At step 0 only beam 0 of each sentence holds a hypothesis (BeamState), so only its rows are decoded (a
-// beam_size-th of the step's work); beam_step skips the other rows for their -inf sums, and reads zeros there.
-// Where the step needs only each row's best logits (StepRules::best_logits_needed: greedy search, sampling from a
-// top-k) and the output projection can find them (CachedDecoder::top_k), it takes those: no logits are made.
+// beam_size-th of the step's work): the decoder's hidden states of the step's rows, only beam 0's on its first step
+// with beams.
+at::Tensor step_hidden(CachedDecoder& decoder, BeamState& state, const Rows& rows, const SearchOptions& options,
+                       bool first_beams_only) {
+  if (!first_beams_only) return decode_hidden(decoder, state, rows.row_slots, rows.row_slots_long, options);
+  const at::Tensor first_beams = rows.row_slots.view({-1, options.beam_size}).select(1, 0).contiguous();
+  return decode_hidden(decoder, state, first_beams, first_beams.to(at::kLong), options);
+}
+
+// Rows of beam 0 of n sentences ([n, ...]) as the rows of all their beams ([n * beam_size, ...]): beam_step skips
+// the other beams' rows for their -inf sums, and reads zeros there.
+at::Tensor spread_first_beams(const at::Tensor& first_rows, int64_t beam_size) {
+  std::vector<int64_t> shape = first_rows.sizes().vec();
+  const int64_t n = shape[0];
+  shape[0] = n * beam_size;
+  at::Tensor rows = at::zeros(shape, first_rows.options());
+  shape[0] = beam_size;
+  shape.insert(shape.begin(), n);
+  rows.view(shape).select(1, 0).copy_(first_rows);
+  return rows;
+}
+
+// decode_step where the step needs only each row's best logits (StepRules::best_logits_needed: `needed` of them) and
+// the output projection finds them (CachedDecoder::summarize): the logits are never made (at 64 sentences, beam 4
+// and 37k words, 38 MB a step, written and read back). A greedy search's argmax, or sampling's top-k, without
+// scores; else a search's 2 * beam_size candidates a row with its log-softmax's terms and EOS's logit.
+void best_logits_step(CachedDecoder& decoder, BeamState& state, const Rows& rows, const at::Tensor& max_lens,
+                      const SearchOptions& options, StepRules& rules, bool first_step, int64_t needed) {
+  std::vector<int64_t> barred{options.pad_id, options.bos_id};
+  if (state.step.item<int64_t>() < options.min_len) barred.push_back(options.eos_id);
+  if (greedy_without_scores(options)) {
+    const at::Tensor hidden = decode_hidden(decoder, state, rows.row_slots, rows.row_slots_long, options);
+    const PackedLinear::Summary best = decoder.summarize(hidden, needed, barred);
+    if (state.forced_tokens.defined()) rules.draw_from_top_k(best.values, best.ids, rows, state);
+    const at::Tensor tokens = at::where(best.finite, best.ids.select(1, 0), -1).to(at::kInt);  // -1: not finite
+    greedy_step(tokens, decoder.vocab(), rows.active, max_lens, state, options);
+    return;
+  }
+  const int64_t k = options.beam_size;
+  const bool first_beams_only = first_step && k > 1;
+  const at::Tensor hidden = step_hidden(decoder, state, rows, options, first_beams_only);
+  const at::Tensor eos = at::full({hidden.size(0)}, options.eos_id, hidden.options().dtype(at::kLong));
+  PackedLinear::Summary best = decoder.summarize(hidden, needed, barred, /*with_log_totals=*/true, eos);
+  if (first_beams_only) {
+    for (at::Tensor* part : {&best.values, &best.ids, &best.finite, &best.tops, &best.log_totals, &best.picked}) {
+      *part = spread_first_beams(*part, k);
+    }
+  }
+  beam_step_from_best(best, decoder.vocab(), rows.active, max_lens, state, options);
+}
+
+// One step of the search over `rows` at state.step: the decoder's hidden states, then a block of sentences at a time
+// (sentences_per_block) their logits and beam_step under `rules` (the indirection written, the step not advanced);
+// best_logits_step where it runs.
 void decode_step(CachedDecoder& decoder, BeamState& state, const Rows& rows, const at::Tensor& max_lens,
                  const SearchOptions& options, StepRules& rules, bool first_step) {
   const int64_t k = options.beam_size, n_active = rows.active.numel();
-  const int64_t best_needed = rules.best_logits_needed(decoder.vocab());
-  if (state.sums.is_cpu() && greedy_without_scores(options) && best_needed > 0 && decoder.has_top_k()) {
-    // A greedy search's argmax, or sampling's top-k, found as the output projection makes the logits, which are
-    // never written (a block of logits is 9.5 MB at 64 sentences and 37k words, written and read back every step).
-    std::vector<int64_t> barred{options.pad_id, options.bos_id};
-    if (state.step.item<int64_t>() < options.min_len) barred.push_back(options.eos_id);
-    const at::Tensor hidden = decode_hidden(decoder, state, rows.row_slots, rows.row_slots_long, options);
-    const auto [values, ids, finite] = decoder.top_k(hidden, best_needed, barred);
-    if (state.forced_tokens.defined()) rules.draw_from_top_k(values, ids, rows, state);
-    const at::Tensor best = at::where(finite, ids.select(1, 0), -1).to(at::kInt);  // -1: not finite
-    greedy_step(best, decoder.vocab(), rows.active, max_lens, state, options);
+  const int64_t best_needed = rules.best_logits_needed(decoder.vocab(), !greedy_without_scores(options));
+  if (state.sums.is_cpu() && best_needed > 0 && decoder.has_summary()) {
+    best_logits_step(decoder, state, rows, max_lens, options, rules, first_step, best_needed);
     return;
   }
   const bool first_beams_only = first_step && k > 1;
-  const at::Tensor first_beams =
-      first_beams_only ? rows.row_slots.view({-1, k}).select(1, 0).contiguous() : at::Tensor();
-  const at::Tensor hidden = first_beams_only
-                                ? decode_hidden(decoder, state, first_beams, first_beams.to(at::kLong), options)
-                                : decode_hidden(decoder, state, rows.row_slots, rows.row_slots_long, options);
+  const at::Tensor hidden = step_hidden(decoder, state, rows, options, first_beams_only);
   const int64_t block = sentences_per_block(n_active, k, decoder.vocab(), hidden.device());
   for (int64_t first = 0; first < n_active; first += block) {
     const int64_t count = std::min(block, n_active - first);
     const Rows block_rows = rows.block(first, count, k);
-    at::Tensor logits;
-    if (first_beams_only) {
-      const at::Tensor first_logits = decoder.logits(hidden.narrow(0, first, count));
-      logits = at::zeros({count * k, first_logits.size(1)}, first_logits.options());
-      logits.view({count, k, -1}).select(1, 0).copy_(first_logits);
-    } else {
-      logits = decoder.logits(hidden.narrow(0, first * k, count * k));
-    }
+    const at::Tensor logits = first_beams_only ? spread_first_beams(decoder.logits(hidden.narrow(0, first, count)), k)
+                                               : decoder.logits(hidden.narrow(0, first * k, count * k));
     beam_step(rules.before_step(logits, block_rows, state), block_rows.active, max_lens, state, options);
   }
   rules.after_step(state);

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from fastformer import Transformer, TransformerConfig
 from fastformer.decoding.compiled import BFLOAT16_FALLBACK_WARNING, compiled_model, extension, resolve_compute_type
 from fastformer.decoding.search import cached_decoder, encode
+from fastformer.decoding.shortlist import Shortlist
 from fastformer.model import EncoderOutput
 from fastformer.reference.beam_search import Hypothesis
 from test_beam_search import assert_same_hypotheses, make_model, padded_sources, real_token_ids
@@ -234,18 +235,20 @@ def gnmt(total: float, n_tokens: int, alpha: float) -> float:
     return total / ((5 + n_tokens) / 6) ** alpha
 
 
-@pytest.mark.parametrize("compute_type", ["int8", "bfloat16"])
-def test_a_large_beam_finds_the_optimum_of_the_converted_model(compute_type):
-    """3 real tokens, at most 3 of them: a beam of 40 is exhaustive. int8 rows are independent and their products
-    exact integers, so the search scores exactly as teacher forcing does; bfloat16 sums may round differently at
-    another number of rows, hence its tolerance."""
+@pytest.mark.parametrize("compute_type,beam_size", [("int8", 32), ("int8", 40), ("bfloat16", 40)])
+def test_a_large_beam_finds_the_optimum_of_the_converted_model(compute_type, beam_size):
+    """3 real tokens, at most 3 of them: a beam of 32 (27 hypotheses of 3 tokens) is exhaustive. int8 rows are
+    independent and their products exact integers, so the search scores as teacher forcing does (to the rounding of
+    a log-softmax's sum); bfloat16 sums may round differently at another number of rows, hence its tolerance. int8
+    at beam 32 takes its candidates from the output projection's summary where the own GEMM runs (2 * 32 best logits
+    a row), at beam 40 from the logits."""
     model = make_model(vocab=6, eos_scale=3.0)
     src = padded_sources(model, [4])
     real = real_token_ids(model.config)
     targets = [list(t) for n in range(1, 4) for t in itertools.product(real, repeat=n)]
     scores = teacher_forced_scores(model, src, targets, compute_type)
     ranked = sorted((Hypothesis(t, gnmt(s, len(t) + 1, 0.6)) for t, s in zip(targets, scores)), key=lambda h: -h.score)
-    got = model.translate(src, beam_size=40, n_best=3, length_penalty=0.6, min_len=1, max_len_a=0.0, max_len_b=3,
+    got = model.translate(src, beam_size=beam_size, n_best=3, length_penalty=0.6, min_len=1, max_len_a=0.0, max_len_b=3,
                           compute_type=compute_type)
     atol = 1e-5 if compute_type == "int8" else 2e-2
     if compute_type == "int8":
@@ -257,9 +260,9 @@ def test_a_large_beam_finds_the_optimum_of_the_converted_model(compute_type):
 @pytest.mark.parametrize("return_scores", [True, False], ids=["scores", "argmax-only"])
 @pytest.mark.parametrize("min_len", [0, 3])
 def test_int8_beam_1_is_greedy_decoding(min_len, return_scores):
-    """Without scores, where the own int8 GEMM runs, each step's argmax is found as the output projection makes the
-    logits (PackedLinear.argmax), with EOS barred before min_len; with scores, from the logits written. The
-    sentence's greedy translation ends before 3 tokens unless EOS is barred."""
+    """Where the own int8 GEMM runs, each step's argmax is found as the output projection makes the logits
+    (PackedLinear.summarize), with EOS barred before min_len: without scores alone, with scores with the log-softmax's
+    terms. The sentence's greedy translation ends before 3 tokens unless EOS is barred."""
     model = make_model(vocab=37, eos_scale=24.0)
     src = padded_sources(model, [6], seed=2)
     config = model.config
@@ -287,7 +290,7 @@ def test_int8_beam_1_is_greedy_decoding(min_len, return_scores):
 @pytest.mark.parametrize("topk,topp", [(10, 1.0), (5, 0.8), (64, 1.0)])
 def test_int8_sampling_without_scores_draws_as_the_one_with_scores(topk, topp):
     """Without scores, where the own int8 GEMM runs, sampling's top-k is found as the output projection makes the
-    logits (PackedLinear.top_k); with scores, from the logits written (the one-pass scan): the same candidates and
+    logits (PackedLinear.summarize); with scores, from the logits written (the one-pass scan): the same candidates and
     uniforms, so the same samples, with EOS barred before min_len as well."""
     model = make_model(vocab=130, eos_scale=8.0)
     src = padded_sources(model, [7, 2, 5, 1, 4, 9, 3, 8], seed=3)
@@ -301,9 +304,40 @@ def test_int8_sampling_without_scores_draws_as_the_one_with_scores(topk, topp):
     assert len(drawn) > 16
 
 
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_int8_search_from_the_best_logits_equals_the_one_from_the_logits(beam_size):
+    """Where the own int8 GEMM runs, a search with scores takes each row's 2 * beam_size best logits, its top,
+    log-sum-exp and EOS's logit from the output projection (PackedLinear.summarize); with a shortlist of the whole
+    vocabulary it reads the same logits written: the same hypotheses, the scores to rounding (the log-sum-exp is
+    summed in another order), sentences finishing at different steps, EOS barred before min_len."""
+    int8_route("vnni")
+    model = make_model(vocab=37, eos_scale=8.0)
+    src = padded_sources(model, [7, 2, 5, 1, 4, 9, 3, 8], seed=3)
+    vocab = model.config.vocab_size
+    whole = Shortlist(candidates=torch.full((vocab, 1), -1), always=torch.arange(vocab))
+    search = dict(beam_size=beam_size, n_best=beam_size, max_len_a=1.0, max_len_b=5, min_len=2, compute_type="int8")
+    from_best = model.translate(src, **search)
+    assert_same_hypotheses(from_best, model.translate(src, shortlist=whole, **search), atol=1e-5)
+    assert len({len(h[0].tokens) for h in from_best}) > 1
+
+
+@pytest.mark.parametrize("compute_type", ["int8", "float32"])
+def test_scores_of_every_next_token_sum_to_one(compute_type):
+    """Teacher-forced scoring of one source and prefix followed by each id of the vocabulary: the rows of that
+    position are the same, so the probabilities scored there sum to 1 (int8 with the own GEMM takes each target's
+    logit and the log-softmax's terms from the output projection's summary; float32 reads the logits written)."""
+    model = make_model(vocab=37, eos_scale=8.0)
+    vocab = model.config.vocab_size
+    src = padded_sources(model, [6], seed=2).expand(vocab, -1)
+    scored = model.score(src, [[7, 5, token] for token in range(vocab)], compute_type=compute_type)
+    probabilities = torch.stack([tokens[2] for tokens in scored]).double().exp()
+    assert probabilities.sum().item() == pytest.approx(1.0, abs=1e-5)
+    assert probabilities.max() > 2 * probabilities.min()
+
+
 def test_int8_greedy_search_without_scores_equals_the_one_with_scores_on_a_batch():
-    """The argmax found inside the output projection (no scores) against the one read from the logits (scores):
-    the same logits, so the same tokens, for sentences finishing at different steps."""
+    """The argmax alone found inside the output projection (no scores) against the candidates with their
+    log-softmax's terms (scores): the same logits, so the same tokens, for sentences finishing at different steps."""
     model = make_model(vocab=37, eos_scale=8.0)
     src = padded_sources(model, [7, 2, 5, 1, 4, 9, 3, 8], seed=3)
     search = dict(beam_size=1, max_len_a=1.0, max_len_b=5, compute_type="int8")
@@ -313,30 +347,40 @@ def test_int8_greedy_search_without_scores_equals_the_one_with_scores_on_a_batch
     assert len({len(h[0].tokens) for h in with_scores}) > 1
 
 
-@pytest.mark.parametrize("k", [1, 10, 64])
-def test_int8_top_k_equals_a_stable_sort_of_the_outputs(k):
-    """PackedLinear.top_k against a stable descending sort of the same layer's outputs with the barred ids at -inf:
-    the outputs' last panel in part, ids barred in several panels, ties to the lower id (two equal weight rows, the
-    highest outputs of every row), and finite False for the rows holding NaN or inf."""
+@pytest.mark.parametrize("k", [0, 1, 10, 64])
+def test_int8_summary_equals_a_stable_sort_and_the_log_softmax_of_the_outputs(k):
+    """PackedLinear.summarize against the same layer's outputs written: its top-k against a stable descending sort
+    with the barred ids at -inf (the last panel in part, ids barred in several panels, ties to the lower id: two
+    equal weight rows, the highest outputs of every row); its log-softmax terms against float64's log_softmax; the
+    picked outputs; finite False for the rows holding NaN or inf."""
     x, weight, bias = linear_inputs(rows=13, in_features=96, out_features=130)
     weight[77] = weight[40]  # equal outputs at 40 and 77 ...
     bias[77] = bias[40] = 50.0  # ... and the highest in every row
     linear = extension().PackedLinear(weight, bias, 16, "int8", **int8_route("vnni"))
     outputs = linear(x)
+    picked_ids = torch.arange(13) * 11 % 130
     for barred in ([], [0, 1, 2], [40, 129]):
         expected = outputs.clone()
         expected[:, barred] = -float("inf")
         expected_values, expected_ids = expected.sort(dim=1, descending=True, stable=True)
-        values, ids, finite = linear.top_k(x, k, barred)
-        assert torch.equal(ids, expected_ids[:, :k]) and torch.equal(values, expected_values[:, :k])
-        assert finite.all()
+        summary = linear.summarize(x, k, barred, log_totals=True, picked_ids=picked_ids)
+        assert torch.equal(summary["ids"], expected_ids[:, :k]) and torch.equal(summary["values"],
+                                                                                expected_values[:, :k])
+        assert summary["finite"].all()
+        assert torch.equal(summary["tops"], outputs.max(1).values)
+        assert torch.equal(summary["picked"], outputs.gather(1, picked_ids[:, None])[:, 0])
+        log_probs = (summary["picked"] - summary["tops"]) - summary["log_totals"]
+        expected_log_probs = outputs.double().log_softmax(1).gather(1, picked_ids[:, None])[:, 0]
+        torch.testing.assert_close(log_probs.double(), expected_log_probs, atol=1e-5, rtol=0)
+    assert linear.summarize(x, k)["tops"] is None and linear.summarize(x, k)["picked"] is None
     x[3, 5] = float("nan")
     x[8, 0] = float("inf")
-    values, ids, finite = linear.top_k(x, k, [])
-    assert finite.tolist() == [i not in (3, 8) for i in range(13)]
-    assert (ids[[0, 1, 2, 4, 5, 6, 7], 0] == 40).all()
+    summary = linear.summarize(x, k)
+    assert summary["finite"].tolist() == [i not in (3, 8) for i in range(13)]
+    if k > 0:
+        assert (summary["ids"][[0, 1, 2, 4, 5, 6, 7], 0] == 40).all()
     if k > 1:
-        assert (ids[[0, 1, 2, 4, 5, 6, 7], 1] == 77).all()
+        assert (summary["ids"][[0, 1, 2, 4, 5, 6, 7], 1] == 77).all()
 
 
 def test_int8_translation_does_not_depend_on_the_batch():

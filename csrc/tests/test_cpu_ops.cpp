@@ -207,7 +207,7 @@ struct StepBuffers {
 // forced: each sentence's forced token (BeamStepArgs::forced_tokens), or empty for none.
 void test_beam_step(int beam, int vocab, int step, int min_len, int max_len,
                     fastformer::LengthPenaltyForm form = fastformer::LengthPenaltyForm::kGnmt,
-                    bool with_scores = true, std::vector<int32_t> forced = {}) {
+                    bool with_scores = true, std::vector<int32_t> forced = {}, bool from_best = false) {
   const int n_sentences = 4, pad = 0, bos = 1, eos = 2, cache_len = step + 2;
   const int n_slots = n_sentences * beam;
   const double length_penalty = 0.6;
@@ -251,6 +251,37 @@ void test_beam_step(int beam, int vocab, int step, int min_len, int max_len,
   args.length_penalty_form = form;
   args.with_scores = with_scores;
   args.forced_tokens = forced.empty() ? nullptr : forced.data();
+  // from_best: the step from each row's best 2 * beam allowed logits, top, log-sum-exp (in double here) and EOS's
+  // logit (BeamStepArgs::best, as the int8 output projection's summary gives them), the logits unread.
+  std::vector<float> best_values, tops, log_totals, eos_logits;
+  std::vector<int64_t> best_ids;
+  std::vector<int32_t> finite;
+  fastformer::BestLogits best{};
+  if (from_best) {
+    const int k = 2 * beam;
+    for (int r = 0; r < n_active * beam; ++r) {
+      const float* row = b.logits.data() + size_t(r) * vocab;
+      std::vector<int> allowed;
+      for (int t = 0; t < vocab; ++t) {
+        if (t != pad && t != bos && (t != eos || step >= min_len)) allowed.push_back(t);
+      }
+      std::stable_sort(allowed.begin(), allowed.end(), [&](int x, int y) { return row[x] > row[y]; });
+      for (int i = 0; i < k; ++i) {
+        best_ids.push_back(i < int(allowed.size()) ? allowed[i] : -1);
+        best_values.push_back(i < int(allowed.size()) ? row[allowed[i]] : -std::numeric_limits<float>::infinity());
+      }
+      const float top = *std::max_element(row, row + vocab);
+      double total = 0.0;
+      for (int t = 0; t < vocab; ++t) total += std::exp(double(row[t]) - top);
+      tops.push_back(top);
+      log_totals.push_back(float(std::log(total)));
+      eos_logits.push_back(row[eos]);
+      finite.push_back(1);
+    }
+    best = {best_values.data(), best_ids.data(), k, tops.data(), log_totals.data(), eos_logits.data(), finite.data()};
+    args.logits = nullptr;
+    args.best = &best;
+  }
   loops->beam_step(args);
 
   for (int untouched : {1, 3}) {
@@ -503,31 +534,52 @@ void test_int8_gemm(int rows, int out, int in, bool with_bias, bool relu) {
       }
     }
   }
-  if (relu) return;  // int8_gemm_top_k ranks the outputs before any activation
-  // int8_gemm_top_k: each row's k highest outputs of y (checked above) outside barred, best first, ties to the lower
-  // id; -inf and -1 past the allowed ones; the NaN row not finite.
+  if (relu) return;  // int8_gemm_summary summarizes the outputs before any activation
+  // int8_gemm_summary: each row's k highest outputs of y (checked above) outside barred, best first, ties to the
+  // lower id, -inf and -1 past the allowed ones; its top and log-sum-exp over every output (barred ones too) against
+  // double sums; the output at a picked id of each row; the NaN row not finite.
   const std::vector<int64_t> barred{0, out - 1, 20};
-  for (int k : {1, 5}) {
-    std::vector<float> values(rows * k);
-    std::vector<int64_t> ids(rows * k);
+  for (int k : {0, 1, 5}) {
+    std::vector<float> values(rows * k), tops(rows), log_totals(rows), picked(rows);
+    std::vector<int64_t> ids(rows * k), picked_ids(rows);
     std::vector<int32_t> finite(rows);
-    fastformer::int8_gemm_top_k(x_q.data(), x_scales.data(), rows, in, panels.data(), offsets.data(),
-                                padded_scales.data(), with_bias ? padded_bias.data() : nullptr, out, barred.data(),
-                                static_cast<int>(barred.size()), k, values.data(), ids.data(), finite.data());
+    for (int r = 0; r < rows; ++r) picked_ids[r] = (7 * r + k) % out;
+    fastformer::Int8RowSummary summary;
+    summary.k = k;
+    summary.barred = barred.data();
+    summary.n_barred = static_cast<int>(barred.size());
+    summary.values = values.data();
+    summary.ids = ids.data();
+    summary.finite = finite.data();
+    if (k != 1) {  // k 1 as a greedy search asks: best and finite only
+      summary.tops = tops.data();
+      summary.log_totals = log_totals.data();
+      summary.picked_ids = picked_ids.data();
+      summary.picked = picked.data();
+    }
+    fastformer::int8_gemm_summary(x_q.data(), x_scales.data(), rows, in, panels.data(), offsets.data(),
+                                  padded_scales.data(), with_bias ? padded_bias.data() : nullptr, out, summary);
     for (int r = 0; r < rows; ++r) {
       EXPECT(finite[r] == !std::isnan(x_scales[r]));
       if (!finite[r]) continue;
+      const float* row_y = y.data() + r * out;
       std::vector<int64_t> expected;
       for (int o = 0; o < out; ++o) {
         if (std::find(barred.begin(), barred.end(), o) == barred.end()) expected.push_back(o);
       }
-      std::stable_sort(expected.begin(), expected.end(),
-                       [&](int64_t a, int64_t b) { return y[r * out + a] > y[r * out + b]; });
+      std::stable_sort(expected.begin(), expected.end(), [&](int64_t a, int64_t b) { return row_y[a] > row_y[b]; });
       for (int i = 0; i < k; ++i) {
         const bool kept = i < static_cast<int>(expected.size());
         EXPECT(ids[r * k + i] == (kept ? expected[i] : -1));
-        EXPECT(values[r * k + i] == (kept ? y[r * out + expected[i]] : -std::numeric_limits<float>::infinity()));
+        EXPECT(values[r * k + i] == (kept ? row_y[expected[i]] : -std::numeric_limits<float>::infinity()));
       }
+      if (k == 1) continue;
+      const float top = *std::max_element(row_y, row_y + out);
+      double total = 0.0;
+      for (int o = 0; o < out; ++o) total += std::exp(double(row_y[o]) - top);
+      EXPECT(tops[r] == top);
+      EXPECT(std::fabs(log_totals[r] - std::log(total)) < 1e-5 * (1.0 + std::log(total)));
+      EXPECT(picked[r] == row_y[picked_ids[r]]);
     }
   }
 }
@@ -556,13 +608,19 @@ int main() {
       test_cross_attention(head_dim);
     }
     for (int beam : {1, 2, 4, 5}) {
-      test_beam_step(beam, 9, 3, 1, 10);   // EOS allowed
-      test_beam_step(beam, 9, 3, 5, 10);   // EOS barred (min_len)
-      test_beam_step(beam, 9, 3, 1, 3);    // EOS forced (max_len)
-      test_beam_step(beam, 40, 0, 0, 10);  // a larger vocabulary, the first step
-      test_beam_step(beam, 300, 3, 1, 10);  // blocks of 8 vectors that the search may pass over, and a tail
-      test_beam_step(beam, 9, 3, 1, 10, fastformer::LengthPenaltyForm::kLength);
-      test_beam_step(beam, 9, 3, 1, 3, fastformer::LengthPenaltyForm::kLength);
+      for (bool from_best : {false, true}) {  // from the logits, or from each row's best (BeamStepArgs::best)
+        auto check = [&](int vocab, int step, int min_len, int max_len,
+                         fastformer::LengthPenaltyForm form = fastformer::LengthPenaltyForm::kGnmt) {
+          test_beam_step(beam, vocab, step, min_len, max_len, form, true, {}, from_best);
+        };
+        check(9, 3, 1, 10);   // EOS allowed
+        check(9, 3, 5, 10);   // EOS barred (min_len)
+        check(9, 3, 1, 3);    // EOS forced (max_len)
+        check(40, 0, 0, 10);  // a larger vocabulary, the first step
+        check(300, 3, 1, 10);  // blocks of 8 vectors that the search may pass over, and a tail
+        check(9, 3, 1, 10, fastformer::LengthPenaltyForm::kLength);
+        check(9, 3, 1, 3, fastformer::LengthPenaltyForm::kLength);
+      }
     }
     for (int vocab : {9, 40, 300}) {  // the greedy path, around the vector width
       for (auto [min_len, max_len] : {std::pair{1, 10}, std::pair{5, 10}, std::pair{1, 3}}) {
