@@ -99,18 +99,54 @@ void test_self_attention_step(int head_dim) {
   EXPECT(changed == size_t(n_rows) * heads * head_dim);  // only the appended position moved
 }
 
-void test_cross_attention(int head_dim) {
-  const int n_sentences = 3, beam = 2, heads = 2, src_len = 20;
+// cross_attention against the naive sum, float32 or float16 keys and values, beams of a sentence in groups of 4, 2
+// and 1 (beam 5 and a sentence with 3 rows); and each row bitwise as it attends alone (beam_size 1, its sentence's
+// keys and values its own).
+void test_cross_attention(int head_dim, bool half) {
+  const int n_sentences = 3, beam = 5, heads = 2, src_len = 20;
   const int d_model = heads * head_dim;
   const size_t size = size_t(n_sentences) * heads * src_len * head_dim;
-  const std::vector<float> k = random_floats(size), v = random_floats(size);
+  std::vector<float> k = random_floats(size), v = random_floats(size);
+  std::vector<_Float16> k_half(size), v_half(size);
+  for (size_t i = 0; i < size; ++i) {
+    k_half[i] = static_cast<_Float16>(k[i]);
+    v_half[i] = static_cast<_Float16>(v[i]);
+    if (half) k[i] = static_cast<float>(k_half[i]), v[i] = static_cast<float>(v_half[i]);
+  }
   const std::vector<int32_t> src_lengths = {20, 1, 17};  // one key block and more, with a tail
-  const std::vector<int32_t> row_slots = {0, 1, 2, 3, 4, 5};
+  const std::vector<int32_t> row_slots = {0, 1, 2, 3, 4, 5, 7, 9, 12};  // sentence 0's 5 beams, 1's 3, 2's 1
   const int n_rows = int(row_slots.size());
   const std::vector<float> q = random_floats(size_t(n_rows) * d_model);
+  auto attend = [&](const void* keys, const void* values, const int32_t* lengths, const int32_t* slots, int beam_size,
+                    std::vector<float>& out) {
+    fastformer::CrossAttentionArgs args{q.data(), keys, values, lengths, slots, out.data(), n_rows, heads, head_dim,
+                                        src_len, beam_size};
+    args.half_keys_values = half;
+    loops->cross_attention(args);
+  };
   std::vector<float> out(size_t(n_rows) * d_model);
-  loops->cross_attention({q.data(), k.data(), v.data(), src_lengths.data(), row_slots.data(), out.data(),
-                                   n_rows, heads, head_dim, src_len, beam});
+  attend(half ? static_cast<const void*>(k_half.data()) : k.data(),
+         half ? static_cast<const void*>(v_half.data()) : v.data(), src_lengths.data(), row_slots.data(), beam, out);
+  // Alone: row r is sentence r of beam 1, with a copy of its sentence's keys and values.
+  std::vector<float> k_alone, v_alone;
+  std::vector<_Float16> k_half_alone, v_half_alone;
+  std::vector<int32_t> lengths_alone, slots_alone;
+  const size_t per_sentence = size_t(heads) * src_len * head_dim;
+  for (int row = 0; row < n_rows; ++row) {
+    const int sentence = row_slots[row] / beam;
+    const size_t from = sentence * per_sentence;
+    k_alone.insert(k_alone.end(), k.begin() + from, k.begin() + from + per_sentence);
+    v_alone.insert(v_alone.end(), v.begin() + from, v.begin() + from + per_sentence);
+    k_half_alone.insert(k_half_alone.end(), k_half.begin() + from, k_half.begin() + from + per_sentence);
+    v_half_alone.insert(v_half_alone.end(), v_half.begin() + from, v_half.begin() + from + per_sentence);
+    lengths_alone.push_back(src_lengths[sentence]);
+    slots_alone.push_back(row);
+  }
+  std::vector<float> out_alone(out.size());
+  attend(half ? static_cast<const void*>(k_half_alone.data()) : k_alone.data(),
+         half ? static_cast<const void*>(v_half_alone.data()) : v_alone.data(), lengths_alone.data(),
+         slots_alone.data(), 1, out_alone);
+  EXPECT(out == out_alone);
   for (int row = 0; row < n_rows; ++row) {
     const int sentence = row_slots[row] / beam;
     for (int h = 0; h < heads; ++h) {
@@ -605,7 +641,7 @@ int main() {
     test_top_k_row();
     for (int head_dim : {4, 8, 64}) {
       test_self_attention_step(head_dim);
-      test_cross_attention(head_dim);
+      for (bool half : {false, true}) test_cross_attention(head_dim, half);
     }
     for (int beam : {1, 2, 4, 5}) {
       for (bool from_best : {false, true}) {  // from the logits, or from each row's best (BeamStepArgs::best)
