@@ -221,7 +221,7 @@ struct CpuLoops {
   void (*scale_and_add)(float* y, int64_t width, float scale, const float* bias);
   void (*target_log_probs)(const float* logits, int64_t n_rows, int64_t width, const int64_t* targets, float* out);
   void (*top_k_row)(const float* row, int64_t width, int64_t k, const int64_t* excluded, int64_t n_excluded,
-                    int64_t fill_id, float* values, int64_t* ids);
+                    int64_t fill_id, float* values, int64_t* ids, float* top, float* log_total);
 };
 // The instruction sets this build has and this CPU runs, widest first (the tests run each).
 std::vector<const CpuLoops*> cpu_isas();
@@ -245,10 +245,12 @@ void scale_and_add_cpu(float* y, int64_t width, float scale, const float* bias);
 // logits: [n_rows, width], targets: [n_rows] in [0, width)
 void target_log_probs_cpu(const float* logits, int64_t n_rows, int64_t width, const int64_t* targets, float* out);
 // The k largest floats of row among the ids not in excluded (n_excluded of them), best first, ties to the lower id
-// -> values[k], ids[k]; past a row's finite candidates, -inf and fill_id (NaN never enters). A vector of the row
-// none of whose lanes beats the k-th best so far costs one comparison (sampling's top-k, search.cpp).
+// -> values[k], ids[k]; past a row's finite candidates, -inf and fill_id (NaN never enters). A block of 8 vectors
+// none of whose lanes beats the k-th best so far costs one comparison (sampling's top-k, search.cpp; a beam step's
+// candidates). Where top is not null, in the same pass: *top = max(row) and *log_total = log(sum e^(row - top)),
+// log_softmax's terms (NaN where the row holds NaN; top +inf where it holds +inf).
 // row: [width], excluded: [n_excluded], values: [k], ids: [k]
 void top_k_row_cpu(const float* row, int64_t width, int64_t k, const int64_t* excluded, int64_t n_excluded,
-                   int64_t fill_id, float* values, int64_t* ids);
+                   int64_t fill_id, float* values, int64_t* ids, float* top = nullptr, float* log_total = nullptr);
 
 }  // namespace fastformer

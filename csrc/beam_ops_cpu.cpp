@@ -114,8 +114,8 @@ void target_log_probs_cpu(const float* logits, int64_t n_rows, int64_t width, co
   cpu_loops().target_log_probs(logits, n_rows, width, targets, out);
 }
 void top_k_row_cpu(const float* row, int64_t width, int64_t k, const int64_t* excluded, int64_t n_excluded,
-                   int64_t fill_id, float* values, int64_t* ids) {
-  cpu_loops().top_k_row(row, width, k, excluded, n_excluded, fill_id, values, ids);
+                   int64_t fill_id, float* values, int64_t* ids, float* top, float* log_total) {
+  cpu_loops().top_k_row(row, width, k, excluded, n_excluded, fill_id, values, ids, top, log_total);
 }
 void scale_and_add_cpu(float* y, int64_t width, float scale, const float* bias) {
   cpu_loops().scale_and_add(y, width, scale, bias);

@@ -468,8 +468,9 @@ void test_target_log_probs() {
   }
 }
 
-// top_k_row_cpu against sorting the allowed finite floats: widths around the vector width, k from 1 to past the
-// candidates, ties (to the lower id), excluded ids, NaN and -inf (never taken), a row of -inf only.
+// top_k_row_cpu against sorting the allowed finite floats (and its log-softmax terms against double sums): widths
+// around the vector width and its blocks of 8, k from 1 to past the candidates, ties (to the lower id), excluded
+// ids, NaN and -inf (never taken), a row of -inf only.
 void test_top_k_row() {
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
   const std::vector<int64_t> excluded = {0, 2};
@@ -479,8 +480,10 @@ void test_top_k_row() {
     if (width > 3) row[3] = nan;
     if (width > 4) row[4] = -inf;
     for (int64_t k : {1, 2, 4, 10, 64}) {
-      for (const bool all_minus_inf : {false, true}) {
+      for (const auto [all_minus_inf, with_totals] : {std::pair{false, false}, std::pair{false, true},
+                                                      std::pair{true, false}, std::pair{true, true}}) {
         std::vector<float> x = all_minus_inf ? std::vector<float>(width, -inf) : row;
+        if (with_totals && width % 2 == 0 && !all_minus_inf && width > 3) x[3] = 0.0f;  // a finite log_total
         std::vector<std::pair<float, int64_t>> allowed;
         for (int t = 0; t < width; ++t) {
           if (x[t] > -inf && t != 0 && t != 2) allowed.push_back({-x[t], t});  // NaN > -inf is false
@@ -488,13 +491,29 @@ void test_top_k_row() {
         std::sort(allowed.begin(), allowed.end());
         std::vector<float> values(k, 5.0f);
         std::vector<int64_t> ids(k, 5);
-        loops->top_k_row(x.data(), width, k, excluded.data(), 2, 7, values.data(), ids.data());
+        float top = 5.0f, log_total = 5.0f;
+        loops->top_k_row(x.data(), width, k, excluded.data(), 2, 7, values.data(), ids.data(),
+                         with_totals ? &top : nullptr, &log_total);
         for (int64_t i = 0; i < k; ++i) {
           if (i < static_cast<int64_t>(allowed.size())) {
             EXPECT(values[i] == -allowed[i].first && ids[i] == allowed[i].second);
           } else {
             EXPECT(values[i] == -inf && ids[i] == 7);
           }
+        }
+        if (!with_totals) {
+          EXPECT(top == 5.0f && log_total == 5.0f);
+          continue;
+        }
+        // log_softmax's terms over every float (the excluded too), in double: NaN where the row holds NaN.
+        double expected_top = -inf, total = 0.0;
+        for (float value : x) expected_top = std::max(expected_top, double(value));
+        for (float value : x) total += value > -inf ? std::exp(double(value) - expected_top) : 0.0;
+        const bool has_nan = std::any_of(x.begin(), x.end(), [](float value) { return std::isnan(value); });
+        if (has_nan || all_minus_inf) {
+          EXPECT(std::isnan(log_total));
+        } else {
+          EXPECT(top == expected_top && std::fabs(log_total - std::log(total)) < 1e-5);
         }
       }
     }
