@@ -43,9 +43,9 @@ void int8_gemm(const uint8_t* x_q, const float* x_scales, int64_t rows, int64_t 
 // The largest k int8_gemm_summary keeps.
 constexpr int kInt8GemmMaxTopK = 64;
 
-// What int8_gemm_summary keeps of each of `rows` rows of outputs y (as int8_gemm computes them without ReLU, over all
-// panels), which it never writes: a search step's or a scorer's view of its logits. The optional parts are null
-// where not wanted.
+// What int8_gemm_summary keeps of each of `rows` rows of outputs y (as int8_gemm computes them without ReLU, over the
+// panels it is given), which it never writes: a search step's or a scorer's view of its logits. The optional parts
+// are null where not wanted.
 struct Int8RowSummary {
   // The k (0..kInt8GemmMaxTopK) highest outputs of each row whose ids are not in barred ([n_barred]), best first,
   // ties to the lower id: values [rows, k] and ids [rows, k], -inf and -1 past a row's finite allowed outputs (a
@@ -61,15 +61,23 @@ struct Int8RowSummary {
   // log_softmax(y)[i] = (y[i] - top) - log_total. Summed as the panels pass, rescaled where the top rises.
   float* tops = nullptr;
   float* log_totals = nullptr;
-  // [rows] or null: an id of each row in [0, out), and that row's output there (a scored target, or EOS).
+  // [rows] or null: an id of each row in [0, out), and that row's output there (a scored target, or EOS); -inf
+  // where the id is outside the panels summarized.
   const int64_t* picked_ids = nullptr;
   float* picked = nullptr;
 };
 
-// The summary of y's rows into `summary`'s arrays (Int8RowSummary). Arguments as int8_gemm's. Single-threaded: the
-// caller splits the rows across threads.
+// The summary of y's rows over panels [first_panel, end_panel) into `summary`'s arrays (Int8RowSummary). Arguments
+// as int8_gemm's. Single-threaded: the caller splits the rows, or the panels (then int8_merge_summaries), across
+// threads.
 void int8_gemm_summary(const uint8_t* x_q, const float* x_scales, int64_t rows, int64_t in, const int8_t* panels,
                        const int32_t* offsets, const float* w_scales, const float* bias, int64_t out,
-                       const Int8RowSummary& summary);
+                       int64_t first_panel, int64_t end_panel, const Int8RowSummary& summary);
+
+// The summaries of the same rows over consecutive panel ranges (parts [n_parts], in the order of the ranges, each
+// with into's k and optional parts) as one over all of them, into `into`: the best merged (ties to the lower id, so
+// to the earlier part), the log-softmax's terms combined, finite where every part is, picked from the part that holds
+// the id.
+void int8_merge_summaries(const Int8RowSummary* parts, int n_parts, int64_t rows, const Int8RowSummary& into);
 
 }  // namespace fastformer

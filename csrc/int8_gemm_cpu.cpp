@@ -9,6 +9,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "beam_ops.h"
@@ -19,6 +20,39 @@
 #endif
 
 namespace fastformer {
+
+void int8_merge_summaries(const Int8RowSummary* parts, int n_parts, int64_t rows, const Int8RowSummary& into) {
+  const int k = into.k;
+  std::vector<std::pair<float, int64_t>> best;
+  for (int64_t r = 0; r < rows; ++r) {
+    best.clear();
+    bool finite = true;
+    float top = -std::numeric_limits<float>::infinity(), picked = -std::numeric_limits<float>::infinity();
+    for (int p = 0; p < n_parts; ++p) {
+      const Int8RowSummary& part = parts[p];
+      for (int i = 0; i < k && part.ids[r * k + i] >= 0; ++i) {
+        best.emplace_back(part.values[r * k + i], part.ids[r * k + i]);
+      }
+      finite = finite && part.finite[r];
+      if (part.tops) top = std::max(top, part.tops[r]);
+      if (part.picked) picked = std::max(picked, part.picked[r]);
+    }
+    // Higher first, ties to the lower id (the parts are in the order of their ids).
+    std::stable_sort(best.begin(), best.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    for (int i = 0; i < k; ++i) {
+      const bool kept = i < static_cast<int>(best.size());
+      into.values[r * k + i] = kept ? best[i].first : -std::numeric_limits<float>::infinity();
+      into.ids[r * k + i] = kept ? best[i].second : -1;
+    }
+    into.finite[r] = finite;
+    if (into.picked) into.picked[r] = picked;
+    if (!into.log_totals) continue;
+    float total = 0.0f;
+    for (int p = 0; p < n_parts; ++p) total += std::exp(parts[p].tops[r] - top + parts[p].log_totals[r]);
+    into.tops[r] = top;
+    into.log_totals[r] = std::log(total);
+  }
+}
 
 #ifdef FASTFORMER_INT8_GEMM
 
@@ -333,7 +367,7 @@ void int8_gemm(const uint8_t* x_q, const float* x_scales, int64_t rows, int64_t 
 
 void int8_gemm_summary(const uint8_t* x_q, const float* x_scales, int64_t rows, int64_t in, const int8_t* panels,
                        const int32_t* offsets, const float* w_scales, const float* bias, int64_t out,
-                       const Int8RowSummary& summary) {
+                       int64_t first_panel, int64_t end_panel, const Int8RowSummary& summary) {
   const int k = summary.k;
   if (k < 0 || k > kInt8GemmMaxTopK) throw std::invalid_argument("int8_gemm_summary takes k in [0, 64]");
   const float inf = std::numeric_limits<float>::infinity();
@@ -345,10 +379,11 @@ void int8_gemm_summary(const uint8_t* x_q, const float* x_scales, int64_t rows, 
     std::fill(row.poison, row.poison + 16, 0.0f);
     std::fill(row.lane_tops, row.lane_tops + 16, -inf);
     std::fill(row.lane_totals, row.lane_totals + 16, 0.0f);
+    row.picked = -inf;
   }
-  run_tiles(Tile{x_q, groups * 4, x_scales, panels, groups * 64, groups, offsets, w_scales, bias, nullptr, false, 0,
-                 out, nullptr, summaries.data(), &summary, summary.picked_ids},
-            rows, 0, int8_panel_count(out));
+  run_tiles(Tile{x_q, groups * 4, x_scales, panels, groups * 64, groups, offsets, w_scales, bias, nullptr, false,
+                 first_panel, out, nullptr, summaries.data(), &summary, summary.picked_ids},
+            rows, first_panel, end_panel);
   for (int64_t r = 0; r < rows; ++r) {
     const RowSummary& row = summaries[r];
     for (int i = 0; i < k; ++i) {
@@ -383,7 +418,7 @@ void int8_gemm(const uint8_t*, const float*, int64_t, int64_t, const int8_t*, co
   throw std::logic_error("int8_gemm is not in this build");
 }
 void int8_gemm_summary(const uint8_t*, const float*, int64_t, int64_t, const int8_t*, const int32_t*, const float*,
-                       const float*, int64_t, const Int8RowSummary&) {
+                       const float*, int64_t, int64_t, int64_t, const Int8RowSummary&) {
   throw std::logic_error("int8_gemm is not in this build");
 }
 

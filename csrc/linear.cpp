@@ -362,31 +362,61 @@ PackedLinear::Summary PackedLinear::summarize(const at::Tensor& x, int64_t k, co
   const auto [quantized, scales] = vnni_quantized(x);
   const int64_t row_bytes = quantized.size(1);
   const at::TensorOptions floats = x.options();
-  Summary summary{at::empty({rows, k}, floats), at::empty({rows, k}, floats.dtype(at::kLong)),
-                  at::empty({rows}, floats.dtype(at::kInt))};
-  if (with_log_totals) summary.tops = at::empty({rows}, floats), summary.log_totals = at::empty({rows}, floats);
-  if (picked_in.defined()) summary.picked = at::empty({rows}, floats);
-  auto at_row = [](const at::Tensor& t, int64_t row, int64_t width) -> float* {
-    return t.defined() ? t.data_ptr<float>() + row * width : nullptr;
+  auto make = [&] {
+    Summary made{at::empty({rows, k}, floats), at::empty({rows, k}, floats.dtype(at::kLong)),
+                 at::empty({rows}, floats.dtype(at::kInt))};
+    if (with_log_totals) made.tops = at::empty({rows}, floats), made.log_totals = at::empty({rows}, floats);
+    if (picked_in.defined()) made.picked = at::empty({rows}, floats);
+    return made;
   };
-  // Rows split across threads: each row's summary is over every panel, in order.
-  at::parallel_for(0, rows, 6, [&](int64_t first_row, int64_t end_row) {
+  // int8_gemm.h's view of rows [first_row, ...) of a Summary.
+  auto view = [&](const Summary& s, int64_t first_row) {
+    auto at_row = [&](const at::Tensor& t, int64_t width) -> float* {
+      return t.defined() ? t.data_ptr<float>() + first_row * width : nullptr;
+    };
     Int8RowSummary part;
     part.k = static_cast<int>(k);
     part.barred = barred.data();
     part.n_barred = static_cast<int>(barred.size());
-    part.values = at_row(summary.values, first_row, k);
-    part.ids = summary.ids.data_ptr<int64_t>() + first_row * k;
-    part.finite = summary.finite.data_ptr<int32_t>() + first_row;
-    part.tops = at_row(summary.tops, first_row, 1);
-    part.log_totals = at_row(summary.log_totals, first_row, 1);
+    part.values = at_row(s.values, k);
+    part.ids = s.ids.data_ptr<int64_t>() + first_row * k;
+    part.finite = s.finite.data_ptr<int32_t>() + first_row;
+    part.tops = at_row(s.tops, 1);
+    part.log_totals = at_row(s.log_totals, 1);
     part.picked_ids = picked_in.defined() ? picked_in.data_ptr<int64_t>() + first_row : nullptr;
-    part.picked = at_row(summary.picked, first_row, 1);
+    part.picked = at_row(s.picked, 1);
+    return part;
+  };
+  auto summarize_part = [&](int64_t first_row, int64_t end_row, int64_t first_panel, int64_t end_panel,
+                            const Int8RowSummary& part) {
     int8_gemm_summary(quantized.data_ptr<uint8_t>() + first_row * row_bytes, scales.data_ptr<float>() + first_row,
                       end_row - first_row, in_features_, weight_.data_ptr<int8_t>(),
                       panel_offsets_.data_ptr<int32_t>(), weight_scales_.data_ptr<float>(),
-                      bias_ ? bias_->data_ptr<float>() : nullptr, out_features_, part);
-  });
+                      bias_ ? bias_->data_ptr<float>() : nullptr, out_features_, first_panel, end_panel, part);
+  };
+  Summary summary = make();
+  const int64_t n_panels = int8_panel_count(out_features_), n_blocks = (n_panels + 3) / 4;
+  const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
+  // Fewer rows than a tile a thread (one sentence's beams): the panels split across the threads instead, in blocks
+  // of 4 (int8_gemm's tile), each part summarized over its panels, then merged in the order of the ids.
+  const int64_t n_parts = rows < 6 * threads ? std::min(threads, n_blocks) : 1;
+  if (n_parts > 1) {
+    std::vector<Summary> parts(n_parts);
+    std::vector<Int8RowSummary> views(n_parts);
+    for (int64_t p = 0; p < n_parts; ++p) parts[p] = make(), views[p] = view(parts[p], 0);
+    at::parallel_for(0, n_parts, 1, [&](int64_t first, int64_t end) {
+      for (int64_t p = first; p < end; ++p) {
+        summarize_part(0, rows, p * n_blocks / n_parts * 4, std::min(n_panels, (p + 1) * n_blocks / n_parts * 4),
+                       views[p]);
+      }
+    });
+    int8_merge_summaries(views.data(), static_cast<int>(n_parts), rows, view(summary, 0));
+  } else {
+    // Rows split across threads: each row's summary is over every panel, in order.
+    at::parallel_for(0, rows, 6, [&](int64_t first_row, int64_t end_row) {
+      summarize_part(first_row, end_row, 0, n_panels, view(summary, first_row));
+    });
+  }
   summary.finite = summary.finite.to(at::kBool);
   return summary;
 }

@@ -383,6 +383,25 @@ def test_int8_summary_equals_a_stable_sort_and_the_log_softmax_of_the_outputs(k)
         assert (summary["ids"][[0, 1, 2, 4, 5, 6, 7], 1] == 77).all()
 
 
+def test_int8_summary_of_a_few_rows_split_across_threads_equals_the_one_of_one_thread():
+    """Fewer rows than a tile a thread (a sentence's beams): two threads split the panels and merge their parts;
+    the same best and picked outputs, the same log-softmax terms to rounding."""
+    int8_route("vnni")
+    x, weight, bias = linear_inputs(rows=6, in_features=96, out_features=1030)
+    x = x[:4]
+    linear = extension().PackedLinear(weight, bias, 4, "int8")
+    picked_ids = torch.tensor([0, 1029, 500, 77])
+    one = linear.summarize(x, 8, [3, 900], log_totals=True, picked_ids=picked_ids)
+    torch.set_num_threads(2)
+    try:
+        two = linear.summarize(x, 8, [3, 900], log_totals=True, picked_ids=picked_ids)
+    finally:
+        torch.set_num_threads(1)
+    for name in ("values", "ids", "finite", "tops", "picked"):
+        assert torch.equal(two[name], one[name]), name
+    torch.testing.assert_close(two["log_totals"], one["log_totals"], atol=1e-6, rtol=0)
+
+
 def test_int8_translation_does_not_depend_on_the_batch():
     """Each row is quantized on its own and int8 products are exact: a sentence decodes the same alone or in any
     batch, and on any number of threads."""

@@ -593,27 +593,53 @@ void test_int8_gemm(int rows, int out, int in, bool with_bias, bool relu) {
   // int8_gemm_summary: each row's k highest outputs of y (checked above) outside barred, best first, ties to the
   // lower id, -inf and -1 past the allowed ones; its top and log-sum-exp over every output (barred ones too) against
   // double sums; the output at a picked id of each row; the NaN row not finite.
+  // Over all panels at once, and (split) over two halves of them merged by int8_merge_summaries, as threads split
+  // the panels of a few rows.
   const std::vector<int64_t> barred{0, out - 1, 20};
-  for (int k : {0, 1, 5}) {
-    std::vector<float> values(rows * k), tops(rows), log_totals(rows), picked(rows);
-    std::vector<int64_t> ids(rows * k), picked_ids(rows);
-    std::vector<int32_t> finite(rows);
+  for (auto [k, split] : {std::pair{0, false}, std::pair{1, false}, std::pair{5, false}, std::pair{0, true},
+                          std::pair{1, true}, std::pair{5, true}}) {
+    if (split && n_panels < 2) continue;
+    struct Arrays {
+      std::vector<float> values, tops, log_totals, picked;
+      std::vector<int64_t> ids;
+      std::vector<int32_t> finite;
+    };
+    std::vector<int64_t> picked_ids(rows);
     for (int r = 0; r < rows; ++r) picked_ids[r] = (7 * r + k) % out;
-    fastformer::Int8RowSummary summary;
-    summary.k = k;
-    summary.barred = barred.data();
-    summary.n_barred = static_cast<int>(barred.size());
-    summary.values = values.data();
-    summary.ids = ids.data();
-    summary.finite = finite.data();
-    if (k != 1) {  // k 1 as a greedy search asks: best and finite only
-      summary.tops = tops.data();
-      summary.log_totals = log_totals.data();
-      summary.picked_ids = picked_ids.data();
-      summary.picked = picked.data();
+    auto summary_of = [&](Arrays& a) {
+      a = {std::vector<float>(rows * k), std::vector<float>(rows), std::vector<float>(rows), std::vector<float>(rows),
+           std::vector<int64_t>(rows * k), std::vector<int32_t>(rows)};
+      fastformer::Int8RowSummary summary;
+      summary.k = k;
+      summary.barred = barred.data();
+      summary.n_barred = static_cast<int>(barred.size());
+      summary.values = a.values.data();
+      summary.ids = a.ids.data();
+      summary.finite = a.finite.data();
+      if (k != 1) {  // k 1 as a greedy search asks: best and finite only
+        summary.tops = a.tops.data();
+        summary.log_totals = a.log_totals.data();
+        summary.picked_ids = picked_ids.data();
+        summary.picked = a.picked.data();
+      }
+      return summary;
+    };
+    auto summarize = [&](int64_t first_panel, int64_t end_panel, const fastformer::Int8RowSummary& summary) {
+      fastformer::int8_gemm_summary(x_q.data(), x_scales.data(), rows, in, panels.data(), offsets.data(),
+                                    padded_scales.data(), with_bias ? padded_bias.data() : nullptr, out, first_panel,
+                                    end_panel, summary);
+    };
+    Arrays whole, halves[2];
+    const fastformer::Int8RowSummary summary = summary_of(whole);
+    if (split) {
+      const fastformer::Int8RowSummary parts[2] = {summary_of(halves[0]), summary_of(halves[1])};
+      summarize(0, n_panels / 2, parts[0]);
+      summarize(n_panels / 2, n_panels, parts[1]);
+      fastformer::int8_merge_summaries(parts, 2, rows, summary);
+    } else {
+      summarize(0, n_panels, summary);
     }
-    fastformer::int8_gemm_summary(x_q.data(), x_scales.data(), rows, in, panels.data(), offsets.data(),
-                                  padded_scales.data(), with_bias ? padded_bias.data() : nullptr, out, summary);
+    const auto& [values, tops, log_totals, picked, ids, finite] = whole;
     for (int r = 0; r < rows; ++r) {
       EXPECT(finite[r] == !std::isnan(x_scales[r]));
       if (!finite[r]) continue;
