@@ -217,6 +217,8 @@ struct CpuLoops {
   void (*cross_attention)(const CrossAttentionArgs& args);
   void (*beam_step)(const BeamStepArgs& args);
   void (*row_absmax)(const float* x, int64_t n_rows, int64_t width, float* absmax);
+  void (*add_layer_norm)(const float* x, const float* residual, int64_t n_rows, int64_t width, const float* gamma,
+                         const float* beta, float eps, float* out);
   void (*clamped_scale)(const float* x, int64_t width, float factor, float* out);
   void (*scale_and_add)(float* y, int64_t width, float scale, const float* bias);
   void (*target_log_probs)(const float* logits, int64_t n_rows, int64_t width, const int64_t* targets, float* out);
@@ -236,6 +238,12 @@ void beam_step_cpu(const BeamStepArgs& args);
 // absmax[r] <- max |x[r, :]| over the width floats of each of n_rows rows, or NaN where a row holds NaN or inf
 // (the int8 linear layers' row scales, linear.cpp). x: [n_rows, width]
 void row_absmax_cpu(const float* x, int64_t n_rows, int64_t width, float* absmax);
+// out[r] <- LayerNorm(x[r] + residual[r]) * gamma + beta over the width floats of each of n_rows rows (the biased
+// variance, as torch's layer_norm); residual may be null (LayerNorm(x[r]) alone) and out may be x. The decoder's and
+// encoder's residual adds and layer norms on the CPU (decoder.cpp), one op where ATen's are an add and a layer norm.
+// x, residual, out: [n_rows, width], gamma, beta: [width]
+void add_layer_norm_cpu(const float* x, const float* residual, int64_t n_rows, int64_t width, const float* gamma,
+                        const float* beta, float eps, float* out);
 // out[i] <- clamp(x[i] * factor, -1, 1) over width floats (the rows FBGEMM's int8 GEMM takes, linear.cpp).
 void clamped_scale_cpu(const float* x, int64_t width, float factor, float* out);
 // y[i] <- y[i] * scale + bias[i] over width floats, in place; bias may be null (an int8 GEMM's output row, linear.cpp).

@@ -107,6 +107,10 @@ void beam_step_cpu(const BeamStepArgs& args) { cpu_loops().beam_step(args); }
 void row_absmax_cpu(const float* x, int64_t n_rows, int64_t width, float* absmax) {
   cpu_loops().row_absmax(x, n_rows, width, absmax);
 }
+void add_layer_norm_cpu(const float* x, const float* residual, int64_t n_rows, int64_t width, const float* gamma,
+                        const float* beta, float eps, float* out) {
+  cpu_loops().add_layer_norm(x, residual, n_rows, width, gamma, beta, eps, out);
+}
 void clamped_scale_cpu(const float* x, int64_t width, float factor, float* out) {
   cpu_loops().clamped_scale(x, width, factor, out);
 }

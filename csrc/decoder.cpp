@@ -3,6 +3,7 @@
 #include "decoder.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/InferenceMode.h>
 
@@ -78,7 +79,20 @@ cudaError_t launch_cuda(const BeamStepArgs& args, DType dtype, cudaStream_t stre
 #endif
 
 void run_cpu(const SelfAttentionArgs& args) { self_attention_step_cpu(args); }
-void run_cpu(const CrossAttentionArgs& args) { cross_attention_cpu(args); }
+// The rows split across threads where there are enough of them (the encoder's self-attention, a whole sentence's
+// positions a row; inside the search's threads this runs inline): a task of at least 2^17 multiply-adds.
+void run_cpu(const CrossAttentionArgs& args) {
+  const int64_t d_model = static_cast<int64_t>(args.heads) * args.head_dim;
+  const int64_t row_work = std::max<int64_t>(1, 2 * d_model * args.src_len);
+  at::parallel_for(0, args.n_rows, std::max<int64_t>(1, (int64_t{1} << 17) / row_work), [&](int64_t first, int64_t end) {
+    CrossAttentionArgs part = args;
+    part.q = static_cast<const float*>(args.q) + first * d_model;
+    part.out = static_cast<float*>(args.out) + first * d_model;
+    part.row_slots = args.row_slots + first;
+    part.n_rows = static_cast<int>(end - first);
+    cross_attention_cpu(part);
+  });
+}
 void run_cpu(const BeamStepArgs& args) { beam_step_cpu(args); }
 
 // Runs the fused op `op` of `args` where `data` lives: its CUDA kernels on the current stream, or its fp32 CPU loops.
@@ -447,12 +461,33 @@ CachedDecoder::CachedDecoder(const at::Tensor& memory, const at::Tensor& src_len
 }
 
 
+at::Tensor add_layer_norm(const at::Tensor& x, const at::Tensor& residual, const LayerNormWeights& norm) {
+  auto cpu_float = [](const at::Tensor& t) { return t.is_cpu() && t.scalar_type() == at::kFloat; };
+  const bool fused = cpu_float(x) && x.dim() == 2 && (!residual.defined() || (cpu_float(residual) &&
+                     residual.sizes() == x.sizes())) && cpu_float(norm.weight) && cpu_float(norm.bias) &&
+                     norm.weight.numel() == x.size(1) && norm.bias.numel() == x.size(1);
+  if (!fused) {
+    const at::Tensor sum = residual.defined() ? x + residual : x;
+    return at::layer_norm(sum, {sum.size(-1)}, norm.weight, norm.bias, norm.eps);
+  }
+  const at::Tensor input = x.contiguous(), added = residual.defined() ? residual.contiguous() : residual;
+  const at::Tensor gamma = norm.weight.contiguous(), beta = norm.bias.contiguous();
+  at::Tensor out = at::empty_like(input);
+  const int64_t rows = input.size(0), width = input.size(1);
+  at::parallel_for(0, rows, std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(width, 1)),
+                   [&](int64_t first, int64_t end) {
+                     add_layer_norm_cpu(input.data_ptr<float>() + first * width,
+                                        added.defined() ? added.data_ptr<float>() + first * width : nullptr,
+                                        end - first, width, gamma.data_ptr<float>(), beta.data_ptr<float>(),
+                                        static_cast<float>(norm.eps), out.data_ptr<float>() + first * width);
+                   });
+  return out;
+}
+
 at::Tensor decoder_layers(at::Tensor x, const DecoderWeights& weights, const DecoderLinears& linears,
                           const DecoderOptions& options, Activation activation, const DecoderBlock& self_block,
                           const DecoderBlock& cross_block) {
-  auto layer_norm = [&](const at::Tensor& y, const LayerNormWeights& norm) {
-    return at::layer_norm(y, {y.size(-1)}, norm.weight, norm.bias, norm.eps);
-  };
+  auto layer_norm = [](const at::Tensor& y, const LayerNormWeights& norm) { return add_layer_norm(y, {}, norm); };
   for (int64_t layer = 0; layer < static_cast<int64_t>(weights.layers.size()); ++layer) {
     const DecoderLayerWeights& w = weights.layers[layer];
     const DecoderLayerLinears& linear = linears.layers[layer];
@@ -462,9 +497,9 @@ at::Tensor decoder_layers(at::Tensor x, const DecoderWeights& weights, const Dec
       x = x + cross_block(layer_norm(x, w.norm2), layer);
       x = x + feed_forward(layer_norm(x, w.norm3));
     } else {
-      x = layer_norm(x + self_block(x, layer), w.norm1);
-      x = layer_norm(x + cross_block(x, layer), w.norm2);
-      x = layer_norm(x + feed_forward(x), w.norm3);
+      x = add_layer_norm(x, self_block(x, layer), w.norm1);
+      x = add_layer_norm(x, cross_block(x, layer), w.norm2);
+      x = add_layer_norm(x, feed_forward(x), w.norm3);
     }
   }
   return weights.final_norm ? layer_norm(x, *weights.final_norm) : x;

@@ -47,6 +47,11 @@ struct LayerNormWeights {
   double eps = 1e-5;
 };
 
+// x [rows, d_model] (+ residual, where defined) -> LayerNorm of it [rows, d_model]: on the CPU in float32 one fused
+// op (add_layer_norm_cpu) over the rows, split across threads outside the search's own; elsewhere ATen's add and
+// layer_norm.
+at::Tensor add_layer_norm(const at::Tensor& x, const at::Tensor& residual, const LayerNormWeights& norm);
+
 // The tensors of one decoder layer, listed once: X(name) for each, in the order of a layer's computation.
 #define FASTFORMER_DECODER_LAYER_TENSORS(X)                                                            \
   X(self_qkv_weight)  /* [3 * d_model, d_model]: self-attention q | k | v */                           \

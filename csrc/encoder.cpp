@@ -26,10 +26,6 @@ CompiledEncoder::CompiledEncoder(EncoderWeights weights, DecoderOptions options,
   }
 }
 
-at::Tensor CompiledEncoder::layer_norm(const at::Tensor& x, const LayerNormWeights& norm) const {
-  return at::layer_norm(x, {x.size(-1)}, norm.weight, norm.bias, norm.eps);
-}
-
 at::Tensor CompiledEncoder::self_attention(const at::Tensor& h, const EncoderLayerLinears& linear,
                                            const at::Tensor& src_lengths, const at::Tensor& row_slots,
                                            int64_t n_sentences, int64_t src_len) const {
@@ -65,14 +61,14 @@ at::Tensor CompiledEncoder::operator()(const at::Tensor& x, const at::Tensor& sr
     };
     auto feed_forward = [&](const at::Tensor& y) { return linear.linear2(linear.linear1(y, activation_)); };
     if (options_.norm_first) {
-      h = h + attend(layer_norm(h, w.norm1));
-      h = h + feed_forward(layer_norm(h, w.norm2));
+      h = h + attend(add_layer_norm(h, {}, w.norm1));
+      h = h + feed_forward(add_layer_norm(h, {}, w.norm2));
     } else {
-      h = layer_norm(h + attend(h), w.norm1);
-      h = layer_norm(h + feed_forward(h), w.norm2);
+      h = add_layer_norm(h, attend(h), w.norm1);
+      h = add_layer_norm(h, feed_forward(h), w.norm2);
     }
   }
-  if (weights_.final_norm) h = layer_norm(h, *weights_.final_norm);
+  if (weights_.final_norm) h = add_layer_norm(h, {}, *weights_.final_norm);
   return h.view({n_sentences, src_len, d_model});
 }
 

@@ -59,7 +59,6 @@ class CompiledEncoder {
  private:
   at::Tensor self_attention(const at::Tensor& h, const EncoderLayerLinears& linear, const at::Tensor& src_lengths,
                             const at::Tensor& row_slots, int64_t n_sentences, int64_t src_len) const;
-  at::Tensor layer_norm(const at::Tensor& x, const LayerNormWeights& norm) const;
 
   EncoderWeights weights_;
   DecoderOptions options_;

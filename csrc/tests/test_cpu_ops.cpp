@@ -397,11 +397,11 @@ void test_greedy_step_on_a_non_finite_row() {
   }
 }
 
-// row_absmax_cpu against a scalar loop: widths around the vector width (the tail loop), negative maxima, and rows
-// holding NaN or inf (anywhere: in a vector or in the tail) or only zeros.
+// row_absmax_cpu against a scalar loop: widths around the vector width and four of them (the blocks of four chains,
+// the single vectors, the tail), negative maxima, and rows holding NaN or inf (anywhere) or only zeros.
 void test_row_absmax() {
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
-  for (int width : {1, 7, 8, 9, 15, 16, 17, 37}) {
+  for (int width : {1, 7, 8, 9, 15, 16, 17, 37, 64, 65, 100, 512}) {
     const int rows = 6;
     std::vector<float> x = random_floats(static_cast<size_t>(rows) * width);
     x[0 * width + width - 1] = -50.0f;      // row 0: its maximum is negative, and in the tail when width % 8 != 0
@@ -424,6 +424,50 @@ void test_row_absmax() {
       }
     }
     EXPECT(absmax[0] == 50.0f && std::isnan(absmax[1]) && std::isnan(absmax[2]) && absmax[3] == 0.0f);
+  }
+}
+
+// add_layer_norm_cpu against LayerNorm in double precision: widths around the vector width and four of them, with
+// and without the residual, written elsewhere and in place; a row far from zero (mean 1000, deviations ~1: where a
+// one-pass variance would cancel), a constant row (variance 0: the bias alone) and a row holding NaN (NaN out).
+void test_add_layer_norm() {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int width : {1, 7, 8, 9, 17, 37, 64, 65, 100, 512}) {
+    const int rows = 5;
+    const float eps = 1e-5f;
+    std::vector<float> x = random_floats(static_cast<size_t>(rows) * width), residual = random_floats(x.size());
+    const std::vector<float> gamma = random_floats(width), beta = random_floats(width);
+    for (int i = 0; i < width; ++i) x[1 * width + i] += 1000.0f;                      // row 1: far from zero
+    std::fill(x.begin() + 2 * width, x.begin() + 3 * width, 3.0f);                     // row 2: constant (with
+    std::fill(residual.begin() + 2 * width, residual.begin() + 3 * width, 0.5f);      // its residual too)
+    x[3 * width + width / 2] = nan;                                                    // row 3: NaN
+    for (bool with_residual : {false, true}) {
+      for (bool in_place : {false, true}) {
+        std::vector<float> out = in_place ? x : std::vector<float>(x.size(), -7.0f);
+        loops->add_layer_norm(in_place ? out.data() : x.data(), with_residual ? residual.data() : nullptr, rows,
+                              width, gamma.data(), beta.data(), eps, out.data());
+        for (int r = 0; r < rows; ++r) {
+          std::vector<double> sum(width);
+          double mean = 0.0, variance = 0.0;
+          for (int i = 0; i < width; ++i) {
+            sum[i] = static_cast<double>(x[r * width + i]) + (with_residual ? residual[r * width + i] : 0.0);
+            mean += sum[i] / width;
+          }
+          for (int i = 0; i < width; ++i) variance += (sum[i] - mean) * (sum[i] - mean) / width;
+          for (int i = 0; i < width; ++i) {
+            const double expected = (sum[i] - mean) / std::sqrt(variance + eps) * gamma[i] + beta[i];
+            const float got = out[r * width + i];
+            if (r == 3) {
+              EXPECT(std::isnan(got));
+            } else {
+              // float32 sums of up to 512 terms (a row far from zero loses the bits its mean of 1000 holds)
+              const double tolerance = (r == 1 ? 2e-3 : 2e-5) * (1.0 + std::abs(expected));
+              EXPECT(std::abs(got - expected) <= tolerance);
+            }
+          }
+        }
+      }
+    }
   }
 }
 
@@ -681,6 +725,7 @@ int main() {
     loops = isa;
     const int failures_before = failures;
     test_row_absmax();
+    test_add_layer_norm();
     test_row_scaling();
     test_target_log_probs();
     test_top_k_row();
