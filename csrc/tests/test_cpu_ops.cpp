@@ -2,6 +2,7 @@
 // this CPU runs (each set's loops are separate code: a fault in one would not show in another).
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -55,12 +56,27 @@ std::vector<double> naive_attention(const float* q, const std::vector<const floa
   return out;
 }
 
-// head_dim: one that is a multiple of neither vector width, one of 8 floats only, one of both (whole vectors).
-void test_self_attention_step(int head_dim) {
+// A copy of `values` that starts `offset` floats past a 64-byte boundary (the caches' alignment decides whether their
+// new entries are streamed or copied).
+struct AlignedFloats {
+  AlignedFloats(const std::vector<float>& values, size_t offset) : storage(values.size() + 16 + offset) {
+    const auto address = reinterpret_cast<uintptr_t>(storage.data());
+    data = storage.data() + (64 - address % 64) % 64 / sizeof(float) + offset;
+    std::copy(values.begin(), values.end(), data);
+  }
+  std::vector<float> storage;
+  float* data;
+  float& operator[](size_t i) { return data[i]; }
+};
+
+// head_dim: one that is a multiple of neither vector width, one of 8 floats only, one of both (whole vectors); the
+// caches aligned to 64 bytes (entries streamed where whole vectors) or 4 bytes past (copied).
+void test_self_attention_step(int head_dim, size_t cache_offset) {
   const int n_sentences = 2, beam = 3, heads = 2, cache_len = 21, step = 19;
   const int n_slots = n_sentences * beam, d_model = heads * head_dim;
   const size_t cache_size = size_t(n_slots) * heads * cache_len * head_dim;
-  std::vector<float> k_cache = random_floats(cache_size), v_cache = random_floats(cache_size);
+  const std::vector<float> k_before = random_floats(cache_size), v_before = random_floats(cache_size);
+  AlignedFloats k_cache(k_before, cache_offset), v_cache(v_before, cache_offset);
   std::vector<int32_t> indirection(n_slots * cache_len);
   std::uniform_int_distribution<int> any_beam(0, beam - 1);
   for (int32_t& b : indirection) b = any_beam(rng);
@@ -68,9 +84,8 @@ void test_self_attention_step(int head_dim) {
   const std::vector<int32_t> row_slots = {5, 3, 1};
   const int n_rows = int(row_slots.size());
   const std::vector<float> qkv = random_floats(size_t(n_rows) * 3 * d_model);
-  const std::vector<float> k_before = k_cache, v_before = v_cache;
   std::vector<float> out(size_t(n_rows) * d_model);
-  loops->self_attention_step({qkv.data(), k_cache.data(), v_cache.data(), indirection.data(),
+  loops->self_attention_step({qkv.data(), k_cache.data, v_cache.data, indirection.data(),
                                        row_slots.data(), out.data(), &step, n_rows, heads, head_dim, cache_len,
                                        beam});
   auto at = [&](int slot, int h, int p) { return (size_t(slot * heads + h) * cache_len + p) * head_dim; };
@@ -730,7 +745,7 @@ int main() {
     test_target_log_probs();
     test_top_k_row();
     for (int head_dim : {4, 8, 64}) {
-      test_self_attention_step(head_dim);
+      for (size_t cache_offset : {0, 1}) test_self_attention_step(head_dim, cache_offset);
       for (bool half : {false, true}) test_cross_attention(head_dim, half);
     }
     for (int beam : {1, 2, 4, 5}) {
