@@ -27,9 +27,12 @@ the best before it by more than 3% (at least 2 calls, at most MAX_WARMUP_CALLS),
 
 Each fastformer row (in a sweep, at the headline shape only) also gives its share of the GEMM floor: the time of
 the same GEMMs (the encoder's, the cross-attention keys/values', and every step's decoder and output projection, at
-the rows the search has) run alone through the same converted linear layers, divided by the row's time. Where the
-search takes its candidates from the int8 output projection's summary (fastformer's own GEMM: no logits written),
-the floor times that projection as it runs there, summary and all.
+the rows the search has) run alone through the same converted linear layers, divided by the search's time. Where
+the search takes its candidates from the int8 output projection's summary (fastformer's own GEMM: no logits
+written), the floor times that projection as it runs there, summary and all. The two are timed side by side in the
+main process after the rounds, in turn FLOOR_PAIRS times once the search is steady, and the share is the floor's
+best over the search's best (search_seconds_beside_floor): runs before 2026-11-26's seventh took the floor's best
+of 5 against the rounds' median, minutes apart, which read it 1-5% low where the machine's speed moved.
 CTranslate2's GEMMs are its own. Beside it: the weights a decoding step reads (step_weight_mib, once per thread's
 group of sentences) and the rate the row read them at (weight_read_gb_s), against the copy bandwidth of the
 machine at that many threads (copy_bandwidth_gb_s in the JSON): a small batch whose rate nears that bandwidth is
@@ -84,6 +87,7 @@ DEFAULT_SYSTEMS = ("fastformer-float32", "fastformer-int8", "ctranslate2-float32
 THREADINGS = ("intra", "inter")  # CTranslate2's two ways of using several threads (module docstring)
 MAX_WARMUP_CALLS = 8
 STEADY_TOLERANCE = 0.03
+FLOOR_PAIRS = 5  # the GEMM floor and the search, timed in turn (share_of_gemm_floor)
 HEADLINE = dict(beam=4, source_tokens=20, sentences=64)
 # --cap-isa: every library's own cap, so that a newer CPU runs as an older one would (module docstring).
 ISA_CAPS = {"avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "CT2_FORCE_CPU_ISA": "AVX2",
@@ -183,13 +187,12 @@ def sentence_groups(threads: int, n_sentences: int) -> int:
     return max(1, min(threads, n_sentences // 4))
 
 
-def gemm_floor_seconds(model: Transformer, compute_type: str, point: Point, n_sentences: int,
-                       repeats: int = 5) -> float:
-    """The time of one search's GEMMs alone (module docstring), each shape timed through a linear layer converted
-    as the search converts it: the minimum over `repeats` runs of the whole sequence. The encoder's run on every
-    thread; the rest as the search runs them (csrc/search.cpp): each thread decodes its own group of at least 4
-    sentences with single-threaded GEMMs, so they are timed for one group on one thread, the floor were the groups
-    not to slow each other down; its output projection a block of sentences at a time, as the search runs it."""
+def gemm_floor(model: Transformer, compute_type: str, point: Point, n_sentences: int) -> Callable[[], float]:
+    """-> a call that times one search's GEMMs alone once (module docstring), each shape through a linear layer
+    converted as the search converts it. The encoder's run on every thread; the rest as the search runs them
+    (csrc/search.cpp): each thread decodes its own group of at least 4 sentences with single-threaded GEMMs, so
+    they are timed for one group on one thread, the floor were the groups not to slow each other down; its output
+    projection a block of sentences at a time, as the search runs it."""
     config = model.config
     d, ff, vocab, k = config.d_model, config.d_ff, config.vocab_size, point.beam
     threads = point.threads
@@ -238,22 +241,37 @@ def gemm_floor_seconds(model: Transformer, compute_type: str, point: Point, n_se
                 timed.append((functools.partial(linear, x), calls))
         return timed
 
-    def best_time(timed: list, n_threads: int) -> float:
+    def seconds(timed: list, n_threads: int) -> float:
         previous = torch.get_num_threads()
         torch.set_num_threads(n_threads)
         try:
-            best = float("inf")
-            for _ in range(repeats):
-                start = time.perf_counter()
-                for gemm, calls in timed:
-                    for _ in range(calls):
-                        gemm()
-                best = min(best, time.perf_counter() - start)
-            return best
+            start = time.perf_counter()
+            for gemm, calls in timed:
+                for _ in range(calls):
+                    gemm()
+            return time.perf_counter() - start
         finally:
             torch.set_num_threads(previous)
 
-    return best_time(prepared(encoder), threads) + best_time(prepared(group), 1 if groups > 1 else threads)
+    encoder_gemms, group_gemms = prepared(encoder), prepared(group)
+    return lambda: seconds(encoder_gemms, threads) + seconds(group_gemms, 1 if groups > 1 else threads)
+
+
+def share_of_gemm_floor(model: Transformer, compute_type: str, point: Point, n_sentences: int,
+                        pairs: int = FLOOR_PAIRS) -> tuple[float, float]:
+    """The GEMM floor and the search beside it, in turn `pairs` times in this process after the search's steady
+    state, so that both see the machine alike -> (the floor's best, the search's best) in seconds."""
+    floor = gemm_floor(model, compute_type, point, n_sentences)
+    translate = fastformer_translator(model, compute_type, point)
+    src = sources(model.config, n_sentences, point.source_tokens, 0)
+    steady_call(translate, src)
+    floors, searches = [], []
+    for _ in range(pairs):
+        floors.append(floor())
+        start = time.perf_counter()
+        translate(src)
+        searches.append(time.perf_counter() - start)
+    return min(floors), min(searches)
 
 
 BYTES_PER_WEIGHT = {"float32": 4, "bfloat16": 2, "int8": 1}
@@ -488,10 +506,11 @@ def main() -> None:
                 torch.manual_seed(args.seed)
                 model = Transformer(shape_config(args.shape, args.vocab)).eval()
             compute_type = system.split("-", 1)[1]
-            floor = gemm_floor_seconds(model, compute_type, point, n)
+            floor, search = share_of_gemm_floor(model, compute_type, point, n)
             groups = sentence_groups(point.threads, n)
             step_bytes = step_weight_bytes(model.config, compute_type)
-            row.update(gemm_floor_seconds=round(floor, 4), share_of_gemm_floor=round(floor / seconds, 3),
+            row.update(gemm_floor_seconds=round(floor, 4), search_seconds_beside_floor=round(search, 4),
+                       share_of_gemm_floor=round(floor / search, 3),
                        converted_weights_mib=round(compiled_model(model, compute_type).nbytes / 2 ** 20, 1),
                        step_weight_mib=round(step_bytes / 2 ** 20, 1),
                        weight_read_gb_s=round(groups * step_bytes * point.target_tokens / seconds / 1e9, 1))

@@ -240,7 +240,11 @@ def test_cpu_decoding_smoke_run(tmp_path):
         tokens, seconds = row["sentences"] * 10, row["seconds"]  # the JSON rounds seconds to 4 decimals, rates to 1
         assert tokens / (seconds + 5e-5) - 0.05 <= row["tokens_per_s"] <= tokens / (seconds - 5e-5) + 0.05
         if row["system"].startswith("fastformer"):
-            assert 0 < row["gemm_floor_seconds"] and row["share_of_gemm_floor"] > 0
+            floor, search = row["gemm_floor_seconds"], row["search_seconds_beside_floor"]
+            assert 0 < floor and 0 < search
+            # Within the roundings of the seconds (4 decimals) and the share (3).
+            share = row["share_of_gemm_floor"]
+            assert (floor - 5e-5) / (search + 5e-5) - 5e-4 <= share <= (floor + 5e-5) / (search - 5e-5) + 5e-4
             groups = max(1, min(row["threads"], row["sentences"] // 4))
             # Within the roundings of seconds (4 decimals), step_weight_mib and the rate itself (1 decimal each).
             read_gb = groups * (row["step_weight_mib"] + 0.05) * 2 ** 20 * 10 / 1e9
