@@ -336,7 +336,7 @@ void best_logits_step(CachedDecoder& decoder, BeamState& state, const Rows& rows
   std::vector<int64_t> barred{options.pad_id, options.bos_id};
   if (state.step.item<int64_t>() < options.min_len) barred.push_back(options.eos_id);
   if (greedy_without_scores(options)) {
-    const at::Tensor hidden = decode_hidden(decoder, state, rows.row_slots, rows.row_slots_long, options);
+    const at::Tensor hidden = step_hidden(decoder, state, rows, options, /*first_beams_only=*/false);
     const PackedLinear::Summary best = decoder.summarize(hidden, needed, barred);
     if (state.forced_tokens.defined()) rules.draw_from_top_k(best.values, best.ids, rows, state);
     const at::Tensor tokens = at::where(best.finite, best.ids.select(1, 0), -1).to(at::kInt);  // -1: not finite
