@@ -264,13 +264,18 @@ def share_of_gemm_floor(model: Transformer, compute_type: str, point: Point, n_s
     floor = gemm_floor(model, compute_type, point, n_sentences)
     translate = fastformer_translator(model, compute_type, point)
     src = sources(model.config, n_sentences, point.source_tokens, 0)
-    steady_call(translate, src)
-    floors, searches = [], []
-    for _ in range(pairs):
-        floors.append(floor())
-        start = time.perf_counter()
-        translate(src)
-        searches.append(time.perf_counter() - start)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(point.threads)  # the search's threads, as its worker process had them
+    try:
+        steady_call(translate, src)
+        floors, searches = [], []
+        for _ in range(pairs):
+            floors.append(floor())
+            start = time.perf_counter()
+            translate(src)
+            searches.append(time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(previous)
     return min(floors), min(searches)
 
 
