@@ -13,7 +13,9 @@
 from __future__ import annotations
 
 import math
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -284,6 +286,22 @@ def placeholder_vocabulary(config: TransformerConfig) -> list[str]:
         tokens[config.bos_id] = "<s>"
     tokens[next(i for i in range(config.vocab_size) if i not in (config.pad_id, config.bos_id, config.eos_id))] = "<unk>"
     return tokens
+
+
+def ctranslate2_engine(model: Transformer, vocabulary: list[str], quantization: str,
+                       files: dict[str, str] | None = None, **translator_options):
+    """A ctranslate2.Translator on the model's weights exported with `quantization` (and `files`, name -> text,
+    beside them, e.g. a vocabulary map): the export lives in a temporary directory removed once the engine has
+    loaded it, so that a benchmark's processes do not leave a model (60-240 MB) each behind."""
+    import ctranslate2
+
+    from fastformer.translation.export import to_ctranslate2
+
+    with tempfile.TemporaryDirectory(prefix="fastformer-ct2-") as directory:
+        to_ctranslate2(model, vocabulary, Path(directory), quantization=quantization)
+        for name, text in (files or {}).items():
+            (Path(directory) / name).write_text(text, encoding="utf-8")
+        return ctranslate2.Translator(directory, **translator_options)
 
 
 def marian_model(model: Transformer):

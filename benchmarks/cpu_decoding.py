@@ -61,7 +61,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import zlib
 from collections.abc import Callable
@@ -72,10 +71,9 @@ from typing import TYPE_CHECKING
 import torch
 
 import bench_utils as bu
-from baselines import placeholder_vocabulary
+from baselines import ctranslate2_engine, placeholder_vocabulary
 from fastformer import Transformer, TransformerConfig
 from fastformer.decoding.compiled import compiled_model, extension
-from fastformer.translation.export import to_ctranslate2
 
 if TYPE_CHECKING:  # an annotation only: cpu_options.py's beam4-baseline imports this with packages that predate it
     from fastformer import Shortlist
@@ -153,20 +151,17 @@ def ctranslate2_translator(model: Transformer, compute_type: str, threading: str
                            shortlist: Shortlist | None = None) -> Translate:
     """CTranslate2 on the exported weights; a shortlist becomes its vocabulary map (vmap.txt: each source piece, a
     tab, its candidates; the always-kept pieces on the line of the empty source), which use_vmap turns on."""
-    import ctranslate2
-
     vocabulary = placeholder_vocabulary(model.config)
-    out_dir = Path(tempfile.mkdtemp(prefix="fastformer-ct2-"))
-    to_ctranslate2(model, vocabulary, out_dir, quantization=compute_type)
+    files = {}
     if shortlist is not None:
         lines = ["\t" + " ".join(vocabulary[t] for t in shortlist.always.tolist())]
         lines += [vocabulary[source] + "\t" + " ".join(vocabulary[t] for t in candidates if t >= 0)
                   for source, candidates in enumerate(shortlist.candidates.tolist())]
-        (out_dir / "vmap.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        files["vmap.txt"] = "\n".join(lines) + "\n"
     inter = threading == "inter"
-    engine = ctranslate2.Translator(str(out_dir), device="cpu", compute_type=compute_type,
-                                    inter_threads=point.threads if inter else 1,
-                                    intra_threads=1 if inter else point.threads)
+    engine = ctranslate2_engine(model, vocabulary, compute_type, files, device="cpu", compute_type=compute_type,
+                                inter_threads=point.threads if inter else 1,
+                                intra_threads=1 if inter else point.threads)
     index = {token: i for i, token in enumerate(vocabulary)}
 
     def translate(src: torch.Tensor, shortlisted: bool = False) -> list[list[int]]:

@@ -41,7 +41,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -95,16 +94,12 @@ def fastformer_run(system: str, model, src: torch.Tensor, compute_type: str) -> 
 
 
 def ctranslate2_run(system: str, model, src: torch.Tensor, compute_type: str, threading: str, threads: int) -> Run:
-    import ctranslate2
-    from baselines import placeholder_vocabulary
-    from fastformer.translation.export import to_ctranslate2
+    from baselines import ctranslate2_engine, placeholder_vocabulary
 
     vocabulary = placeholder_vocabulary(model.config)
-    out_dir = Path(tempfile.mkdtemp(prefix="fastformer-ct2-"))
-    to_ctranslate2(model, vocabulary, out_dir, quantization=compute_type)
     inter = threading == "inter"
-    engine = ctranslate2.Translator(str(out_dir), device="cpu", compute_type=compute_type,
-                                    inter_threads=threads if inter else 1, intra_threads=1 if inter else threads)
+    engine = ctranslate2_engine(model, vocabulary, compute_type, device="cpu", compute_type=compute_type,
+                                inter_threads=threads if inter else 1, intra_threads=1 if inter else threads)
     pieces = [[vocabulary[i] for i in row[:-1]] for row in src.tolist()]
     max_batch_size = math.ceil(len(pieces) / threads) if inter else 0
     target_tokens = TARGET_TOKENS

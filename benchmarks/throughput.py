@@ -55,7 +55,6 @@ import math
 import os
 import statistics
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -67,13 +66,12 @@ import torch
 
 import bench_utils as bu
 import fastformer
-from baselines import TorchTransformer, cached_beam_search, marian_model, placeholder_vocabulary
+from baselines import TorchTransformer, cached_beam_search, ctranslate2_engine, marian_model, placeholder_vocabulary
 from fastformer import Transformer, TransformerConfig
 from fastformer.decoding.compiled import COMPUTE_TYPES
 from fastformer.reference.beam_search import beam_search as reference_beam_search
 from fastformer.training.captured_step import WARMUP_RUNS as CAPTURE_WARMUP_RUNS
 from fastformer.training.trainer import captured_training
-from fastformer.translation.export import to_ctranslate2
 
 TRAIN_SYSTEMS = ("fastformer", "fastformer-captured", "reference", "reference-compile", "torch-nn",
                  "fastformer-compile")
@@ -372,15 +370,11 @@ def ctranslate2_translator(model: Transformer, settings: Settings, quantization:
     """CTranslate2 on the exported weights, decoding as many steps as fastformer's forced length (the batch's
     longest source with EOS): EOS is barred until then by min_decoding_length and the cut is max_decoding_length.
     inter: the CPU's threads translate parts of the batch in parallel (module docstring)."""
-    import ctranslate2
-
-    out_dir = Path(tempfile.mkdtemp(prefix="fastformer-ct2-"))
     vocabulary = placeholder_vocabulary(model.config)
-    to_ctranslate2(model, vocabulary, out_dir, quantization=quantization)
     device = "cuda" if settings.device.startswith("cuda") else "cpu"
     threads = torch.get_num_threads()
-    engine = ctranslate2.Translator(str(out_dir), device=device, inter_threads=threads if inter else 1,
-                                    intra_threads=0 if device != "cpu" else 1 if inter else threads)
+    engine = ctranslate2_engine(model, vocabulary, quantization, device=device, inter_threads=threads if inter else 1,
+                                intra_threads=0 if device != "cpu" else 1 if inter else threads)
     index = {token: i for i, token in enumerate(vocabulary)}
 
     def translate(src: torch.Tensor) -> list:

@@ -19,7 +19,8 @@ CLIP_NORM = 0.2
 def test_clipped_gradients_are_clip_grad_norms(data_dir: Path, tmp_path: Path, ranks: int, precision: str):
     options = {"out_dir": str(tmp_path / "run"), "data_dir": str(data_dir), "vocab_size": 200, "batch_tokens": 200,
                "update_tokens": 800, "warmup": 4, "lr_scale": 4.0, "max_steps": 4, "valid_every": 0,
-               "save_every": 0, "quiet": True, "device": "cpu", "clip_norm": CLIP_NORM, "precision": precision}
+               "save_every": 0, "quiet": True, "device": "cpu", "clip_norm": CLIP_NORM, "precision": precision,
+               "preset": "tiny"}
     done = run([str(TESTS / "clip_recording.py"), json.dumps(options)], ranks=ranks, module=False)
     assert done.returncode == 0, done.stderr
     recorded = [torch.load(tmp_path / "run" / f"clip_rank{rank}.pt") for rank in range(ranks)]
