@@ -474,13 +474,12 @@ at::Tensor add_layer_norm(const at::Tensor& x, const at::Tensor& residual, const
   const at::Tensor gamma = norm.weight.contiguous(), beta = norm.bias.contiguous();
   at::Tensor out = at::empty_like(input);
   const int64_t rows = input.size(0), width = input.size(1);
-  at::parallel_for(0, rows, std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(width, 1)),
-                   [&](int64_t first, int64_t end) {
-                     add_layer_norm_cpu(input.data_ptr<float>() + first * width,
-                                        added.defined() ? added.data_ptr<float>() + first * width : nullptr,
-                                        end - first, width, gamma.data_ptr<float>(), beta.data_ptr<float>(),
-                                        static_cast<float>(norm.eps), out.data_ptr<float>() + first * width);
-                   });
+  at::parallel_for(0, rows, rows_per_task(width), [&](int64_t first, int64_t end) {
+    add_layer_norm_cpu(input.data_ptr<float>() + first * width,
+                       added.defined() ? added.data_ptr<float>() + first * width : nullptr, end - first, width,
+                       gamma.data_ptr<float>(), beta.data_ptr<float>(), static_cast<float>(norm.eps),
+                       out.data_ptr<float>() + first * width);
+  });
   return out;
 }
 

@@ -52,9 +52,6 @@ class SilentWarnings : public c10::WarningHandler {
   void process(const c10::Warning&) override {}
 };
 
-// The rows of a [rows, width] loop that make a task worth a thread (a serial loop inside the search's threads).
-int64_t rows_per_task(int64_t width) { return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(width, 1)); }
-
 // Each row's scale (linear.h): absmax / int8_activation_max(), NaN for a row holding NaN or inf (so that its
 // outputs are NaN for the search's finite check), 1 for an all-zero row. Calls write(row, inverse) with 1 / scale
 // (0 for the two others).
@@ -154,6 +151,8 @@ at::Tensor call(const c10::OperatorHandle& op, std::vector<c10::IValue> argument
 }
 
 }  // namespace
+
+int64_t rows_per_task(int64_t width) { return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(width, 1)); }
 
 bool cpu_has_vnni() {
 #if defined(__x86_64__) && defined(__GNUC__)

@@ -37,6 +37,10 @@ Activation parse_activation(const std::string& name);
 // GLIBC_TUNABLES): those stand.
 void keep_freed_buffers();
 
+// The rows of a [rows, width] loop over floats that make a task worth a thread (at::parallel_for's grain; a serial
+// loop inside the search's threads).
+int64_t rows_per_task(int64_t width);
+
 // Whether the CPU has VNNI (AVX512-VNNI or AVX-VNNI): int8 dot products summed in int32. Only that of the
 // instruction sets FASTFORMER_CPU_ISA leaves counts (beam_ops.h's cpu_loops()).
 bool cpu_has_vnni();
