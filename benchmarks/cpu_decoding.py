@@ -252,13 +252,14 @@ def gemm_floor(model: Transformer, compute_type: str, point: Point, n_sentences:
     return lambda: seconds(encoder_gemms, threads) + seconds(group_gemms, 1 if groups > 1 else threads)
 
 
-def share_of_gemm_floor(model: Transformer, compute_type: str, point: Point, n_sentences: int,
+def share_of_gemm_floor(model: Transformer, compute_type: str, point: Point, n_sentences: int, seed: int,
                         pairs: int = FLOOR_PAIRS) -> tuple[float, float]:
-    """The GEMM floor and the search beside it, in turn `pairs` times in this process after the search's steady
-    state, so that both see the machine alike -> (the floor's best, the search's best) in seconds."""
+    """The GEMM floor and the search beside it (on the sources the row's processes translate), in turn `pairs` times
+    in this process after the search's steady state, so that both see the machine alike -> (the floor's best, the
+    search's best) in seconds."""
     floor = gemm_floor(model, compute_type, point, n_sentences)
     translate = fastformer_translator(model, compute_type, point)
-    src = sources(model.config, n_sentences, point.source_tokens, 0)
+    src = sources(model.config, n_sentences, point.source_tokens, seed)
     previous = torch.get_num_threads()
     torch.set_num_threads(point.threads)  # the search's threads, as its worker process had them
     try:
@@ -506,7 +507,7 @@ def main() -> None:
                 torch.manual_seed(args.seed)
                 model = Transformer(shape_config(args.shape, args.vocab)).eval()
             compute_type = system.split("-", 1)[1]
-            floor, search = share_of_gemm_floor(model, compute_type, point, n)
+            floor, search = share_of_gemm_floor(model, compute_type, point, n, args.seed)
             groups = sentence_groups(point.threads, n)
             step_bytes = step_weight_bytes(model.config, compute_type)
             row.update(gemm_floor_seconds=round(floor, 4), search_seconds_beside_floor=round(search, 4),
