@@ -15,8 +15,10 @@
 // The scoring rules are those of fastformer/reference/beam_search.py.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #if defined(__CUDACC__)
@@ -252,6 +254,17 @@ void scale_and_add_cpu(float* y, int64_t width, float scale, const float* bias);
 // scorer.cpp: one read of the row for its max and one for its sum of exponentials, nothing written but out).
 // logits: [n_rows, width], targets: [n_rows] in [0, width)
 void target_log_probs_cpu(const float* logits, int64_t n_rows, int64_t width, const int64_t* targets, float* out);
+// log_softmax's terms from sums kept in parts (a row's vector lanes): part i summed e^(x - tops[i]) over its floats
+// into totals[i]. *top <- the highest of tops; returns log(sum over the parts of e^(x - *top))
+// tops, totals: [n]
+inline float log_total_of_parts(const float* tops, const float* totals, int n, float* top) {
+  float highest = -std::numeric_limits<float>::infinity();
+  for (int i = 0; i < n; ++i) highest = std::max(highest, tops[i]);
+  float total = 0.0f;
+  for (int i = 0; i < n; ++i) total += totals[i] * std::exp(tops[i] - highest);
+  *top = highest;
+  return std::log(total);
+}
 // The k largest floats of row among the ids not in excluded (n_excluded of them), best first, ties to the lower id
 // -> values[k], ids[k]; past a row's finite candidates, -inf and fill_id (NaN never enters). A block of 8 vectors
 // none of whose lanes beats the k-th best so far costs one comparison (sampling's top-k, search.cpp; a beam step's

@@ -393,11 +393,7 @@ void int8_gemm_summary(const uint8_t* x_q, const float* x_scales, int64_t rows, 
     summary.finite[r] = std::none_of(row.poison, row.poison + 16, [](float x) { return std::isnan(x); });
     if (summary.picked) summary.picked[r] = row.picked;
     if (!summary.log_totals) continue;
-    const float top = *std::max_element(row.lane_tops, row.lane_tops + 16);
-    float total = 0.0f;
-    for (int lane = 0; lane < 16; ++lane) total += row.lane_totals[lane] * std::exp(row.lane_tops[lane] - top);
-    summary.tops[r] = top;
-    summary.log_totals[r] = std::log(total);
+    summary.log_totals[r] = log_total_of_parts(row.lane_tops, row.lane_totals, 16, &summary.tops[r]);
   }
 }
 
