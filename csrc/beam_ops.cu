@@ -116,9 +116,9 @@ template <typename T>
 __global__ void cross_attention_kernel(CrossAttentionArgs a) {
   const int row = blockIdx.x, h = blockIdx.y, d_model = a.heads * a.head_dim;
   const int64_t sentence = a.row_slots[row] / a.beam_size;
-  const int64_t head_offset = (sentence * a.heads + h) * a.src_len * a.head_dim;
-  auto offset_of = [&](int p) -> int64_t { return head_offset + static_cast<int64_t>(p) * a.head_dim; };
-  attend_one(static_cast<const T*>(a.q) + static_cast<int64_t>(row) * d_model + h * a.head_dim,
+  const int64_t head_offset = sentence * a.kv_sentence_stride + h * a.kv_head_stride;
+  auto offset_of = [&](int p) -> int64_t { return head_offset + p * a.kv_position_stride; };
+  attend_one(static_cast<const T*>(a.q) + row * a.q_row_stride + h * a.head_dim,
              static_cast<const T*>(a.k), static_cast<const T*>(a.v), a.head_dim, a.src_lengths[sentence], offset_of,
              static_cast<T*>(a.out) + static_cast<int64_t>(row) * d_model + h * a.head_dim);
 }

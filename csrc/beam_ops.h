@@ -54,13 +54,16 @@ struct SelfAttentionArgs {
 
 // Single-query cross-attention over the encoder's keys/values, shared by the beams of a sentence.
 struct CrossAttentionArgs {
-  const void* q;                // [n_rows, heads * head_dim]
-  const void* k;                // [n_sentences, heads, src_len, head_dim]
-  const void* v;                // [n_sentences, heads, src_len, head_dim]
+  const void* q;                // [n_rows, heads * head_dim], rows q_row_stride apart
+  const void* k;                // [n_sentences, heads, src_len, head_dim], strided as below
+  const void* v;                // [n_sentences, heads, src_len, head_dim], strided as k
   const int32_t* src_lengths;   // [n_sentences]: keys at or past the length are padding
   const int32_t* row_slots;     // [n_rows]
   void* out;                    // [n_rows, heads * head_dim]
   int n_rows, heads, head_dim, src_len, beam_size;
+  // Strides in elements; a position's head_dim values are contiguous. The keys and values may be views of the
+  // linear layer that made them ([n_sentences, src_len, 2, heads, head_dim]), read where they lie, not copied.
+  int64_t q_row_stride, kv_sentence_stride, kv_head_stride, kv_position_stride;
   int half_keys_values = 0;     // CPU: 1 where k and v hold float16 (q and out float32), 0 where float32
 };
 

@@ -38,7 +38,8 @@ at::Tensor self_attention_step(const at::Tensor& qkv, const at::Tensor& k_cache,
                                int64_t step);
 
 // q: [n_rows, d_model], k/v: [n_sentences, heads, src_len, head_dim], src_lengths: [n_sentences] int32,
-// row_slots: [n_rows] int32 -> [n_rows, d_model].
+// row_slots: [n_rows] int32 -> [n_rows, d_model]. On the CPU, q, k and v may be views with head_dim contiguous (k and
+// v strided alike), such as those of a linear layer's output; on CUDA contiguous.
 at::Tensor cross_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const at::Tensor& src_lengths, const at::Tensor& row_slots, int64_t beam_size);
 
@@ -300,7 +301,7 @@ class CachedDecoder {
   Activation activation_;
   int64_t n_layers_, d_model_, beam_size_, cache_len_, n_slots_;
   at::Tensor src_lengths_;          // [n_sentences] int32
-  at::Tensor cross_keys_values_;    // [layers, 2, n_sentences, heads, src_len, head_dim]
+  std::vector<at::Tensor> cross_keys_values_;  // a layer's [2, n_sentences, heads, src_len, head_dim] each
   // A layer's [n_slots, heads, cache_len, head_dim] each. One tensor a layer: glibc maps blocks over 32 MB afresh
   // at every search (the base model's at 128 slots are 50 MB), pages the kernel faults in and zeroes one by one;
   // a layer's (8 MB) come back from the heap that the search before freed them to.

@@ -31,12 +31,13 @@ at::Tensor CompiledEncoder::self_attention(const at::Tensor& h, const EncoderLay
                                            int64_t n_sentences, int64_t src_len) const {
   const int64_t d_model = h.size(1), heads = options_.n_heads, head_dim = d_model / heads;
   const at::Tensor qkv = linear.self_qkv(h);
-  const at::Tensor keys_values =
-      qkv.narrow(1, d_model, 2 * d_model).view({n_sentences, src_len, 2, heads, head_dim}).permute({2, 0, 3, 1, 4})
-          .contiguous();
+  // Views of qkv on the CPU, which cross_attention reads where they lie; copies for the CUDA kernels.
+  auto placed = [](const at::Tensor& t) { return t.is_cpu() ? t : t.contiguous(); };
+  const at::Tensor keys_values = placed(
+      qkv.narrow(1, d_model, 2 * d_model).view({n_sentences, src_len, 2, heads, head_dim}).permute({2, 0, 3, 1, 4}));
   // Every position is a query row of its sentence's "slot": cross_attention with beam_size 1 is the encoder's
   // self-attention with the key padding of src_lengths.
-  const at::Tensor attended = cross_attention(qkv.narrow(1, 0, d_model).contiguous(), keys_values[0], keys_values[1],
+  const at::Tensor attended = cross_attention(placed(qkv.narrow(1, 0, d_model)), keys_values[0], keys_values[1],
                                               src_lengths, row_slots, /*beam_size=*/1);
   return linear.self_out(attended);
 }

@@ -88,6 +88,28 @@ def test_cross_attention_op_matches_the_reference():
     torch.testing.assert_close(out, cross_attention_expected(*problem), **FP32)
 
 
+@pytest.mark.parametrize("half", [False, True])
+def test_cross_attention_op_reads_views_of_linear_outputs(half):
+    """The encoder hands the op its qkv's parts where they lie: q a column range of [rows, 3 * d_model], k and v
+    permuted views of [n_sentences, src_len, 2, heads, head_dim]. The result equals the op's on contiguous copies
+    bitwise, and the reference."""
+    q, k, v, src_lengths, row_slots, beam = cross_attention_problem(src_len=19)
+    if half:
+        k, v = k.half(), v.half()
+    n_sentences, heads, src_len, head_dim = k.shape
+    d = heads * head_dim
+    qkv = torch.full((q.shape[0], 3 * d), float("nan"))
+    qkv[:, :d] = q
+    rows = torch.stack([k, v]).permute(1, 3, 0, 2, 4).contiguous()  # [n_sentences, src_len, 2, heads, head_dim]
+    keys_values = rows.permute(2, 0, 3, 1, 4)
+    assert not keys_values[0].is_contiguous() and not qkv[:, :d].is_contiguous()
+    out = torch.ops.fastformer.cross_attention(qkv[:, :d], keys_values[0], keys_values[1], src_lengths, row_slots,
+                                               beam)
+    assert torch.equal(out, torch.ops.fastformer.cross_attention(q, k, v, src_lengths, row_slots, beam))
+    torch.testing.assert_close(out, cross_attention_expected(q, k.float(), v.float(), src_lengths, row_slots, beam),
+                               **FP32)
+
+
 # head_dim 12 is no multiple of the CPU loops' 8 lanes, 40 and 96 take their 4- and 8-vector blocks of values; 19
 # keys are two blocks of 8 and a tail of 3.
 @pytest.mark.parametrize("head_dim", [12, 40, 96])
@@ -138,6 +160,12 @@ def test_ops_reject_bad_inputs():
     q, k, v, src_lengths, row_slots, beam = cross_attention_problem()
     with pytest.raises(RuntimeError, match="float32"):
         torch.ops.fastformer.cross_attention(q.double(), k.double(), v.double(), src_lengths, row_slots, beam)
+    with pytest.raises(RuntimeError, match="k and v must have the same strides"):
+        torch.ops.fastformer.cross_attention(q, k, v.transpose(2, 3).contiguous().transpose(2, 3), src_lengths,
+                                             row_slots, beam)
+    with pytest.raises(RuntimeError, match="head_dim contiguous"):
+        flipped = k.transpose(2, 3).contiguous().transpose(2, 3)
+        torch.ops.fastformer.cross_attention(q, flipped, flipped, src_lengths, row_slots, beam)
 
 
 @pytest.mark.gpu

@@ -115,8 +115,8 @@ void test_self_attention_step(int head_dim, size_t cache_offset) {
 }
 
 // cross_attention against the naive sum, float32 or float16 keys and values, beams of a sentence in groups of 4, 2
-// and 1 (beam 5 and a sentence with 3 rows); and each row bitwise as it attends alone (beam_size 1, its sentence's
-// keys and values its own).
+// and 1 (beam 5 and a sentence with 3 rows); each row bitwise as it attends alone (beam_size 1, its sentence's
+// keys and values its own); and bitwise the same with q, k and v strided as views of linear layers' outputs.
 void test_cross_attention(int head_dim, bool half) {
   const int n_sentences = 3, beam = 5, heads = 2, src_len = 20;
   const int d_model = heads * head_dim;
@@ -135,13 +135,44 @@ void test_cross_attention(int head_dim, bool half) {
   auto attend = [&](const void* keys, const void* values, const int32_t* lengths, const int32_t* slots, int beam_size,
                     std::vector<float>& out) {
     fastformer::CrossAttentionArgs args{q.data(), keys, values, lengths, slots, out.data(), n_rows, heads, head_dim,
-                                        src_len, beam_size};
+                                        src_len, beam_size, d_model, int64_t{heads} * src_len * head_dim,
+                                        int64_t{src_len} * head_dim, head_dim};
     args.half_keys_values = half;
     loops->cross_attention(args);
   };
   std::vector<float> out(size_t(n_rows) * d_model);
   attend(half ? static_cast<const void*>(k_half.data()) : k.data(),
          half ? static_cast<const void*>(v_half.data()) : v.data(), src_lengths.data(), row_slots.data(), beam, out);
+  // Strided: q's rows inside [n_rows, 3 * d_model] (the encoder's qkv), k and v interleaved as the rows of a
+  // [n_sentences * src_len, 2 * d_model] output ([n_sentences, src_len, 2, heads, head_dim]).
+  {
+    std::vector<float> q_wide(size_t(n_rows) * 3 * d_model, std::nanf("")), kv(2 * size);
+    std::vector<_Float16> kv_half(2 * size);
+    for (int row = 0; row < n_rows; ++row) {
+      std::copy_n(q.begin() + size_t(row) * d_model, d_model, q_wide.begin() + size_t(row) * 3 * d_model);
+    }
+    for (int s = 0; s < n_sentences; ++s) {
+      for (int h = 0; h < heads; ++h) {
+        for (int p = 0; p < src_len; ++p) {
+          const size_t from = (size_t(s * heads + h) * src_len + p) * head_dim;
+          const size_t to = ((size_t(s) * src_len + p) * 2 * heads + h) * head_dim;
+          std::copy_n(k.begin() + from, head_dim, kv.begin() + to);
+          std::copy_n(v.begin() + from, head_dim, kv.begin() + to + d_model);
+          std::copy_n(k_half.begin() + from, head_dim, kv_half.begin() + to);
+          std::copy_n(v_half.begin() + from, head_dim, kv_half.begin() + to + d_model);
+        }
+      }
+    }
+    std::vector<float> out_strided(out.size());
+    const void* keys = half ? static_cast<const void*>(kv_half.data()) : kv.data();
+    const void* values = half ? static_cast<const void*>(kv_half.data() + d_model) : kv.data() + d_model;
+    fastformer::CrossAttentionArgs args{q_wide.data(), keys, values, src_lengths.data(), row_slots.data(),
+                                        out_strided.data(), n_rows, heads, head_dim, src_len, beam,
+                                        3 * d_model, int64_t{src_len} * 2 * d_model, head_dim, 2 * d_model};
+    args.half_keys_values = half;
+    loops->cross_attention(args);
+    EXPECT(out_strided == out);
+  }
   // Alone: row r is sentence r of beam 1, with a copy of its sentence's keys and values.
   std::vector<float> k_alone, v_alone;
   std::vector<_Float16> k_half_alone, v_half_alone;
