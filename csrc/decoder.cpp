@@ -265,9 +265,15 @@ at::Tensor cross_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   const bool half_keys_values = check_keys_values(k, q, "k", !views);
   check_like(v, k, "v", !views);
   check_like(q, q, "q", !views);
-  TORCH_CHECK(q.stride(1) == 1, "q's rows must be contiguous, got strides ", q.strides());
-  TORCH_CHECK(k.stride(3) == 1 && v.strides() == k.strides(),
-              "k and v must have the same strides with head_dim contiguous, got ", k.strides(), " and ", v.strides());
+  // A dimension of size 1 is never stepped along: its stride may be anything (as is_contiguous() has it).
+  auto stride_is = [](const at::Tensor& t, int64_t dim, int64_t stride) {
+    return t.size(dim) <= 1 || t.stride(dim) == stride;
+  };
+  TORCH_CHECK(stride_is(q, 1, 1), "q's rows must be contiguous, got strides ", q.strides());
+  bool same_strides = stride_is(k, 3, 1) && stride_is(v, 3, 1);
+  for (int64_t dim = 0; dim < 3; ++dim) same_strides = same_strides && stride_is(v, dim, k.stride(dim));
+  TORCH_CHECK(same_strides, "k and v must have the same strides with head_dim contiguous, got ", k.strides(),
+              " and ", v.strides());
   check_int32(src_lengths, "src_lengths", q.device());
   check_int32(row_slots, "row_slots", q.device());
   at::Tensor out = at::empty({n_rows, heads * head_dim}, q.options());

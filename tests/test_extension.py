@@ -110,6 +110,16 @@ def test_cross_attention_op_reads_views_of_linear_outputs(half):
                                **FP32)
 
 
+def test_cross_attention_op_ignores_the_strides_of_dimensions_of_size_1():
+    """One sentence: a contiguous k whose size-1 sentence dimension has another stride than v's is the same layout."""
+    q, k, v, src_lengths, _, beam = cross_attention_problem()
+    q, lengths, slots = q[:beam], src_lengths[:1], torch.arange(beam, dtype=torch.int32)
+    k_odd = k[0].unsqueeze(1).transpose(0, 1)  # [1, heads, src_len, head_dim], strides (src_len * head_dim, ...)
+    assert k_odd.is_contiguous() and k_odd.stride() != v[:1].stride()
+    expected = torch.ops.fastformer.cross_attention(q, k[:1].clone(), v[:1].clone(), lengths, slots, beam)
+    assert torch.equal(torch.ops.fastformer.cross_attention(q, k_odd, v[:1], lengths, slots, beam), expected)
+
+
 # head_dim 12 is no multiple of the CPU loops' 8 lanes, 40 and 96 take their 4- and 8-vector blocks of values; 19
 # keys are two blocks of 8 and a tail of 3.
 @pytest.mark.parametrize("head_dim", [12, 40, 96])
