@@ -171,8 +171,8 @@ def test_ops_reject_bad_inputs():
     with pytest.raises(RuntimeError, match="float32"):
         torch.ops.fastformer.cross_attention(q.double(), k.double(), v.double(), src_lengths, row_slots, beam)
     with pytest.raises(RuntimeError, match="k and v must have the same strides"):
-        torch.ops.fastformer.cross_attention(q, k, v.transpose(2, 3).contiguous().transpose(2, 3), src_lengths,
-                                             row_slots, beam)
+        positions_first = v.transpose(1, 2).contiguous().transpose(1, 2)  # head_dim contiguous, other strides
+        torch.ops.fastformer.cross_attention(q, k, positions_first, src_lengths, row_slots, beam)
     with pytest.raises(RuntimeError, match="head_dim contiguous"):
         flipped = k.transpose(2, 3).contiguous().transpose(2, 3)
         torch.ops.fastformer.cross_attention(q, flipped, flipped, src_lengths, row_slots, beam)
