@@ -32,6 +32,11 @@ def extension():
         # CPU search's groups of sentences (csrc/decoder.cpp) with it. libgomp.so.1 is torch's own at run time.
         cxx_flags.append("-fopenmp")
         link_flags.append("-fopenmp")
+    if sys.platform.startswith("linux"):
+        # The C++ library linked in, its symbols local: against torch 2.11's CUDA build (g++ 13, the GPU machine of
+        # 2026-11-27), every TORCH_CHECK that formatted an integer crashed the process, because the extension's
+        # stream code bound partly to torch's exported copies of the library's templates and partly to the system's.
+        link_flags += ["-static-libstdc++", "-Wl,--exclude-libs,ALL"]
     if with_cuda:
         # Ampere and Hopper (sm_90a for Hopper-only instructions), unless the builder chose.
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0a")
