@@ -1,5 +1,6 @@
 """Beam search: the reference against brute force, and translate (the compiled decoder) against the reference."""
 
+import functools
 import itertools
 import math
 
@@ -68,6 +69,46 @@ def brute_force(model: Transformer, src: torch.Tensor, max_len: int, min_len: in
             divisor = ((5 + n) / 6) ** length_penalty if length_penalty_form == "gnmt" else n ** length_penalty
             hypotheses.append(Hypothesis(list(tokens), total / divisor))
     return sorted(hypotheses, key=lambda h: -h.score)
+
+
+# How far a sentence's score may move between a batch and alone where the GEMMs round a row by the batch's row
+# count (gemm_rows_depend_on_the_batch): float32 moved 1e-6 on the GPU machine's Intel Xeon; int8 and bfloat16 move
+# more, since such a difference can flip a rounding to 8 or 16 bits downstream (0.015 seen there in int8).
+BATCH_VARIANT_ATOL = {"float32": 1e-5, "int8": 0.05, "bfloat16": 0.05}
+
+
+def gemm_rows_depend_on_the_batch(model: Transformer, compute_type: str) -> bool:
+    """Whether the GEMMs the compiled search runs the model's linear layers with (in compute_type, and the float32
+    ones it keeps) give a row another result in a batch of rows than alone on this CPU: a translation is then
+    batch-invariant only to within that rounding. Not on CI's AMD EPYC; oneDNN's bfloat16 GEMM does on AVX-512
+    without BF16 instructions (ONEDNN_MAX_CPU_ISA=AVX512_CORE there), and translations in float32 moved with the
+    batch on the GPU machine's Intel Xeon (torch 2.11)."""
+    shapes = tuple(sorted({tuple(p.shape) for p in model.parameters() if p.dim() == 2}))
+    return _gemm_rows_depend_on_the_batch(shapes, compute_type)
+
+
+@functools.lru_cache
+def _gemm_rows_depend_on_the_batch(shapes: tuple[tuple[int, int], ...], compute_type: str) -> bool:
+    from fastformer.decoding.compiled import DECODER_ROWS, ENCODER_ROWS, extension
+    generator = torch.Generator().manual_seed(0)
+    for out_features, in_features in shapes:
+        weight = torch.randn(out_features, in_features, generator=generator)
+        bias = torch.randn(out_features, generator=generator)
+        rows = torch.randn(64, in_features, generator=generator)
+        for dtype in sorted({"float32", compute_type}):
+            for packed_rows in (DECODER_ROWS, 8 * DECODER_ROWS, ENCODER_ROWS):  # as the search packs its weights
+                linear = extension().PackedLinear(weight, bias, packed_rows, dtype)
+                batch = linear(rows)
+                # Each row alone and each leading run of rows against the same rows in the whole batch.
+                if any(not torch.equal(linear(rows[row:row + 1]), batch[row:row + 1]) or
+                       not torch.equal(linear(rows[:row + 1]), batch[:row + 1]) for row in range(len(rows))):
+                    return True
+    return False
+
+
+def batch_invariance_atol(model: Transformer, compute_type: str) -> float:
+    """0 (scores equal bitwise) where this CPU's GEMMs round a row alike in any batch, else BATCH_VARIANT_ATOL."""
+    return BATCH_VARIANT_ATOL[compute_type] if gemm_rows_depend_on_the_batch(model, compute_type) else 0.0
 
 
 def assert_same_hypotheses(got: list[list[Hypothesis]], expected: list[list[Hypothesis]], atol: float = 1e-5) -> None:
