@@ -34,8 +34,8 @@ def extension():
         link_flags.append("-fopenmp")
     if sys.platform.startswith("linux"):
         # The C++ library linked in, its symbols local: against torch 2.11's CUDA build (g++ 13, the GPU machine of
-        # 2026-11-27), every TORCH_CHECK that formatted an integer crashed the process, because the extension's
-        # stream code bound partly to torch's exported copies of the library's templates and partly to the system's.
+        # 2026-11-27), every TORCH_CHECK that formatted an integer crashed the process: the extension's locale code
+        # bound partly to copies of the library's internals inside itself and partly to the system's libstdc++.
         link_flags += ["-static-libstdc++", "-Wl,--exclude-libs,ALL"]
     if with_cuda:
         # Ampere and Hopper (sm_90a for Hopper-only instructions), unless the builder chose.
