@@ -107,12 +107,13 @@ def test_every_option_translates_a_sentence_the_same_alone_and_in_a_batch(option
     src = padded_sources(model, LENGTHS)
     search = dict(dict(beam_size=4, max_len_a=0.5, max_len_b=5), shrink=shrink, compute_type=compute_type, **options)
     batch = model.translate(src, **search)
+    atol = batch_invariance_atol(model, compute_type)
     for i, length in enumerate(LENGTHS):
         alone_search = dict(search)
         if "target_prefix" in search:
             alone_search["target_prefix"] = [search["target_prefix"][i]]
         alone = model.translate(src[i:i + 1, :length], **alone_search)
-        assert_same_hypotheses(alone, [batch[i]], atol=batch_invariance_atol(model, compute_type))
+        assert_same_hypotheses(alone, [batch[i]], atol=atol)
 
 
 # A vocabulary wide enough that the CPU search makes and ranks a step's logits in blocks (logits_rows_per_block: 30
