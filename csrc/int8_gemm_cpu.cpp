@@ -254,8 +254,9 @@ void run_tile(const Tile& t) {
     for (int p = 0; p < kPanels; ++p) sums[r][p] = _mm512_setzero_si512();
   }
   // The outputs' cache lines, asked for with the intent to write while the sums are made: stored at the end without
-  // them, each waited for its line to be read in first. 1344 rows (the encoder's at 64 sentences): 167-170 -> 184-188
-  // G multiply-adds/s on one thread on the AVX-512 test CPU; 128 rows, whose outputs are still in cache, unchanged.
+  // them, each waited for its line to be read in first. 1344 rows (the encoder's at 64 sentences), 2048 outputs: 176
+  // -> 193 G multiply-adds/s on one thread on the AVX-512 test CPU; 128 rows, whose outputs are still in cache,
+  // unchanged (benchmarks/results/2026-11-27-cpu-amd-epyc-2core-b).
   if (t.y) {
     for (int r = 0; r < kRows; ++r) {
       for (int p = 0; p < kPanels; ++p) __builtin_prefetch(t.y + r * t.out + p * 16, /*rw=*/1, /*locality=*/3);
