@@ -1,4 +1,4 @@
-# Every measurement of this folder in turn, nothing else running; from outside the checkout:
+# Every measurement of this folder in turn, nothing else running; from the checkout's root or elsewhere:
 #   PYTHON=/path/to/.venv/bin/python bash run.sh OUT_DIR
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
