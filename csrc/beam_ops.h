@@ -67,6 +67,21 @@ struct CrossAttentionArgs {
   int half_keys_values = 0;     // CPU: 1 where k and v hold float16 (q and out float32), 0 where float32
 };
 
+// Many queries a sentence over its own keys and values (teacher-forced scoring's decoder, scorer.cpp): row i of a
+// sentence's q_len rows attends to its positions p < k_lengths[sentence], and where `causal` to p <= i as well.
+// CPU only, float32.
+struct BlockAttentionArgs {
+  const float* q;               // [n_sentences * q_len, heads * head_dim], rows q_row_stride apart
+  const float* k;               // [n_sentences, heads, k_len, head_dim], strided as below
+  const float* v;               // [n_sentences, heads, k_len, head_dim], strided as k
+  const int32_t* k_lengths;     // [n_sentences], each in [1, k_len]
+  float* out;                   // [n_sentences * q_len, heads * head_dim]
+  int n_sentences, q_len, k_len, heads, head_dim;
+  // Strides in elements; a position's head_dim values are contiguous.
+  int64_t q_row_stride, kv_sentence_stride, kv_head_stride, kv_position_stride;
+  int causal = 0;
+};
+
 // How a finished hypothesis's sum of log-probabilities is normalized by its length |Y| (real tokens plus EOS):
 // GNMT's ((5 + |Y|) / 6) ** alpha, or |Y| ** alpha as fairseq, transformers, CTranslate2 and Marian do.
 enum class LengthPenaltyForm : int { kGnmt = 0, kLength = 1 };
@@ -220,6 +235,7 @@ struct CpuLoops {
   bool vector_float16;
   void (*self_attention_step)(const SelfAttentionArgs& args);
   void (*cross_attention)(const CrossAttentionArgs& args);
+  void (*block_attention)(const BlockAttentionArgs& args);
   void (*beam_step)(const BeamStepArgs& args);
   void (*row_absmax)(const float* x, int64_t n_rows, int64_t width, float* absmax);
   void (*add_layer_norm)(const float* x, const float* residual, int64_t n_rows, int64_t width, const float* gamma,
@@ -239,6 +255,7 @@ const CpuLoops& cpu_loops();
 // fp32 CPU implementations, in cpu_loops().
 void self_attention_step_cpu(const SelfAttentionArgs& args);
 void cross_attention_cpu(const CrossAttentionArgs& args);
+void block_attention_cpu(const BlockAttentionArgs& args);
 void beam_step_cpu(const BeamStepArgs& args);
 // absmax[r] <- max |x[r, :]| over the width floats of each of n_rows rows, or NaN where a row holds NaN or inf
 // (the int8 linear layers' row scales, linear.cpp). x: [n_rows, width]

@@ -103,6 +103,7 @@ const CpuLoops& cpu_loops() {
 
 void self_attention_step_cpu(const SelfAttentionArgs& args) { cpu_loops().self_attention_step(args); }
 void cross_attention_cpu(const CrossAttentionArgs& args) { cpu_loops().cross_attention(args); }
+void block_attention_cpu(const BlockAttentionArgs& args) { cpu_loops().block_attention(args); }
 void beam_step_cpu(const BeamStepArgs& args) { cpu_loops().beam_step(args); }
 void row_absmax_cpu(const float* x, int64_t n_rows, int64_t width, float* absmax) {
   cpu_loops().row_absmax(x, n_rows, width, absmax);

@@ -286,6 +286,50 @@ at::Tensor cross_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   return out;
 }
 
+at::Tensor block_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_lengths,
+                           bool causal) {
+  TORCH_CHECK(k.dim() == 4 && v.sizes() == k.sizes(), "k and v must be [n_sentences, heads, k_len, head_dim], got ",
+              k.sizes(), " and ", v.sizes());
+  const int64_t n_sentences = k.size(0), heads = k.size(1), k_len = k.size(2), head_dim = k.size(3);
+  const int64_t d_model = heads * head_dim;
+  TORCH_CHECK(n_sentences >= 1 && k_len >= 1, "block_attention needs a sentence and a key, got k of ", k.sizes());
+  TORCH_CHECK(q.dim() == 2 && q.size(0) % n_sentences == 0 && q.size(1) == d_model, "q must be [n_sentences=",
+              n_sentences, " x q_len, ", d_model, "], got ", q.sizes());
+  for (const auto& [t, name] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}}) {
+    TORCH_CHECK(t->is_cpu() && t->scalar_type() == at::kFloat, "block_attention takes float32 CPU tensors, ", name,
+                " is ", t->scalar_type(), " on ", t->device());
+  }
+  TORCH_CHECK(q.stride(1) == 1 && k.stride(3) == 1 && k.strides() == v.strides(), "q's rows and k's and v's head_dim "
+              "must be contiguous, k and v strided alike, got strides ", q.strides(), ", ", k.strides(), " and ",
+              v.strides());
+  check_int32(k_lengths, "k_lengths", q.device());
+  TORCH_CHECK(k_lengths.dim() == 1 && k_lengths.size(0) == n_sentences, "k_lengths must be [", n_sentences, "], got ",
+              k_lengths.sizes());
+  TORCH_CHECK(k_lengths.min().item<int32_t>() >= 1 && k_lengths.max().item<int32_t>() <= k_len,
+              "k_lengths must be in [1, k_len=", k_len, "]");
+  const int64_t q_len = q.size(0) / n_sentences;
+  at::Tensor out = at::empty({q.size(0), d_model}, q.options());
+  const BlockAttentionArgs args{q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
+                                k_lengths.data_ptr<int32_t>(), out.data_ptr<float>(), static_cast<int>(n_sentences),
+                                static_cast<int>(q_len), static_cast<int>(k_len), static_cast<int>(heads),
+                                static_cast<int>(head_dim), q.stride(0), k.stride(0), k.stride(1), k.stride(2),
+                                causal ? 1 : 0};
+  // A task of at least 2^17 multiply-adds, as run_cpu's for cross_attention; inside the scorer's threads, inline.
+  const int64_t sentence_work = std::max<int64_t>(1, 2 * q_len * k_len * d_model);
+  at::parallel_for(0, n_sentences, std::max<int64_t>(1, (int64_t{1} << 17) / sentence_work),
+                   [&](int64_t first, int64_t end) {
+                     BlockAttentionArgs part = args;
+                     part.q = args.q + first * q_len * args.q_row_stride;
+                     part.k = args.k + first * args.kv_sentence_stride;
+                     part.v = args.v + first * args.kv_sentence_stride;
+                     part.k_lengths = args.k_lengths + first;
+                     part.out = args.out + first * q_len * d_model;
+                     part.n_sentences = static_cast<int>(end - first);
+                     block_attention_cpu(part);
+                   });
+  return out;
+}
+
 BeamState::BeamState(int64_t n_sentences, int64_t beam_size, int64_t cache_len, int64_t bos_id,
                      const at::Device& device) {
   const int64_t n_slots = n_sentences * beam_size;

@@ -43,6 +43,12 @@ at::Tensor self_attention_step(const at::Tensor& qkv, const at::Tensor& k_cache,
 at::Tensor cross_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const at::Tensor& src_lengths, const at::Tensor& row_slots, int64_t beam_size);
 
+// Many queries a sentence over its own keys (BlockAttentionArgs), on the CPU, float32: q: [n_sentences * q_len,
+// d_model] rows (a view with contiguous rows), k/v: [n_sentences, heads, k_len, head_dim] (views with head_dim
+// contiguous, strided alike), k_lengths: [n_sentences] int32 in [1, k_len] -> [n_sentences * q_len, d_model].
+at::Tensor block_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_lengths,
+                           bool causal);
+
 struct LayerNormWeights {
   at::Tensor weight, bias;  // [d_model] each
   double eps = 1e-5;

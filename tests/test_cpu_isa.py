@@ -16,8 +16,9 @@ from fastformer.decoding.compiled import extension
 TESTS = Path(__file__).resolve().parent
 ISAS = extension().cpu_isas()
 # The oracles' tests of everything the loops compute: the ops against the reference attention, the search against
-# the reference search and brute force, and int8 (its row scales) against float64 products.
-ORACLE_TESTS = ["test_extension.py", "test_beam_search.py", "test_compute_types.py"]
+# the reference search and brute force, int8 (its row scales) against float64 products, and scoring (its
+# block_attention) against the reference's teacher-forced log-softmax.
+ORACLE_TESTS = ["test_extension.py", "test_beam_search.py", "test_compute_types.py", "test_scoring.py"]
 
 
 def run_python(code: str, isa: str) -> subprocess.CompletedProcess:

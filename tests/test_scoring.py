@@ -262,7 +262,10 @@ def test_translator_scores_a_marian_model_as_transformers_does(built):
 def test_the_demos_trained_model_scores_its_test_split(demo_run):
     """The demo's trained model on the whole bundled test split: float32 equals the reference backend's teacher-forced
     log-softmax; int8 and bfloat16 stay within 0.1 of float32's normalized score (measured on a 1500-update demo
-    model: 0.021 and 0.009); and every reference scores above the next sentence's reference given the same source."""
+    model: 0.021 and 0.009), int8 with 7-bit activations (a CPU without AVX512-VNNI, or FASTFORMER_CPU_ISA below it)
+    within 0.3 (the 600-update model the tests train: at most 0.20 and 0.21 over the 500 sentences in the avx2 and
+    baseline loops, against 0.043 with 8-bit ones); and every reference scores above the next sentence's reference
+    given the same source."""
     out_dir, _ = demo_run
     path = checkpoint.newest_checkpoint(out_dir)
     sources, targets = read_lines(BUNDLED_CORPUS / "test.en"), read_lines(BUNDLED_CORPUS / "test.de")
@@ -274,9 +277,10 @@ def test_the_demos_trained_model_scores_its_test_split(demo_run):
     want = teacher_forced_log_probs(translator.model, src, translator.target_tokenizer.encode(targets))
     assert_scores_close([torch.tensor(r.token_scores, dtype=torch.float32) for r in results["float32"]], want,
                         atol=5e-5, rtol=1e-5)
-    for compute_type in ("int8", "bfloat16"):
+    bounds = {"int8": 0.1 if extension().int8_activation_max() == 127 else 0.3, "bfloat16": 0.1}
+    for compute_type, bound in bounds.items():
         for got, expected in zip(results[compute_type], results["float32"]):
-            assert abs(got.normalized - expected.normalized) <= 0.1, (compute_type, got, expected)
+            assert abs(got.normalized - expected.normalized) <= bound, (compute_type, got, expected)
     mismatched = translator.score(sources, targets[1:] + targets[:1])
     assert all(right.normalized > wrong.normalized for right, wrong in zip(results["float32"], mismatched))
 

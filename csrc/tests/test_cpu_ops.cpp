@@ -211,6 +211,58 @@ void test_cross_attention(int head_dim, bool half) {
   }
 }
 
+// block_attention against the naive sum, causal (a row sees its own position and those before) or over each
+// sentence's key length; q_len 7 (a group of 4 rows, then single rows); q's rows inside wider ones and k and v
+// interleaved, as views of linear layers' outputs; and each sentence bitwise as it attends alone, with only its own
+// positions (the scorer's batch invariance: a sentence's rows and keys do not depend on the batch's longest).
+void test_block_attention(int head_dim, bool causal) {
+  const int n_sentences = 3, heads = 2, q_len = 7, k_len = causal ? q_len : 20;
+  const int d_model = heads * head_dim;
+  const std::vector<int32_t> k_lengths = causal ? std::vector<int32_t>{7, 7, 7} : std::vector<int32_t>{20, 1, 17};
+  // A sentence alone: causal, its first real_rows positions (its target's length); else its own key length.
+  const std::vector<int> real_rows = causal ? std::vector<int>{7, 3, 5} : std::vector<int>{7, 7, 7};
+  const std::vector<float> q = random_floats(size_t(n_sentences) * q_len * 3 * d_model);  // rows 3 * d_model apart
+  // [n_sentences, k_len, 2, heads, head_dim]: a key/value projection's rows.
+  const std::vector<float> kv = random_floats(size_t(n_sentences) * k_len * 2 * d_model);
+  auto run = [&](const float* queries, const float* keys_values, const int32_t* lengths, int n, int rows, int keys) {
+    std::vector<float> out(size_t(n) * rows * d_model, std::nanf(""));
+    fastformer::BlockAttentionArgs args{queries, keys_values, keys_values + d_model, lengths, out.data(), n, rows,
+                                        keys, heads, head_dim, 3 * d_model, int64_t{keys} * 2 * d_model, head_dim,
+                                        2 * d_model, causal};
+    loops->block_attention(args);
+    return out;
+  };
+  const std::vector<float> out = run(q.data(), kv.data(), k_lengths.data(), n_sentences, q_len, k_len);
+  for (int s = 0; s < n_sentences; ++s) {
+    for (int i = 0; i < q_len; ++i) {
+      const size_t row = size_t(s) * q_len + i;
+      const int n_keys = causal ? std::min(i + 1, k_lengths[s]) : k_lengths[s];
+      for (int h = 0; h < heads; ++h) {
+        std::vector<const float*> keys, values;
+        for (int p = 0; p < n_keys; ++p) {
+          const size_t at = (size_t(s) * k_len + p) * 2 * d_model + h * head_dim;
+          keys.push_back(kv.data() + at);
+          values.push_back(kv.data() + at + d_model);
+        }
+        const std::vector<double> expected = naive_attention(q.data() + row * 3 * d_model + h * head_dim, keys,
+                                                             values, head_dim);
+        for (int d = 0; d < head_dim; ++d) {
+          EXPECT(std::fabs(out[row * d_model + h * head_dim + d] - expected[d]) < 1e-5);
+        }
+      }
+    }
+    // Alone: the sentence's own rows and keys only (causal: as many keys as real rows).
+    const int rows = real_rows[s], keys = causal ? rows : k_lengths[s];
+    std::vector<float> q_alone(q.begin() + size_t(s) * q_len * 3 * d_model,
+                               q.begin() + (size_t(s) * q_len + rows) * 3 * d_model);
+    std::vector<float> kv_alone(kv.begin() + size_t(s) * k_len * 2 * d_model,
+                                kv.begin() + (size_t(s) * k_len + keys) * 2 * d_model);
+    const int32_t length_alone = keys;
+    const std::vector<float> alone = run(q_alone.data(), kv_alone.data(), &length_alone, 1, rows, keys);
+    EXPECT(std::equal(alone.begin(), alone.end(), out.begin() + size_t(s) * q_len * d_model));
+  }
+}
+
 struct Expected {
   std::vector<int> parents, tokens;
   std::vector<double> sums;
@@ -778,6 +830,9 @@ int main() {
     for (int head_dim : {4, 8, 64}) {
       for (size_t cache_offset : {0, 1}) test_self_attention_step(head_dim, cache_offset);
       for (bool half : {false, true}) test_cross_attention(head_dim, half);
+    }
+    for (int head_dim : {12, 64}) {  // 12: not whole vectors
+      for (bool causal : {false, true}) test_block_attention(head_dim, causal);
     }
     for (int beam : {1, 2, 4, 5}) {
       for (bool from_best : {false, true}) {  // from the logits, or from each row's best (BeamStepArgs::best)
