@@ -20,8 +20,10 @@ cpu_decoding.py reaches it):
 - score (Transformer.score) and ctranslate2-score (score_batch), and their ratio to beam4's time on the same sources.
 CTranslate2 runs in both threading modes where there is more than one thread ("intra": one batch on intra-op
 threads; "inter": inter_threads = threads, max_batch_size = ceil(sentences / threads)); ratios take its better one.
-beam4 against beam4-baseline is also taken round by round (the two processes run one after the other), the median
-and range of those ratios under "paired".
+Each ratio is also taken round by round under "paired" (beam4 against beam4-baseline, sampling against greedy and
+against CTranslate2's sampling, scoring against score_batch and against beam4): the two processes of a round run
+minutes apart at most, so a ratio within a round feels less of the machine's drift over the run than the rows'
+medians do; the median and range of those ratios.
 
     OMP_NUM_THREADS=2 python benchmarks/cpu_options.py --one-process --rounds 10 --out runs/benchmarks/costs.json
 
@@ -233,6 +235,33 @@ def summary(rows: dict[str, dict]) -> dict[str, float]:
     return ratios
 
 
+# Ratio -> (numerator, denominator): the two systems' speeds on the same sources (every system of a pair decodes or
+# scores the same target tokens, so the speed ratio is the denominator's seconds over the numerator's).
+PAIRS = {"beam4 / beam4-baseline (speed)": ("beam4", "beam4-baseline"),
+         "sampling / greedy (speed)": ("sampling", "greedy"),
+         "sampling / CTranslate2 sampling at its best": ("sampling", "ctranslate2-sampling"),
+         "score / CTranslate2 score_batch at its best": ("score", "ctranslate2-score"),
+         "beam4 time / score time (same sources)": ("score", "beam4")}
+
+
+def paired_ratios(timed: dict[tuple[str, str], list[dict]], rounds: int) -> dict[str, dict[str, float]]:
+    """Each ratio of PAIRS whose two systems ran in every round, taken round by round (the two processes minutes
+    apart at most, where the rows' medians may come from rounds far apart), as the median and range over the rounds;
+    a system with two threading modes counts its faster one in each round."""
+    def round_seconds(system: str) -> list[float] | None:
+        modes = [samples for (name, _), samples in timed.items() if name == system]
+        if not modes or any(len(samples) != rounds for samples in modes):
+            return None
+        return [min(samples[r]["seconds"] for samples in modes) for r in range(rounds)]
+
+    paired = {}
+    for name, (numerator, denominator) in PAIRS.items():
+        fast, slow = round_seconds(numerator), round_seconds(denominator)
+        if fast and slow:
+            paired[name] = spread([d / n for n, d in zip(fast, slow)])
+    return paired
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
@@ -277,13 +306,11 @@ def main() -> None:
                       "round_seconds": [round(sample["seconds"], 4) for sample in samples]}
         print(f"{name:28s} {rows[name]['tokens_per_s']:>9} tok/s  {rows[name]['seconds']} s", flush=True)
     ratios = summary(rows)
-    paired = {}
-    baseline = timed.get(("beam4-baseline", "intra"), [])
-    if baseline and len(baseline) == len(timed.get(("beam4", "intra"), [])):
-        paired["beam4 / beam4-baseline (speed)"] = spread(
-            [b["seconds"] / a["seconds"] for a, b in zip(timed["beam4", "intra"], baseline)])
-    for name, value in {**ratios, **paired}.items():
-        print(f"{name}: {value}", flush=True)
+    paired = paired_ratios(timed, args.rounds)
+    for name, value in ratios.items():
+        print(f"{name}: {value} (from the medians)", flush=True)
+    for name, value in paired.items():
+        print(f"{name}, round by round: {value}", flush=True)
     for row in rows.values():
         del row["seconds_inverse"]
     write_payload(args, {"rows": rows, "ratios": ratios, "paired": paired, "failed": failed})
