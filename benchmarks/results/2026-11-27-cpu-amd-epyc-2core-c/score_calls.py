@@ -1,0 +1,35 @@
+"""One process: cpu_options.py's scoring system (base model, 37k words, 64 sentences, 31 target tokens each, int8,
+the threads of OMP_NUM_THREADS) brought to steady state, then CALLS timed calls -> one JSON line (the package's
+path, best and median seconds)."""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/
+
+import torch  # noqa: E402
+
+import cpu_options  # noqa: E402
+from cpu_decoding import steady_call  # noqa: E402
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--calls", type=int, default=10)
+parser.add_argument("--label", required=True)
+args = parser.parse_args()
+settings = argparse.Namespace(threads=torch.get_num_threads(), seed=0, shape="b", vocab=37000)
+model, src = cpu_options.model_and_sources(settings)
+run = cpu_options.fastformer_run("score", model, src, "int8")
+steady_call(lambda _: run(), src)
+seconds = []
+for _ in range(args.calls):
+    start = time.perf_counter()
+    run()
+    seconds.append(time.perf_counter() - start)
+import fastformer  # noqa: E402
+
+print(json.dumps({"label": args.label, "package": str(Path(fastformer.__file__).parent), "best": min(seconds),
+                  "median": statistics.median(seconds), "seconds": seconds}))
