@@ -24,7 +24,6 @@
 namespace fastformer {
 namespace {
 
-// torch's oneDNN linear ops, where this torch build has them (looked up once).
 // torch's oneDNN and FBGEMM linear ops, where this torch build has them (looked up once).
 struct GemmOps {
   std::optional<c10::OperatorHandle> reorder_weight, linear, onednn_int8_prepack, onednn_int8_linear,
