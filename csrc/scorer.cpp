@@ -46,14 +46,15 @@ void score_sentences(const at::Tensor& memory, const at::Tensor& src_lengths, co
   // sees at least position 0, so that it stays finite. Cross-attention over each sentence's real source positions
   // (src_lengths >= 1: no row is all masked). On the CPU, block_attention reads q, k and v where the projections left
   // them: ATen's attention, two small GEMMs a sentence and head, took 15% of scoring's time there (base, 37k
-  // vocabulary, int8, 2 threads).
+  // vocabulary, int8, 2 threads). The keys a sentence attends to, made once for every layer: block_attention's key
+  // lengths (int32 [n]) on the CPU, ATen's cross-attention mask ([n, 1, 1, src_len]) on CUDA.
   const bool on_cpu = memory.is_cpu();
-  const at::Tensor target_keys = at::full({n}, tgt_len, at::TensorOptions().dtype(at::kInt));
   const at::Tensor source_lengths = src_lengths.narrow(0, begin, n);
-  // [n, 1, 1, src_len]: true at each sentence's real source positions.
-  auto source_keys = [&] {
-    return (at::arange(src_len, longs).unsqueeze(0) < source_lengths.unsqueeze(1)).view({n, 1, 1, src_len});
-  };
+  const at::Tensor target_keys = on_cpu ? at::full({n}, tgt_len, source_lengths.options().dtype(at::kInt))
+                                        : at::Tensor();
+  const at::Tensor source_keys =
+      on_cpu ? source_lengths.to(at::kInt).contiguous()
+             : (at::arange(src_len, longs).unsqueeze(0) < source_lengths.unsqueeze(1)).view({n, 1, 1, src_len});
   auto self_block = [&](const at::Tensor& h, int64_t layer) {
     const DecoderLayerLinears& linear = linears.layers[layer];
     const at::Tensor projected = linear.self_qkv(h);
@@ -70,12 +71,11 @@ void score_sentences(const at::Tensor& memory, const at::Tensor& src_lengths, co
     const at::Tensor keys_values = split_heads(linear.cross_kv(memory_rows), n, src_len, 2, heads);
     if (on_cpu) {
       return linear.cross_out(
-          block_attention(linear.cross_q(h), keys_values[0], keys_values[1], source_lengths.to(at::kInt).contiguous(),
-                          /*causal=*/false));
+          block_attention(linear.cross_q(h), keys_values[0], keys_values[1], source_keys, /*causal=*/false));
     }
     const at::Tensor q = split_heads(linear.cross_q(h), n, tgt_len, 1, heads)[0];
     return linear.cross_out(
-        merge_heads(at::scaled_dot_product_attention(q, keys_values[0], keys_values[1], source_keys())));
+        merge_heads(at::scaled_dot_product_attention(q, keys_values[0], keys_values[1], source_keys)));
   };
   const at::Tensor hidden = decoder_layers(x, weights, linears, options, activation, self_block, cross_block);
   // Only the real positions reach the output projection.
