@@ -5,8 +5,11 @@ machine's drift cancels), for "no slower than before" checks.
     python benchmarks/ab_throughput.py --baseline 0097ec4 --rounds 3 --out-dir DIR -- \\
         --train --preset base --quick --systems fastformer,fastformer-captured
 
-The baseline's source tree is a git worktree of that commit under --work-dir; a tree without its compiled extension
-gets it built in place with this Python (`setup.py build_ext --inplace`), this checkout included. Each run uses its
+The baseline's source tree is a git worktree of that commit under --work-dir, or --baseline-tree where this checkout
+has no git history (a copy on another machine: `git archive COMMIT | tar -x -C DIR` made it, and FASTFORMER_COMMIT
+names this checkout's commit). When the runs translate (anything but `--train`), a tree without its compiled extension
+gets it built in place with this Python (`setup.py build_ext --inplace`), this checkout included; training imports
+no extension. Each run uses its
 own tree's throughput.py with the arguments after `--` (so they must exist at both commits), imports its own tree's
 fastformer (PYTHONPATH), and writes its JSON under DIR; DIR/ab_throughput.json has every run and the ratios.
 """
@@ -49,8 +52,9 @@ def run_throughput(tree: Path, arguments: list[str], out_dir: Path) -> dict:
     """-> {system: median tokens/s} of one throughput.py run of `tree`, for its training and inference rows."""
     out_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    subprocess.run([sys.executable, str(tree / "benchmarks" / "throughput.py"), *arguments, "--out-dir", str(out_dir)],
-                   cwd=out_dir, env=env, check=True, stdout=subprocess.DEVNULL)
+    with open(out_dir / "throughput.log", "w") as log:
+        subprocess.run([sys.executable, str(tree / "benchmarks" / "throughput.py"), *arguments, "--out-dir",
+                        str(out_dir)], cwd=out_dir, env=env, check=True, stdout=log, stderr=subprocess.STDOUT)
     results = json.loads((out_dir / "throughput.json").read_text())
     rates = {}
     for section in ("training", "inference"):
@@ -60,23 +64,64 @@ def run_throughput(tree: Path, arguments: list[str], out_dir: Path) -> dict:
     return {"rates": rates, "environment": results.get("environment")}
 
 
+def summarize(runs: list[dict]) -> dict:
+    """-> per system the medians of each tree and the head / baseline ratio of each round that has both."""
+    summary = {}
+    for system in sorted({key for run in runs for key in run["rates"]}):
+        by_round = {(run["round"], run["tree"]): run["rates"].get(system) for run in runs}
+        rounds = sorted({r for r, _ in by_round})
+        ratios = [by_round[(r, "head")] / by_round[(r, "baseline")] for r in rounds
+                  if by_round.get((r, "head")) and by_round.get((r, "baseline"))]
+        medians = {tree: [v for (_, t), v in by_round.items() if t == tree and v] for tree in ("baseline", "head")}
+        summary[system] = {
+            "baseline_median": statistics.median(medians["baseline"]) if medians["baseline"] else None,
+            "head_median": statistics.median(medians["head"]) if medians["head"] else None,
+            "ratio_per_round": ratios,
+            "ratio_median": statistics.median(ratios) if ratios else None,
+        }
+    return summary
+
+
+def commit_of(tree: Path, fallback: str | None) -> str:
+    """-> the commit `tree` is checked out at, or `fallback` where it is no git checkout."""
+    try:
+        return git("rev-parse", "HEAD", cwd=tree)
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        if fallback is None:
+            raise SystemExit(f"{tree} is no git checkout: name its commit (--baseline-tree's is --baseline; "
+                             "this checkout's is FASTFORMER_COMMIT)")
+        return fallback
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", required=True, help="the older commit")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/fastformer-ab"))
+    parser.add_argument("--baseline-tree", type=Path,
+                        help="the baseline's source tree, made beforehand (instead of a worktree of --baseline)")
     parser.add_argument("--out-dir", type=Path, required=True)
     parser.add_argument("throughput_args", nargs=argparse.REMAINDER, help="after --: throughput.py's arguments")
     args = parser.parse_args()
     arguments = [a for a in args.throughput_args if a != "--"]
     if "--out-dir" in arguments:
         parser.error("--out-dir is this script's: each run gets a folder under it")
-    trees = {"baseline": baseline_tree(args.baseline, args.work_dir), "head": REPO}
-    for tree in trees.values():
-        ensure_built(tree)
-    commits = {name: git("rev-parse", "HEAD", cwd=tree) for name, tree in trees.items()}
-    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
-    runs = []
+    if args.baseline_tree is not None and not (args.baseline_tree / "benchmarks" / "throughput.py").is_file():
+        parser.error(f"--baseline-tree {args.baseline_tree} holds no benchmarks/throughput.py")
+    baseline = args.baseline_tree or baseline_tree(args.baseline, args.work_dir)
+    trees = {"baseline": baseline.resolve(), "head": REPO}
+    if "--train" not in arguments:
+        for tree in trees.values():
+            ensure_built(tree)
+    commits = {"baseline": commit_of(trees["baseline"], args.baseline if args.baseline_tree else None),
+               "head": commit_of(REPO, os.environ.get("FASTFORMER_COMMIT"))}
+    try:
+        dirty: bool | None = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        dirty = None  # no git checkout: FASTFORMER_COMMIT's word is all there is
+    runs: list[dict] = []
+    record = {"command": " ".join([sys.executable, *sys.argv]), "commits": commits, "head_dirty": dirty,
+              "environment": None, "runs": runs, "summary": {}}
     for round_index in range(args.rounds):
         order = ("baseline", "head") if round_index % 2 == 0 else ("head", "baseline")
         for name in order:
@@ -84,23 +129,13 @@ def main() -> int:
             runs.append({"round": round_index, "tree": name, **run})
             print(f"round {round_index} {name}: " + ", ".join(f"{k} {v:,.0f}" for k, v in run["rates"].items()),
                   flush=True)
-    systems = sorted({key for run in runs for key in run["rates"]})
-    summary = {}
-    for system in systems:
-        by_round = {(run["round"], run["tree"]): run["rates"].get(system) for run in runs}
-        ratios = [by_round[(r, "head")] / by_round[(r, "baseline")] for r in range(args.rounds)
-                  if by_round.get((r, "head")) and by_round.get((r, "baseline"))]
-        summary[system] = {
-            "baseline_median": statistics.median(v for (_, tree), v in by_round.items() if tree == "baseline" and v),
-            "head_median": statistics.median(v for (_, tree), v in by_round.items() if tree == "head" and v),
-            "ratio_per_round": ratios,
-            "ratio_median": statistics.median(ratios) if ratios else None,
-        }
+            # Written after every run, so that a run cut short by a time limit keeps the rounds it finished.
+            record.update(environment=runs[0]["environment"], summary=summarize(runs))
+            (args.out_dir / "ab_throughput.json").write_text(json.dumps(record, indent=1))
+    for system, row in record["summary"].items():
+        ratios = row["ratio_per_round"]
         print(f"{system}: head / baseline per round {', '.join(f'{r:.3f}' for r in ratios)}; "
-              f"median {summary[system]['ratio_median']:.3f}" if ratios else f"{system}: no pair")
-    record = {"command": " ".join([sys.executable, *sys.argv]), "commits": commits, "head_dirty": dirty,
-              "environment": runs[0]["environment"] if runs else None, "runs": runs, "summary": summary}
-    (args.out_dir / "ab_throughput.json").write_text(json.dumps(record, indent=1))
+              f"median {row['ratio_median']:.3f}" if ratios else f"{system}: no pair")
     print(f"wrote {args.out_dir / 'ab_throughput.json'}")
     return 0
 
