@@ -65,6 +65,9 @@ struct CrossAttentionArgs {
   // linear layer that made them ([n_sentences, src_len, 2, heads, head_dim]), read where they lie, not copied.
   int64_t q_row_stride, kv_sentence_stride, kv_head_stride, kv_position_stride;
   int half_keys_values = 0;     // CPU: 1 where k and v hold float16 (q and out float32), 0 where float32
+  // CPU: 1 for the encoder's self-attention (beam_size 1, n_rows = n_sentences * src_len): row r is position
+  // r % src_len of its sentence, and the rows at or past the sentence's length are padding, written as zeros.
+  int padded_queries = 0;
 };
 
 // Many queries a sentence over its own keys and values (teacher-forced scoring's decoder, scorer.cpp): row i of a

@@ -79,17 +79,21 @@ cudaError_t launch_cuda(const BeamStepArgs& args, DType dtype, cudaStream_t stre
 #endif
 
 void run_cpu(const SelfAttentionArgs& args) { self_attention_step_cpu(args); }
-// The rows split across threads where there are enough of them (the encoder's self-attention, a whole sentence's
-// positions a row; inside the search's threads this runs inline): a task of at least 2^17 multiply-adds.
+// The rows split across threads where there are enough of them (inside the search's threads this runs inline): a
+// task of at least 2^17 multiply-adds. The encoder's (padded_queries) split between sentences, so that a sentence's
+// rows attend in the same groups whatever the batch and the threads.
 void run_cpu(const CrossAttentionArgs& args) {
   const int64_t d_model = static_cast<int64_t>(args.heads) * args.head_dim;
-  const int64_t row_work = std::max<int64_t>(1, 2 * d_model * args.src_len);
-  at::parallel_for(0, args.n_rows, std::max<int64_t>(1, (int64_t{1} << 17) / row_work), [&](int64_t first, int64_t end) {
+  const int64_t rows_per_unit = args.padded_queries ? args.src_len : 1;
+  const int64_t unit_work = std::max<int64_t>(1, 2 * d_model * args.src_len * rows_per_unit);
+  at::parallel_for(0, args.n_rows / rows_per_unit, std::max<int64_t>(1, (int64_t{1} << 17) / unit_work),
+                   [&](int64_t first_unit, int64_t end_unit) {
+    const int64_t first = first_unit * rows_per_unit;
     CrossAttentionArgs part = args;
     part.q = static_cast<const float*>(args.q) + first * args.q_row_stride;
     part.out = static_cast<float*>(args.out) + first * d_model;
     part.row_slots = args.row_slots + first;
-    part.n_rows = static_cast<int>(end - first);
+    part.n_rows = static_cast<int>((end_unit - first_unit) * rows_per_unit);
     cross_attention_cpu(part);
   });
 }
@@ -248,8 +252,10 @@ at::Tensor self_attention_step(const at::Tensor& qkv, const at::Tensor& k_cache,
   return self_attention_step(qkv, k_cache, v_cache, indirection, row_slots, beam_size, step_tensor(step, qkv.device()));
 }
 
-at::Tensor cross_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const at::Tensor& src_lengths, const at::Tensor& row_slots, int64_t beam_size) {
+namespace {
+
+at::Tensor attend_sources(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& src_lengths,
+                          const at::Tensor& row_slots, int64_t beam_size, bool padded_queries) {
   TORCH_CHECK(k.dim() == 4, "k must be [n_sentences, heads, src_len, head_dim], got ", k.sizes());
   TORCH_CHECK(v.sizes() == k.sizes(), "v must have k's shape ", k.sizes());
   const int64_t n_sentences = k.size(0), heads = k.size(1), src_len = k.size(2), head_dim = k.size(3);
@@ -281,9 +287,24 @@ at::Tensor cross_attention(const at::Tensor& q, const at::Tensor& k, const at::T
                                 row_slots.data_ptr<int32_t>(), out.data_ptr(), static_cast<int>(n_rows),
                                 static_cast<int>(heads), static_cast<int>(head_dim), static_cast<int>(src_len),
                                 static_cast<int>(beam_size), q.stride(0), k.stride(0), k.stride(1), k.stride(2),
-                                half_keys_values};
+                                half_keys_values, padded_queries};
   run_fused_op("cross_attention", q, args);
   return out;
+}
+
+}  // namespace
+
+at::Tensor cross_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& src_lengths, const at::Tensor& row_slots, int64_t beam_size) {
+  return attend_sources(q, k, v, src_lengths, row_slots, beam_size, /*padded_queries=*/false);
+}
+
+at::Tensor encoder_self_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& src_lengths, const at::Tensor& row_slots) {
+  TORCH_CHECK(q.dim() == 2 && k.dim() == 4 && q.size(0) == k.size(0) * k.size(2), "q must be [n_sentences * src_len, "
+              "d_model] for k of ", k.sizes(), ", got ", q.sizes());
+  // The CUDA kernel attends each row on its own, padding rows included.
+  return attend_sources(q, k, v, src_lengths, row_slots, /*beam_size=*/1, /*padded_queries=*/q.is_cpu());
 }
 
 at::Tensor block_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_lengths,

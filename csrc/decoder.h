@@ -43,6 +43,12 @@ at::Tensor self_attention_step(const at::Tensor& qkv, const at::Tensor& k_cache,
 at::Tensor cross_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const at::Tensor& src_lengths, const at::Tensor& row_slots, int64_t beam_size);
 
+// The encoder's self-attention: cross_attention with beam_size 1 where q's row r is position r % src_len of sentence
+// r / src_len (row_slots: each row's sentence); on the CPU, rows at or past their sentence's length are padding,
+// returned as zeros.
+at::Tensor encoder_self_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& src_lengths, const at::Tensor& row_slots);
+
 // Many queries a sentence over its own keys (BlockAttentionArgs), on the CPU, float32: q: [n_sentences * q_len,
 // d_model] rows (a view with contiguous rows), k/v: [n_sentences, heads, k_len, head_dim] (views with head_dim
 // contiguous, strided alike), k_lengths: [n_sentences] int32 in [1, k_len] -> [n_sentences * q_len, d_model].

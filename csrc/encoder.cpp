@@ -35,10 +35,8 @@ at::Tensor CompiledEncoder::self_attention(const at::Tensor& h, const EncoderLay
   auto placed = [](const at::Tensor& t) { return t.is_cpu() ? t : t.contiguous(); };
   const at::Tensor keys_values = placed(
       qkv.narrow(1, d_model, 2 * d_model).view({n_sentences, src_len, 2, heads, head_dim}).permute({2, 0, 3, 1, 4}));
-  // Every position is a query row of its sentence's "slot": cross_attention with beam_size 1 is the encoder's
-  // self-attention with the key padding of src_lengths.
-  const at::Tensor attended = cross_attention(placed(qkv.narrow(1, 0, d_model)), keys_values[0], keys_values[1],
-                                              src_lengths, row_slots, /*beam_size=*/1);
+  const at::Tensor attended = encoder_self_attention(placed(qkv.narrow(1, 0, d_model)), keys_values[0],
+                                                     keys_values[1], src_lengths, row_slots);
   return linear.self_out(attended);
 }
 

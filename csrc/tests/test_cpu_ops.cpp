@@ -2,6 +2,7 @@
 // this CPU runs (each set's loops are separate code: a fault in one would not show in another).
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -206,6 +207,62 @@ void test_cross_attention(int head_dim, bool half) {
           naive_attention(q.data() + size_t(row) * d_model + h * head_dim, keys, values, head_dim);
       for (int d = 0; d < head_dim; ++d) {
         EXPECT(std::fabs(out[size_t(row) * d_model + h * head_dim + d] - expected[d]) < 1e-5);
+      }
+    }
+  }
+}
+
+// The encoder's self-attention (padded_queries): sentences of 7, 5 and 9 positions in a batch padded to 9. Each
+// sentence's rows bitwise as it attends alone and unpadded (its positions in the same groups of 4, 2 and 1 either
+// way: none grouped with a padding row), its padding rows zeros, and its rows against the naive sum.
+void test_encoder_self_attention(int head_dim) {
+  const int n_sentences = 3, heads = 2, src_len = 9;
+  const int d_model = heads * head_dim;
+  const std::vector<int32_t> lengths = {7, 5, 9};
+  const size_t size = size_t(n_sentences) * heads * src_len * head_dim;
+  const std::vector<float> k = random_floats(size), v = random_floats(size);
+  const std::vector<float> q = random_floats(size_t(n_sentences) * src_len * d_model);
+  // q: [sentences * positions, d_model]; keys, values: [sentences, heads, positions, head_dim].
+  auto attend = [&](const float* queries, const float* keys, const float* values, const int32_t* sentence_lengths,
+                    int sentences, int positions) {
+    std::vector<int32_t> slots;
+    for (int s = 0; s < sentences; ++s) slots.insert(slots.end(), positions, s);
+    std::vector<float> out(size_t(sentences) * positions * d_model, std::nanf(""));
+    fastformer::CrossAttentionArgs args{queries, keys, values, sentence_lengths, slots.data(), out.data(),
+                                        sentences * positions, heads, head_dim, positions, 1, d_model,
+                                        int64_t{heads} * positions * head_dim, int64_t{positions} * head_dim, head_dim};
+    args.padded_queries = 1;
+    loops->cross_attention(args);
+    return out;
+  };
+  const std::vector<float> out = attend(q.data(), k.data(), v.data(), lengths.data(), n_sentences, src_len);
+  for (int s = 0; s < n_sentences; ++s) {
+    const int length = lengths[s];
+    const auto first_row = out.begin() + std::ptrdiff_t(s) * src_len * d_model;
+    std::vector<float> k_alone, v_alone;
+    for (int h = 0; h < heads; ++h) {
+      const size_t from = size_t(s * heads + h) * src_len * head_dim;
+      k_alone.insert(k_alone.end(), k.begin() + from, k.begin() + from + size_t(length) * head_dim);
+      v_alone.insert(v_alone.end(), v.begin() + from, v.begin() + from + size_t(length) * head_dim);
+    }
+    const std::vector<float> alone =
+        attend(q.data() + size_t(s) * src_len * d_model, k_alone.data(), v_alone.data(), &length, 1, length);
+    EXPECT(std::equal(alone.begin(), alone.end(), first_row));
+    EXPECT(std::all_of(first_row + std::ptrdiff_t(length) * d_model, first_row + std::ptrdiff_t(src_len) * d_model,
+                       [](float x) { return x == 0.0f; }));
+    for (int p = 0; p < length; ++p) {
+      for (int h = 0; h < heads; ++h) {
+        std::vector<const float*> keys, values;
+        for (int key = 0; key < length; ++key) {
+          keys.push_back(k.data() + (size_t(s * heads + h) * src_len + key) * head_dim);
+          values.push_back(v.data() + (size_t(s * heads + h) * src_len + key) * head_dim);
+        }
+        const size_t row = size_t(s) * src_len + p;
+        const std::vector<double> expected = naive_attention(q.data() + row * d_model + h * head_dim, keys, values,
+                                                             head_dim);
+        for (int d = 0; d < head_dim; ++d) {
+          EXPECT(std::fabs(out[row * d_model + h * head_dim + d] - expected[d]) < 1e-5);
+        }
       }
     }
   }
@@ -830,6 +887,7 @@ int main() {
     for (int head_dim : {4, 8, 64}) {
       for (size_t cache_offset : {0, 1}) test_self_attention_step(head_dim, cache_offset);
       for (bool half : {false, true}) test_cross_attention(head_dim, half);
+      test_encoder_self_attention(head_dim);
     }
     for (int head_dim : {12, 64}) {  // 12: not whole vectors
       for (bool causal : {false, true}) test_block_attention(head_dim, causal);
