@@ -82,15 +82,16 @@ def summarize(runs: list[dict]) -> dict:
     return summary
 
 
-def commit_of(tree: Path, fallback: str | None) -> str:
-    """-> the commit `tree` is checked out at, or `fallback` where it is no git checkout."""
+def commit_of(tree: Path, named: str | None) -> str:
+    """-> `named` where given, else the commit `tree` is checked out at. A named commit comes first: a tree copied
+    into another checkout, or a copy carrying a stale .git, would report that checkout's commit."""
+    if named:
+        return named
     try:
         return git("rev-parse", "HEAD", cwd=tree)
     except (subprocess.CalledProcessError, FileNotFoundError):
-        if fallback is None:
-            raise SystemExit(f"{tree} is no git checkout: name its commit (--baseline-tree's is --baseline; "
-                             "this checkout's is FASTFORMER_COMMIT)")
-        return fallback
+        raise SystemExit(f"{tree} is no git checkout: name its commit (--baseline-tree's is --baseline; "
+                         "this checkout's is FASTFORMER_COMMIT)")
 
 
 def main() -> int:

@@ -12,9 +12,9 @@
 # Each step is time-limited so that the whole run ends within TOTAL_S seconds (default 540, under a 10-minute
 # limit; --quick: 420 and the benchmarks' quick modes). A failing step does not stop the later ones; the exit status
 # is non-zero if any failed. OUT_DIR/summary.txt lists each step's status and duration.
-# The steps: install, pytest-gpu-marked, pytest-gpu-files, memcheck, extension-errors, kernels, throughput. --only runs
-# the listed ones,
-# so that a machine lent 10 minutes a command takes the whole check in parts, e.g. (each part on a fresh install):
+# The steps: install, pytest-gpu-marked, pytest-gpu-files, memcheck, extension-errors, cpu-ops, kernels, throughput.
+# --only runs the listed ones, so that a machine lent 10 minutes a command takes the whole check in parts, e.g.
+# (each part on a fresh install):
 #     --only install,pytest-gpu-marked,memcheck    --only install,pytest-gpu-files    --only install,kernels
 #     --only install,throughput   (with TOTAL_S=560: throughput.py --train and --infer each need minutes)
 # The throughput step's training section runs base, then big, each with fastformer, fastformer-captured (CUDA graphs),
@@ -159,6 +159,13 @@ print(model.half().translate(src, beam_size=8, max_len_b=10)[0])
 
 # An error raised in the extension's C++ must reach Python as a RuntimeError (benchmarks/extension_error_probe.py).
 run_step extension-errors 120 tail bash -c "cd '$OUT_DIR' && python3 '$REPO/benchmarks/extension_error_probe.py'"
+
+# The CPU ops' own checks (CMakeLists.txt's ctest) built with this machine's compiler and run on its CPU: their bitwise
+# claims (a row alike alone and in any group or batch) rest on how a compiler rounds, and this machine's GCC is not
+# CI's (benchmarks/results/2026-11-27-nvidia-h200-b/).
+run_step cpu-ops 120 tail bash -c "g++ --version | head -n 1 && g++ -O3 -std=c++17 -I'$REPO/csrc' \
+    '$REPO/csrc/tests/test_cpu_ops.cpp' '$REPO/csrc/beam_ops_cpu.cpp' '$REPO/csrc/int8_gemm_cpu.cpp' \
+    -o '$OUT_DIR/test_cpu_ops' && '$OUT_DIR/test_cpu_ops'"
 
 QUICK_FLAG=()
 [[ $QUICK == 1 ]] && QUICK_FLAG=(--quick)
