@@ -269,9 +269,9 @@ void test_encoder_self_attention(int head_dim) {
 }
 
 // block_attention against the naive sum, causal (a row sees its own position and those before) or over each
-// sentence's key length; q_len 7 (a group of 4 rows, then single rows); q's rows inside wider ones and k and v
-// interleaved, as views of linear layers' outputs; and each sentence bitwise as it attends alone, with only its own
-// positions (the scorer's batch invariance: a sentence's rows and keys do not depend on the batch's longest).
+// sentence's key length; q_len 7 (a group of 4 rows, then one filled out with copies); q's rows inside wider ones and
+// k and v interleaved, as views of linear layers' outputs; and each sentence bitwise as it attends alone, with only its
+// own positions (the scorer's batch invariance: a sentence's rows and keys do not depend on the batch's longest).
 void test_block_attention(int head_dim, bool causal) {
   const int n_sentences = 3, heads = 2, q_len = 7, k_len = causal ? q_len : 20;
   const int d_model = heads * head_dim;
