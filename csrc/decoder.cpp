@@ -80,20 +80,26 @@ cudaError_t launch_cuda(const BeamStepArgs& args, DType dtype, cudaStream_t stre
 
 void run_cpu(const SelfAttentionArgs& args) { self_attention_step_cpu(args); }
 // The rows split across threads where there are enough of them (inside the search's threads this runs inline): a
-// task of at least 2^17 multiply-adds. The encoder's (padded_queries) split between sentences, so that a sentence's
-// rows attend in the same groups whatever the batch and the threads.
+// task of at least 2^17 multiply-adds, its ends moved to where a sentence's rows begin, so that a sentence's rows
+// attend in the same groups whatever the batch and the threads.
 void run_cpu(const CrossAttentionArgs& args) {
   const int64_t d_model = static_cast<int64_t>(args.heads) * args.head_dim;
-  const int64_t rows_per_unit = args.padded_queries ? args.src_len : 1;
-  const int64_t unit_work = std::max<int64_t>(1, 2 * d_model * args.src_len * rows_per_unit);
-  at::parallel_for(0, args.n_rows / rows_per_unit, std::max<int64_t>(1, (int64_t{1} << 17) / unit_work),
-                   [&](int64_t first_unit, int64_t end_unit) {
-    const int64_t first = first_unit * rows_per_unit;
+  const int64_t row_work = std::max<int64_t>(1, 2 * d_model * args.src_len);
+  auto sentence_of = [&](int64_t row) { return args.row_slots[row] / args.beam_size; };
+  auto sentence_start = [&](int64_t row) {  // the first row at or after `row` that begins a sentence's rows
+    while (row > 0 && row < args.n_rows && sentence_of(row) == sentence_of(row - 1)) ++row;
+    return row;
+  };
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 17) / row_work);
+  at::parallel_for(0, args.n_rows, grain, [&](int64_t first, int64_t end) {
+    first = sentence_start(first);
+    end = sentence_start(end);
+    if (first >= end) return;
     CrossAttentionArgs part = args;
     part.q = static_cast<const float*>(args.q) + first * args.q_row_stride;
     part.out = static_cast<float*>(args.out) + first * d_model;
     part.row_slots = args.row_slots + first;
-    part.n_rows = static_cast<int>((end_unit - first_unit) * rows_per_unit);
+    part.n_rows = static_cast<int>(end - first);
     cross_attention_cpu(part);
   });
 }

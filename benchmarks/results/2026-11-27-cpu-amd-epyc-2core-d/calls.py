@@ -1,6 +1,7 @@
 """One process: a cpu_options.py system (base model, 37k words, 64 sentences, int8, the threads of OMP_NUM_THREADS)
 brought to steady state, then CALLS timed calls -> one JSON line (the system, the package's path, best and median
-seconds). With --padded, the sources' lengths vary (12 to 31 tokens, the rest padding), as a batch's do."""
+seconds). With --padded, the sources' lengths vary (12 to 31 tokens, the rest padding), as a batch's do; with
+--sentences N, only the first N sentences are translated."""
 
 import argparse
 import json
@@ -19,11 +20,14 @@ from cpu_decoding import steady_call  # noqa: E402
 parser = argparse.ArgumentParser()
 parser.add_argument("--system", required=True, help="greedy, beam4, score, ...")
 parser.add_argument("--padded", action="store_true")
+parser.add_argument("--sentences", type=int, help="only the first N sentences")
 parser.add_argument("--calls", type=int, default=8)
 parser.add_argument("--label", required=True)
 args = parser.parse_args()
 settings = argparse.Namespace(threads=torch.get_num_threads(), seed=0, shape="b", vocab=37000)
 model, src = cpu_options.model_and_sources(settings)
+if args.sentences:
+    src = src[:args.sentences]
 if args.padded:
     lengths = torch.randint(12, src.shape[1] + 1, (src.shape[0],), generator=torch.Generator().manual_seed(1))
     for row, length in enumerate(lengths.tolist()):
@@ -38,6 +42,6 @@ for _ in range(args.calls):
     seconds.append(time.perf_counter() - start)
 import fastformer  # noqa: E402
 
-print(json.dumps({"label": args.label, "system": args.system, "padded": args.padded,
+print(json.dumps({"label": args.label, "system": args.system, "padded": args.padded, "sentences": len(src),
                   "package": str(Path(fastformer.__file__).parent), "best": min(seconds),
                   "median": statistics.median(seconds), "seconds": seconds}))
