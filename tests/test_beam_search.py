@@ -72,8 +72,9 @@ def brute_force(model: Transformer, src: torch.Tensor, max_len: int, min_len: in
 
 
 # How far a sentence's score may move between a batch and alone where the GEMMs round a row by the batch's row
-# count (gemm_rows_depend_on_the_batch): float32 moved 1e-6 on the GPU machine's Intel Xeon; int8 and bfloat16 move
-# more, since such a difference can flip a rounding to 8 or 16 bits downstream (0.015 seen there in int8).
+# count (gemm_rows_depend_on_the_batch): ~1e-6 in float32; int8 and bfloat16 move more, since such a difference can
+# flip a rounding to 8 or 16 bits downstream (0.015 seen in int8 on the GPU machine's Intel Xeon, where the
+# encoder's padding rows, since left out, moved its rows).
 BATCH_VARIANT_ATOL = {"float32": 1e-5, "int8": 0.05, "bfloat16": 0.05}
 
 
@@ -81,8 +82,8 @@ def gemm_rows_depend_on_the_batch(model: Transformer, compute_type: str) -> bool
     """Whether the GEMMs the compiled search runs the model's linear layers with (in compute_type, and the float32
     ones it keeps) give a row another result in a batch of rows than alone on this CPU: a translation is then
     batch-invariant only to within that rounding. Not on CI's AMD EPYC; oneDNN's bfloat16 GEMM does on AVX-512
-    without BF16 instructions (ONEDNN_MAX_CPU_ISA=AVX512_CORE there), and translations in float32 moved with the
-    batch on the GPU machine's Intel Xeon (torch 2.11)."""
+    without BF16 instructions (ONEDNN_MAX_CPU_ISA=AVX512_CORE there), and every float32 shape does on the GPU
+    machine's Intel Xeon with oneDNN capped to AVX2 (benchmarks/results/2026-11-27-nvidia-h200-b/)."""
     shapes = tuple(sorted({tuple(p.shape) for p in model.parameters() if p.dim() == 2}))
     return _gemm_rows_depend_on_the_batch(shapes, compute_type)
 
