@@ -73,8 +73,7 @@ def brute_force(model: Transformer, src: torch.Tensor, max_len: int, min_len: in
 
 # How far a sentence's score may move between a batch and alone where the GEMMs round a row by the batch's row
 # count (gemm_rows_depend_on_the_batch): ~1e-6 in float32; int8 and bfloat16 move more, since such a difference can
-# flip a rounding to 8 or 16 bits downstream (0.015 seen in int8 on the GPU machine's Intel Xeon, where the
-# encoder's padding rows, since left out, moved its rows).
+# flip a rounding to 8 or 16 bits downstream (0.015 seen in int8 on the GPU machine's Intel Xeon).
 BATCH_VARIANT_ATOL = {"float32": 1e-5, "int8": 0.05, "bfloat16": 0.05}
 
 
