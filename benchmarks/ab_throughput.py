@@ -9,9 +9,9 @@ The baseline's source tree is a git worktree of that commit under --work-dir, or
 has no git history (a copy on another machine: `git archive COMMIT | tar -x -C DIR` made it, and FASTFORMER_COMMIT
 names this checkout's commit). When the runs translate (anything but `--train`), a tree without its compiled extension
 gets it built in place with this Python (`setup.py build_ext --inplace`), this checkout included; training imports
-no extension. Each run uses its
-own tree's throughput.py with the arguments after `--` (so they must exist at both commits), imports its own tree's
-fastformer (PYTHONPATH), and writes its JSON under DIR; DIR/ab_throughput.json has every run and the ratios.
+no extension. Each run uses its own tree's throughput.py with the arguments after `--` (so they must exist at both
+commits), imports its own tree's fastformer (PYTHONPATH), and writes its JSON and log under DIR;
+DIR/ab_throughput.json has every run and the ratios, rewritten after each run.
 """
 
 from __future__ import annotations
