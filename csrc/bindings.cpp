@@ -126,8 +126,9 @@ void bind_compiled(pybind11::module_& m) {
            }),
            py::arg("weight"), py::arg("bias"), py::arg("rows"), py::arg("compute_type"), py::arg("fbgemm") = true,
            py::arg("own_gemm") = true,
-           "own_gemm=False: int8 takes FBGEMM's GEMM rather than fastformer's own (int8_gemm.h) where that runs; "
-           "fbgemm=False then: oneDNN's, as where torch has no FBGEMM")
+           "own_gemm=False: int8 takes FBGEMM's GEMM rather than fastformer's own (int8_gemm.h) where that runs, "
+           "float32 oneDNN's rather than fastformer's own (float32_gemm.h); fbgemm=False then: int8 takes oneDNN's, "
+           "as where torch has no FBGEMM")
       .def("__call__", [](const PackedLinear& linear, const at::Tensor& x) {
         c10::InferenceMode inference;
         return linear(x);

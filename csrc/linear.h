@@ -52,8 +52,10 @@ bool cpu_has_vnni();
 float int8_activation_max();
 
 // y = activation(x W^T + b) with W converted once, at construction, for its compute type:
-// - float32: where torch has oneDNN (its mkldnn ops), W reordered into oneDNN's blocked layout with the bias added
-//   inside the GEMM (~10% less CPU time than at::linear's MKL at the base model's shapes); elsewhere at::linear.
+// - float32: fastformer's own GEMM (float32_gemm.h) where the CPU loops are AVX2's (an AVX2 CPU, or
+//   FASTFORMER_CPU_ISA=avx2): W in panels of 16 outputs, the bias and ReLU applied as the sums leave the registers.
+//   Elsewhere, where torch has oneDNN (its mkldnn ops), W reordered into oneDNN's blocked layout with the bias added
+//   inside the GEMM (~10% less CPU time than at::linear's MKL at the base model's shapes); else at::linear.
 // - bfloat16: W in bfloat16, reordered for oneDNN where the CPU has the instructions oneDNN's bfloat16 GEMM needs
 //   (AVX512-BF16, AMX or AVX-NE-CONVERT); elsewhere at::linear in bfloat16, correct but several times slower than
 //   float32 (route() says which). x is rounded to bfloat16 and y widened back.
@@ -76,7 +78,7 @@ class PackedLinear {
   PackedLinear() = default;
   // weight: [out, in], bias: [out]; rows: the rows a call usually has (oneDNN picks its blocking for it);
   // fbgemm: whether int8 may take FBGEMM's GEMM (false: oneDNN's, as where FBGEMM is missing); own_gemm: whether
-  // it may take fastformer's own where it runs (false: the tests' way to the other two on such a CPU).
+  // int8 and float32 may take fastformer's own GEMMs where they run (false: the tests' way to the others there).
   PackedLinear(const at::Tensor& weight, const std::optional<at::Tensor>& bias, int64_t rows,
                ComputeType compute_type = ComputeType::kFloat32, bool fbgemm = true, bool own_gemm = true);
   // x: [rows, in] float32 (or the weight's dtype on CUDA) -> [rows, out] in x's dtype
@@ -97,25 +99,27 @@ class PackedLinear {
   Summary summarize(const at::Tensor& x, int64_t k, const std::vector<int64_t>& barred, bool with_log_totals = false,
                     const at::Tensor& picked_ids = {}) const;
 
-  // "onednn", "vnni-int8", "fbgemm-int8", "onednn-int8" or "aten": the GEMM the layer runs.
+  // "avx2-float32", "onednn", "vnni-int8", "fbgemm-int8", "onednn-int8" or "aten": the GEMM the layer runs.
   const char* route() const;
   // The bytes of the converted weight, bias and scales.
   int64_t nbytes() const;
 
  private:
-  enum class Route { kAten, kOneDnn, kVnniInt8, kFbgemmInt8, kOneDnnInt8 };
+  enum class Route { kAten, kOneDnn, kAvx2Float32, kVnniInt8, kFbgemmInt8, kOneDnnInt8 };
   void pack_int8(const at::Tensor& weight, int64_t rows, bool fbgemm, bool own_gemm);
   at::Tensor int8_linear(const at::Tensor& x) const;
   at::Tensor vnni_int8_linear(const at::Tensor& x, std::optional<Activation> activation) const;
+  at::Tensor avx2_float32_linear(const at::Tensor& x, std::optional<Activation> activation) const;
   // x [rows, in] float32 -> (its rows quantized [rows, input_groups * 4] uint8, their scales [rows]): int8_gemm.h's.
   std::pair<at::Tensor, at::Tensor> vnni_quantized(const at::Tensor& x) const;
 
   Route route_ = Route::kAten;
-  // [out, in]: as given, cast, reordered for oneDNN, or int8 packed by oneDNN; vnni-int8: int8_gemm.h's panels
+  // [out, in]: as given, cast, reordered for oneDNN, or int8 packed by oneDNN; vnni-int8: int8_gemm.h's panels;
+  // avx2-float32: float32_gemm.h's
   at::Tensor weight_;
   c10::IValue fbgemm_weight_;  // the int8 weight packed by FBGEMM (a LinearPackedParamsBase)
   int64_t fbgemm_weight_bytes_ = 0;
-  // [out]: float32 for int8, else the weight's dtype; vnni-int8: [panels * 16], zeros past out
+  // [out]: float32 for int8, else the weight's dtype; vnni-int8 and avx2-float32: [panels * 16], zeros past out
   std::optional<at::Tensor> bias_;
   at::Tensor weight_scales_;       // int8: [out] float32; vnni-int8: [panels * 16], zeros past out
   at::Tensor weight_zero_points_;  // oneDNN int8: [out] int64 zeros (symmetric)

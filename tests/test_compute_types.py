@@ -2,6 +2,7 @@
 compiled encoder against model.encode, and beam search in int8 and bfloat16 against brute force, greedy decoding and itself
 on other batches. float32 translation is tested against the reference search in test_beam_search.py."""
 
+import contextlib
 import copy
 import io
 import itertools
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import torch
@@ -39,12 +41,24 @@ def no_bfloat16_warning():
         yield
 
 
+@contextlib.contextmanager
+def threads(n: int) -> Iterator[None]:
+    """n intra-op threads inside the block (the module runs on one)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def linear_inputs(rows: int = 37, in_features: int = 96, out_features: int = 130, seed: int = 0):
-    """x [rows, in] with an outlier column and a zero row, weight [out, in], bias [out]."""
+    """x [rows, in] with an outlier column and (from 6 rows) a zero row 5, weight [out, in], bias [out]."""
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, in_features, generator=generator)
     x[:, 3] *= 9.0  # an outlier channel, as real activations have: it sets every row's int8 scale
-    x[5] = 0.0
+    if rows > 5:
+        x[5] = 0.0
     weight = torch.randn(out_features, in_features, generator=generator) * 0.1
     bias = torch.randn(out_features, generator=generator)
     return x, weight, bias
@@ -61,11 +75,40 @@ def int8_route(name: str) -> dict:
     return INT8_ROUTES[name]
 
 
-def test_float32_linear_matches_float64():
-    x, weight, bias = linear_inputs()
-    linear = extension().PackedLinear(weight, bias, 16, "float32")
+# The float32 GEMMs (linear.h): fastformer's own where the CPU loops are AVX2's, else oneDNN's.
+FLOAT32_ROUTES = {"own": dict(), "onednn": dict(own_gemm=False)}
+
+
+def float32_linear(weight: torch.Tensor, bias: torch.Tensor, route: str):
+    """A float32 PackedLinear on a route; skips the test where fastformer's own GEMM does not run here."""
+    linear = extension().PackedLinear(weight, bias, 16, "float32", **FLOAT32_ROUTES[route])
+    if route == "own" and linear.route != "avx2-float32":
+        pytest.skip("fastformer's own float32 GEMM runs where the CPU loops are AVX2's (FASTFORMER_CPU_ISA=avx2)")
+    return linear
+
+
+@pytest.mark.parametrize("route", FLOAT32_ROUTES)
+@pytest.mark.parametrize("rows,in_features,out_features", [(1, 96, 130), (37, 96, 130), (32, 512, 1030), (250, 96, 130)])
+def test_float32_linear_matches_float64(route, rows, in_features, out_features):
+    """Shapes past the own GEMM's tile (6 rows, 16 outputs) and its balanced tiles (32 rows: 5 and 6); 250 rows: the
+    rows split across threads, not the panels."""
+    x, weight, bias = linear_inputs(rows, in_features, out_features)
+    linear = float32_linear(weight, bias, route)
     expected = F.linear(x.double(), weight.double(), bias.double())
     torch.testing.assert_close(linear(x).double(), expected, **FP32)
+
+
+def test_a_float32_row_does_not_depend_on_the_other_rows_in_the_own_gemm():
+    """Each output is one chain of multiply-adds over the inputs in order, whatever tile of 1 to 6 rows holds it."""
+    x, weight, bias = linear_inputs(rows=9)
+    linear = float32_linear(weight, bias, "own")
+    alone = torch.cat([linear(x[i:i + 1]) for i in range(x.shape[0])])
+    others = torch.randn(23, x.shape[1], generator=torch.Generator().manual_seed(4)) * 50.0
+    assert torch.equal(linear(x), alone)
+    assert torch.equal(linear(torch.cat([others, x, others / 1000]))[23:32], alone)
+    many = torch.cat([others] * 10)  # 230 rows before x's: the rows split across threads, in parts not of 6
+    with threads(2):
+        assert torch.equal(linear(torch.cat([many, x, many]))[230:239], alone)
 
 
 def test_bfloat16_linear_is_as_close_as_torch_in_bfloat16():
@@ -111,13 +154,16 @@ def test_own_int8_gemm_equals_onednns_on_the_same_quantization(rows, in_features
     torch.testing.assert_close(own(x[:1]), onednn(x[:1]), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("compute_type,route", [("float32", None), ("bfloat16", None)] +
+@pytest.mark.parametrize("compute_type,route", [("float32", route) for route in FLOAT32_ROUTES] + [("bfloat16", None)] +
                          [("int8", route) for route in INT8_ROUTES])
 def test_linear_passes_non_finite_rows_on_and_takes_empty_batches(compute_type, route):
     x, weight, bias = linear_inputs(rows=6)
     x[1, 7] = float("nan")
     x[2, 0] = float("inf")
-    linear = extension().PackedLinear(weight, bias, 16, compute_type, **(int8_route(route) if route else {}))
+    if compute_type == "float32":
+        linear = float32_linear(weight, bias, route)
+    else:
+        linear = extension().PackedLinear(weight, bias, 16, compute_type, **(int8_route(route) if route else {}))
     y = linear(x)
     assert not torch.isfinite(y[1]).any() and not torch.isfinite(y[2]).any()
     assert torch.isfinite(y[[0, 3, 4, 5]]).all()

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "beam_ops.h"
+#include "float32_gemm.h"
 #include "int8_gemm.h"
 
 namespace {
@@ -721,6 +722,56 @@ void test_top_k_row() {
 
 }  // namespace
 
+// float32_gemm.h against a double product: rows and out around the tile (6 rows, a panel of 16), a row holding NaN;
+// with and without bias and ReLU. Each row alone equals its row in the batch, bitwise (one chain of sums per output).
+void test_float32_gemm(int rows, int out, int in, bool with_bias, bool relu) {
+  std::vector<float> x = random_floats(rows * in), weight = random_floats(out * in), bias = random_floats(out);
+  if (rows > 2) x[in] = std::numeric_limits<float>::quiet_NaN();  // row 1
+  const int64_t n_panels = fastformer::float32_panel_count(out);
+  std::vector<float> panels(n_panels * in * 16);
+  fastformer::float32_pack_panels(weight.data(), out, in, panels.data());
+  std::vector<float> padded_bias(n_panels * 16, 0.0f);
+  std::copy(bias.begin(), bias.end(), padded_bias.begin());
+  const float* b = with_bias ? padded_bias.data() : nullptr;
+  auto packed = [&](const float* first_row, int n_rows) {
+    std::vector<float> packed_rows(fastformer::float32_row_tiles(n_rows) * in * 6, -1.0f);
+    fastformer::float32_pack_rows(first_row, n_rows, in, packed_rows.data());
+    return packed_rows;
+  };
+  // Two calls over the panels, as two threads would split them.
+  std::vector<float> y(rows * out, -1.0f);
+  const std::vector<float> packed_rows = packed(x.data(), rows);
+  const int64_t half = n_panels / 2;
+  for (auto [first, end] : {std::pair{int64_t{0}, half}, std::pair{half, n_panels}}) {
+    fastformer::float32_gemm(packed_rows.data(), rows, in, panels.data(), b, relu, out, first, end, y.data());
+  }
+  for (int r = 0; r < rows; ++r) {
+    std::vector<float> alone(out, -1.0f);
+    fastformer::float32_gemm(packed(x.data() + r * in, 1).data(), 1, in, panels.data(), b, relu, out, 0, n_panels,
+                             alone.data());
+    bool same = true;
+    for (int o = 0; o < out; ++o) {
+      const float got = y[r * out + o];
+      same = same && (std::isnan(got) ? std::isnan(alone[o]) : got == alone[o]);
+      double expected = with_bias ? bias[o] : 0.0, magnitude = std::fabs(expected);
+      for (int i = 0; i < in; ++i) {
+        expected += double(x[r * in + i]) * weight[o * in + i];
+        magnitude += std::fabs(double(x[r * in + i]) * weight[o * in + i]);
+      }
+      if (relu) expected = std::max(expected, 0.0);
+      if (rows > 2 && r == 1) {
+        EXPECT(std::isnan(got));
+      } else if (std::fabs(got - expected) > 1e-6 * (1.0 + magnitude)) {
+        std::fprintf(stderr, "float32_gemm rows=%d out=%d in=%d: y[%d, %d] = %g, expected %g\n", rows, out, in, r, o,
+                     got, expected);
+        EXPECT(false);
+        return;
+      }
+    }
+    EXPECT(same);
+  }
+}
+
 // int8_gemm.h against brute force: the quantized rows against the formula of linear.h, the outputs against a double
 // product of those rows with the weights. rows and out around the tile (6 rows, 4 panels of 16), in around a group
 // of 4 inputs; a row holding NaN and an all-zero row; with and without bias and ReLU.
@@ -865,6 +916,16 @@ void test_int8_gemm(int rows, int out, int in, bool with_bias, bool relu) {
 }
 
 int main() {
+  if (fastformer::float32_gemm_runs()) {
+    for (int rows : {1, 5, 6, 7, 13, 32}) {
+      for (int out : {1, 8, 9, 16, 17, 130}) {
+        for (int in : {1, 7, 64}) test_float32_gemm(rows, out, in, /*with_bias=*/out % 2 == 0, /*relu=*/in == 7);
+      }
+    }
+    std::printf("float32_gemm checked (AVX2 and FMA)\n");
+  } else {
+    std::printf("float32_gemm not checked: this CPU has no AVX2 and FMA\n");
+  }
   if (fastformer::int8_gemm_runs()) {
     for (int rows : {1, 5, 6, 7, 13}) {
       for (int out : {1, 16, 17, 64, 70, 130}) {

@@ -1,0 +1,174 @@
+// float32_gemm.h's GEMM in AVX2 and FMA intrinsics: a tile of up to 6 rows by one panel (16 outputs) sums in 12
+// vector registers over the whole input, so that each sum is written once.
+#include "float32_gemm.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FASTFORMER_FLOAT32_GEMM 1
+#include <immintrin.h>
+#endif
+
+namespace fastformer {
+
+void float32_pack_panels(const float* weight, int64_t out, int64_t in, float* panels) {
+  std::memset(panels, 0, sizeof(float) * float32_panel_count(out) * in * 16);
+  for (int64_t o = 0; o < out; ++o) {
+    float* panel = panels + (o / 16) * in * 16 + o % 16;
+    for (int64_t i = 0; i < in; ++i) panel[i * 16] = weight[o * in + i];
+  }
+}
+
+namespace {
+
+// Tile t holds rows [t * rows / tiles, (t + 1) * rows / tiles).
+int64_t tile_start(int64_t tile, int64_t rows) { return tile * rows / float32_row_tiles(rows); }
+
+}  // namespace
+
+void float32_pack_rows(const float* x, int64_t rows, int64_t in, float* packed_rows) {
+  const int64_t n_tiles = float32_row_tiles(rows);
+  std::memset(packed_rows, 0, sizeof(float) * n_tiles * in * 6);
+  for (int64_t tile = 0; tile < n_tiles; ++tile) {
+    float* packed = packed_rows + tile * in * 6;
+    for (int64_t r = tile_start(tile, rows); r < tile_start(tile + 1, rows); ++r) {
+      const int64_t lane = r - tile_start(tile, rows);
+      for (int64_t i = 0; i < in; ++i) packed[i * 6 + lane] = x[r * in + i];
+    }
+  }
+}
+
+#ifdef FASTFORMER_FLOAT32_GEMM
+
+bool float32_gemm_runs() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+
+namespace {
+
+constexpr int kTileRows = 6;  // 6 x 2 sums, 2 weight vectors and a broadcast: 15 of the 16 vector registers
+constexpr int64_t kRowChunkBytes = 256 << 10;  // a chunk of packed rows stays in L2 while every panel passes
+
+struct Tile {
+  const float* rows;   // the tile's packed rows, [in, 6]
+  int64_t in;          // the panels' depth
+  const float* panel;  // the tile's panel
+  // The next panel, to prefetch into L2 while the panel's first tile reads its own from memory; null in the others.
+  const float* next_panel;
+  const float* bias;  // the panel's 16, or null
+  bool relu;
+  int64_t out_left;  // the outputs from the panel's first on (16 or more: a whole panel)
+  float* y;          // the tile's first row and output
+  int64_t y_stride;
+};
+
+// The 8 lanes of a half panel that hold outputs, as a mask for _mm256_maskstore_ps.
+inline __m256i lanes_of(int64_t left) {
+  const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(left, 8))), index);
+}
+
+// One row's 16 outputs, biased and (max(0, x) keeps NaN: the second operand wins a comparison with NaN) rectified.
+inline void store_row(const Tile& t, int r, __m256 low, __m256 high) {
+  if (t.bias) {
+    low = _mm256_add_ps(low, _mm256_loadu_ps(t.bias));
+    high = _mm256_add_ps(high, _mm256_loadu_ps(t.bias + 8));
+  }
+  if (t.relu) {
+    low = _mm256_max_ps(_mm256_setzero_ps(), low);
+    high = _mm256_max_ps(_mm256_setzero_ps(), high);
+  }
+  float* y = t.y + r * t.y_stride;
+  if (t.out_left >= 16) {
+    _mm256_storeu_ps(y, low);
+    _mm256_storeu_ps(y + 8, high);
+    return;
+  }
+  _mm256_maskstore_ps(y, lanes_of(t.out_left), low);
+  if (t.out_left > 8) _mm256_maskstore_ps(y + 8, lanes_of(t.out_left - 8), high);
+}
+
+// Named sums, not an array: GCC 12 kept an array of them on the stack, storing every sum at every input (a third of
+// the speed measured).
+#define FASTFORMER_ROW_STEP(r, low, high)                                       \
+  if constexpr (kRows > r) {                                                    \
+    const __m256 a = _mm256_broadcast_ss(t.rows + i * 6 + r);                   \
+    low = _mm256_fmadd_ps(a, w_low, low);                                       \
+    high = _mm256_fmadd_ps(a, w_high, high);                                    \
+  }
+
+template <int kRows>
+void run_tile(const Tile& t) {
+  __m256 s0l = _mm256_setzero_ps(), s0h = s0l, s1l = s0l, s1h = s0l, s2l = s0l, s2h = s0l;
+  __m256 s3l = s0l, s3h = s0l, s4l = s0l, s4h = s0l, s5l = s0l, s5h = s0l;
+  for (int64_t i = 0; i < t.in; ++i) {
+    if (t.next_panel) _mm_prefetch(reinterpret_cast<const char*>(t.next_panel + i * 16), _MM_HINT_T1);
+    const __m256 w_low = _mm256_loadu_ps(t.panel + i * 16), w_high = _mm256_loadu_ps(t.panel + i * 16 + 8);
+    FASTFORMER_ROW_STEP(0, s0l, s0h)
+    FASTFORMER_ROW_STEP(1, s1l, s1h)
+    FASTFORMER_ROW_STEP(2, s2l, s2h)
+    FASTFORMER_ROW_STEP(3, s3l, s3h)
+    FASTFORMER_ROW_STEP(4, s4l, s4h)
+    FASTFORMER_ROW_STEP(5, s5l, s5h)
+  }
+  store_row(t, 0, s0l, s0h);
+  if constexpr (kRows > 1) store_row(t, 1, s1l, s1h);
+  if constexpr (kRows > 2) store_row(t, 2, s2l, s2h);
+  if constexpr (kRows > 3) store_row(t, 3, s3l, s3h);
+  if constexpr (kRows > 4) store_row(t, 4, s4l, s4h);
+  if constexpr (kRows > 5) store_row(t, 5, s5l, s5h);
+}
+
+#undef FASTFORMER_ROW_STEP
+
+using TileFunction = void (*)(const Tile&);
+constexpr TileFunction kTiles[kTileRows + 1] = {nullptr,         run_tile<1>, run_tile<2>, run_tile<3>,
+                                                run_tile<4>,     run_tile<5>, run_tile<6>};
+
+}  // namespace
+
+void float32_gemm(const float* packed_rows, int64_t rows, int64_t in, const float* panels, const float* bias,
+                  bool relu, int64_t out, int64_t first_panel, int64_t end_panel, float* y) {
+  const int64_t n_tiles = float32_row_tiles(rows);
+  const int64_t chunk_tiles = std::max<int64_t>(1, kRowChunkBytes / (in * 6 * sizeof(float)));
+  for (int64_t chunk = 0; chunk < n_tiles; chunk += chunk_tiles) {
+   for (int64_t panel = first_panel; panel < end_panel; ++panel) {
+    const float* panel_data = panels + panel * in * 16;
+    for (int64_t tile = chunk; tile < std::min(n_tiles, chunk + chunk_tiles); ++tile) {
+      const int64_t row = tile_start(tile, rows);
+      const Tile t{packed_rows + tile * in * 6,
+                   in,
+                   panel_data,
+                   tile == chunk && panel + 1 < end_panel ? panel_data + in * 16 : nullptr,
+                   bias ? bias + panel * 16 : nullptr,
+                   relu,
+                   out - panel * 16,
+                   y + row * out + panel * 16,
+                   out};
+      kTiles[tile_start(tile + 1, rows) - row](t);
+    }
+   }
+  }
+}
+
+#pragma GCC pop_options
+
+#else  // no x86-64 GCC build: float32 runs oneDNN's GEMM (linear.cpp)
+
+bool float32_gemm_runs() { return false; }
+
+void float32_gemm(const float*, int64_t, int64_t, const float*, const float*, bool, int64_t, int64_t, int64_t,
+                  float*) {
+  throw std::logic_error("float32_gemm is not in this build");
+}
+
+#endif
+
+}  // namespace fastformer
