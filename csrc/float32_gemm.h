@@ -1,10 +1,10 @@
 // fastformer's own float32 GEMM for CPUs whose widest instruction set is AVX2 with FMA, torch-free: the float32
 // compute type's linear layer there (linear.h), y = x W^T + b (then ReLU where asked).
 //
-// Why: capped to AVX2, oneDNN's float32 GEMM ran the base model's layers at 48-52 G multiply-adds/s on one core of
-// the AVX-512 test CPU, its 37k-vocabulary output projection at 32 rows at 38; this one at 52-56 and 42 (the same
-// process layout, one thread; benchmarks/results/2026-11-27-cpu-amd-epyc-2core-e). Where AVX-512 runs, oneDNN's
-// AVX-512 GEMM was as fast as this one and stays.
+// Why: capped to AVX2 on the AVX-512 test CPU (one thread, call by call in turn), oneDNN's float32 GEMM ran the base
+// model's layers at 39-50 G multiply-adds/s, this one at 49-54; the 37k-vocabulary output projection at 32 rows 37
+// against 44, at 4 rows (a sentence's beams) 11 against 16 (benchmarks/results/2026-11-27-cpu-amd-epyc-2core-e).
+// Where AVX-512 runs, oneDNN's AVX-512 GEMM stays: in a first probe on that CPU (not kept) it ran as fast as this.
 //
 // Layout: W [out, in] is held in panels of 16 outputs, each [in, 16]: the 16 outputs' weights for one input are one
 // 64-byte line, two 8-float vectors. A tile of up to 6 rows by one panel sums in 12 vector registers over the whole
