@@ -917,11 +917,12 @@ void test_int8_gemm(int rows, int out, int in, bool with_bias, bool relu) {
 
 int main() {
   if (fastformer::float32_gemm_runs()) {
-    for (int rows : {1, 5, 6, 7, 13, 32}) {
+    for (int rows : {1, 2, 5, 6, 7, 13, 32}) {  // tiles of every size from 1 to 6 rows
       for (int out : {1, 8, 9, 16, 17, 130}) {
         for (int in : {1, 7, 64}) test_float32_gemm(rows, out, in, /*with_bias=*/out % 2 == 0, /*relu=*/in == 7);
       }
     }
+    test_float32_gemm(32, 17, 2048, true, false);  // 2048 inputs: the rows' tiles in two chunks (5 and 1)
     std::printf("float32_gemm checked (AVX2 and FMA)\n");
   } else {
     std::printf("float32_gemm not checked: this CPU has no AVX2 and FMA\n");
