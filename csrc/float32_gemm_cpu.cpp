@@ -30,13 +30,13 @@ int64_t tile_start(int64_t tile, int64_t rows) { return tile * rows / float32_ro
 }  // namespace
 
 void float32_pack_rows(const float* x, int64_t rows, int64_t in, float* packed_rows) {
-  const int64_t n_tiles = float32_row_tiles(rows);
-  std::memset(packed_rows, 0, sizeof(float) * n_tiles * in * 6);
-  for (int64_t tile = 0; tile < n_tiles; ++tile) {
+  for (int64_t tile = 0; tile < float32_row_tiles(rows); ++tile) {
+    const int64_t first = tile_start(tile, rows), n_rows = tile_start(tile + 1, rows) - first;
+    const float* tile_x = x + first * in;
     float* packed = packed_rows + tile * in * 6;
-    for (int64_t r = tile_start(tile, rows); r < tile_start(tile + 1, rows); ++r) {
-      const int64_t lane = r - tile_start(tile, rows);
-      for (int64_t i = 0; i < in; ++i) packed[i * 6 + lane] = x[r * in + i];
+    // Lanes past the tile's rows are left as they are: no tile reads them.
+    for (int64_t lane = 0; lane < n_rows; ++lane) {
+      for (int64_t i = 0; i < in; ++i) packed[i * 6 + lane] = tile_x[lane * in + i];
     }
   }
 }

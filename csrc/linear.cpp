@@ -368,9 +368,10 @@ at::Tensor PackedLinear::avx2_float32_linear(const at::Tensor& x, std::optional<
   const bool relu = activation == Activation::kRelu;
   // rows [first, end) over panels [first_panel, end_panel), packed here.
   auto run = [&](int64_t first, int64_t end, int64_t first_panel, int64_t end_panel) {
-    std::vector<float> packed_rows(float32_row_tiles(end - first) * in_features_ * 6);
-    float32_pack_rows(input.data_ptr<float>() + first * in_features_, end - first, in_features_, packed_rows.data());
-    float32_gemm(packed_rows.data(), end - first, in_features_, weight_.data_ptr<float>(),
+    const at::Tensor packed_rows = at::empty({float32_row_tiles(end - first) * in_features_ * 6}, x.options());
+    float32_pack_rows(input.data_ptr<float>() + first * in_features_, end - first, in_features_,
+                      packed_rows.data_ptr<float>());
+    float32_gemm(packed_rows.data_ptr<float>(), end - first, in_features_, weight_.data_ptr<float>(),
                  bias_ ? bias_->data_ptr<float>() : nullptr, relu, out_features_, first_panel, end_panel,
                  y.data_ptr<float>() + first * out_features_);
   };
