@@ -9,7 +9,8 @@
 // Layout: W [out, in] is held in panels of 16 outputs, each [in, 16]: the 16 outputs' weights for one input are one
 // 64-byte line, two 8-float vectors. A tile of up to 6 rows by one panel sums in 12 vector registers over the whole
 // input, in order, so each output is one chain of fused multiply-adds whatever the tile, the batch or the threads:
-// a row's result depends on that row only. (Blocking the inputs, which keeps the chains, measured no faster.)
+// a row's result depends on that row only. (Blocking the inputs, which keeps the chains, was no faster in a first
+// probe.)
 #pragma once
 
 #include <cstdint>

@@ -139,22 +139,23 @@ void float32_gemm(const float* packed_rows, int64_t rows, int64_t in, const floa
   const int64_t n_tiles = float32_row_tiles(rows);
   const int64_t chunk_tiles = std::max<int64_t>(1, kRowChunkBytes / (in * 6 * sizeof(float)));
   for (int64_t chunk = 0; chunk < n_tiles; chunk += chunk_tiles) {
-   for (int64_t panel = first_panel; panel < end_panel; ++panel) {
-    const float* panel_data = panels + panel * in * 16;
-    for (int64_t tile = chunk; tile < std::min(n_tiles, chunk + chunk_tiles); ++tile) {
-      const int64_t row = tile_start(tile, rows);
-      const Tile t{packed_rows + tile * in * 6,
-                   in,
-                   panel_data,
-                   tile == chunk && panel + 1 < end_panel ? panel_data + in * 16 : nullptr,
-                   bias ? bias + panel * 16 : nullptr,
-                   relu,
-                   out - panel * 16,
-                   y + row * out + panel * 16,
-                   out};
-      kTiles[tile_start(tile + 1, rows) - row](t);
+    const int64_t chunk_end = std::min(n_tiles, chunk + chunk_tiles);
+    for (int64_t panel = first_panel; panel < end_panel; ++panel) {
+      const float* panel_data = panels + panel * in * 16;
+      for (int64_t tile = chunk; tile < chunk_end; ++tile) {
+        const int64_t row = tile_start(tile, rows);
+        const Tile t{packed_rows + tile * in * 6,
+                     in,
+                     panel_data,
+                     tile == chunk && panel + 1 < end_panel ? panel_data + in * 16 : nullptr,
+                     bias ? bias + panel * 16 : nullptr,
+                     relu,
+                     out - panel * 16,
+                     y + row * out + panel * 16,
+                     out};
+        kTiles[tile_start(tile + 1, rows) - row](t);
+      }
     }
-   }
   }
 }
 

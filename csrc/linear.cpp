@@ -366,12 +366,16 @@ at::Tensor PackedLinear::avx2_float32_linear(const at::Tensor& x, std::optional<
   const int64_t rows = x.size(0), n_panels = float32_panel_count(out_features_);
   at::Tensor y = at::empty({rows, out_features_}, x.options());
   const bool relu = activation == Activation::kRelu;
-  // rows [first, end) over panels [first_panel, end_panel), packed here.
-  auto run = [&](int64_t first, int64_t end, int64_t first_panel, int64_t end_panel) {
-    const at::Tensor packed_rows = at::empty({float32_row_tiles(end - first) * in_features_ * 6}, x.options());
+  // rows [first, end) -> float32_pack_rows' packing of them
+  auto packed = [&](int64_t first, int64_t end) {
+    at::Tensor rows_packed = at::empty({float32_row_tiles(end - first) * in_features_ * 6}, x.options());
     float32_pack_rows(input.data_ptr<float>() + first * in_features_, end - first, in_features_,
-                      packed_rows.data_ptr<float>());
-    float32_gemm(packed_rows.data_ptr<float>(), end - first, in_features_, weight_.data_ptr<float>(),
+                      rows_packed.data_ptr<float>());
+    return rows_packed;
+  };
+  // rows [first, end), packed, over panels [first_panel, end_panel)
+  auto run = [&](const at::Tensor& rows_packed, int64_t first, int64_t end, int64_t first_panel, int64_t end_panel) {
+    float32_gemm(rows_packed.data_ptr<float>(), end - first, in_features_, weight_.data_ptr<float>(),
                  bias_ ? bias_->data_ptr<float>() : nullptr, relu, out_features_, first_panel, end_panel,
                  y.data_ptr<float>() + first * out_features_);
   };
@@ -380,12 +384,14 @@ at::Tensor PackedLinear::avx2_float32_linear(const at::Tensor& x, std::optional<
     // Many rows (the encoder's): each thread takes its own rows over every panel, which stay in its cache, where
     // splitting the panels had each thread read all the rows for every panel (the encoder's 2048-input layer at
     // 1344 rows on 2 threads: 0.71-0.95 of oneDNN's speed in trials, call by call in turn).
-    at::parallel_for(0, rows, kFloat32RowsToSplit, [&](int64_t first, int64_t end) { run(first, end, 0, n_panels); });
+    at::parallel_for(0, rows, kFloat32RowsToSplit,
+                     [&](int64_t first, int64_t end) { run(packed(first, end), first, end, 0, n_panels); });
   } else {
-    // A task of at least 2^22 multiply-adds (~80 us), whole panels.
+    // The rows packed once; a task of at least 2^22 multiply-adds (~80 us), whole panels.
+    const at::Tensor all_rows = packed(0, rows);
     const int64_t panel_work = std::max<int64_t>(1, rows * in_features_ * 16);
     at::parallel_for(0, n_panels, std::max<int64_t>(1, (int64_t{1} << 22) / panel_work),
-                     [&](int64_t first, int64_t end) { run(0, rows, first, end); });
+                     [&](int64_t first, int64_t end) { run(all_rows, 0, rows, first, end); });
   }
   return relu ? y : apply_activation(y, activation);
 }

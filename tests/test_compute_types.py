@@ -88,7 +88,8 @@ def float32_linear(weight: torch.Tensor, bias: torch.Tensor, route: str):
 
 
 @pytest.mark.parametrize("route", FLOAT32_ROUTES)
-@pytest.mark.parametrize("rows,in_features,out_features", [(1, 96, 130), (37, 96, 130), (32, 512, 1030), (250, 96, 130)])
+@pytest.mark.parametrize("rows,in_features,out_features",
+                         [(1, 96, 130), (37, 96, 130), (32, 512, 1030), (250, 96, 130)])
 def test_float32_linear_matches_float64(route, rows, in_features, out_features):
     """Shapes past the own GEMM's tile (6 rows, 16 outputs) and its balanced tiles (32 rows: 5 and 6); 250 rows: the
     rows split across threads, not the panels."""
@@ -442,11 +443,8 @@ def test_int8_summary_of_a_few_rows_split_across_threads_equals_the_one_of_one_t
     linear = extension().PackedLinear(weight, bias, 4, "int8")
     picked_ids = torch.tensor([0, 1029, 500, 77])
     one = linear.summarize(x, 8, [3, 900], log_totals=True, picked_ids=picked_ids)
-    torch.set_num_threads(2)
-    try:
+    with threads(2):
         two = linear.summarize(x, 8, [3, 900], log_totals=True, picked_ids=picked_ids)
-    finally:
-        torch.set_num_threads(1)
     for name in ("values", "ids", "finite", "tops", "picked"):
         assert torch.equal(two[name], one[name]), name
     torch.testing.assert_close(two["log_totals"], one["log_totals"], atol=1e-6, rtol=0)
@@ -462,11 +460,8 @@ def test_int8_translation_does_not_depend_on_the_batch():
     alone = [model.translate(src[i:i + 1, :int((src[i] != model.config.pad_id).sum())], **search)[0]
              for i in range(src.shape[0])]
     assert_same_hypotheses(batch, alone, atol=1e-5)
-    torch.set_num_threads(2)
-    try:
+    with threads(2):
         assert_same_hypotheses(model.translate(src, **search), batch, atol=1e-5)
-    finally:
-        torch.set_num_threads(1)
 
 
 # Converted once, never stale.
