@@ -163,9 +163,9 @@ run_step extension-errors 120 tail bash -c "cd '$OUT_DIR' && python3 '$REPO/benc
 # The CPU ops' own checks (CMakeLists.txt's ctest) built with this machine's compiler and run on its CPU: their bitwise
 # claims (a row alike alone and in any group or batch) rest on how a compiler rounds, and this machine's GCC is not
 # CI's (benchmarks/results/2026-11-27-nvidia-h200-b/).
-run_step cpu-ops 120 tail bash -c "g++ --version | head -n 1 && g++ -O3 -std=c++17 -I'$REPO/csrc' \
-    '$REPO/csrc/tests/test_cpu_ops.cpp' '$REPO/csrc/beam_ops_cpu.cpp' '$REPO/csrc/int8_gemm_cpu.cpp' \
-    -o '$OUT_DIR/test_cpu_ops' && '$OUT_DIR/test_cpu_ops'"
+run_step cpu-ops 150 tail bash -c "g++ --version | head -n 1 \\
+    && cmake -S '$REPO' -B /tmp/fastformer-cpu-ops -DFASTFORMER_WERROR=OFF > /dev/null \\
+    && cmake --build /tmp/fastformer-cpu-ops --target test_cpu_ops -j $MAX_JOBS && /tmp/fastformer-cpu-ops/test_cpu_ops"
 
 QUICK_FLAG=()
 [[ $QUICK == 1 ]] && QUICK_FLAG=(--quick)
