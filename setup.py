@@ -25,7 +25,9 @@ def extension():
     cpp_sources = sorted(glob.glob(os.path.join("csrc", "*.cpp")))
     cuda_sources = sorted(glob.glob(os.path.join("csrc", "*.cu")))
     with_cuda = torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
-    cxx_flags = ["-O3", "-std=c++17"]
+    # No fused multiply-adds but those the loops spell out (csrc/beam_ops_cpu.inc, multiply_add): which ones a
+    # compiler fuses on its own differs between versions, and with it whether a row rounds alike alone and in a batch.
+    cxx_flags = ["-O3", "-std=c++17", "-ffp-contract=off"]
     link_flags = []
     if torch.backends.openmp.is_available() and sys.platform.startswith("linux"):
         # ATen's parallel_for is a header template: without -fopenmp it runs serially inside the extension, and the

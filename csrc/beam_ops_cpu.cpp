@@ -33,6 +33,7 @@
 #define FASTFORMER_ISA_NAME "avx512"
 #define FASTFORMER_LANES 16
 #define FASTFORMER_F16C 1
+#define FASTFORMER_FMA 1
 #include "beam_ops_cpu.inc"
 #pragma GCC pop_options
 
@@ -42,6 +43,7 @@
 #define FASTFORMER_ISA_NAME "avx2"
 #define FASTFORMER_LANES 8
 #define FASTFORMER_F16C 1
+#define FASTFORMER_FMA 1
 #include "beam_ops_cpu.inc"
 #pragma GCC pop_options
 #endif
@@ -51,6 +53,7 @@
 #define FASTFORMER_ISA_NAME "baseline"
 #define FASTFORMER_LANES 8
 #define FASTFORMER_F16C 0
+#define FASTFORMER_FMA 0
 #include "beam_ops_cpu.inc"
 
 namespace fastformer {
