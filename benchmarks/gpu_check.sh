@@ -88,6 +88,8 @@ run_step() {
 }
 
 COMMIT=$(git -C "$REPO" rev-parse --verify -q HEAD 2>/dev/null || echo "${FASTFORMER_COMMIT:-unknown}")
+# A copy whose files differ from its .git's HEAD says so (the GPU machine's copy once carried an older HEAD).
+[[ -n "$(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null)" ]] && COMMIT+="+dirty"
 export FASTFORMER_COMMIT=$COMMIT
 COMMAND="bash benchmarks/gpu_check.sh $ALL_ARGS"
 {
