@@ -1,17 +1,23 @@
-"""benchmarks/throughput.py at an older commit and at this checkout, side by side on one machine: rounds that
-alternate which goes first, each run a process of its own, and per system the ratio of the two in each round (so the
-machine's drift cancels), for "no slower than before" checks.
+"""benchmarks/throughput.py (or cpu_decoding.py) at an older commit and at this checkout, side by side on one
+machine: rounds that alternate which goes first, each run a process of its own, and per system the ratio of the two
+in each round (so the machine's drift cancels), for "no slower than before" checks.
 
     python benchmarks/ab_throughput.py --baseline 0097ec4 --rounds 3 --out-dir DIR -- \\
         --train --preset base --quick --systems fastformer,fastformer-captured
+    python benchmarks/ab_throughput.py --benchmark cpu_decoding --baseline 0097ec4 --rounds 6 --out-dir DIR -- \\
+        --systems fastformer-int8 --threads 1 2 --sentences 64 --beam 4 --rounds 1
+
+cpu_decoding.py's rows are keyed by system, threads, beam, sentences and source tokens; its own `--rounds` are the
+rounds inside one run (1 suffices: the alternating runs are the rounds here), and its `--cap-isa` caps both trees.
 
 The baseline's source tree is a git worktree of that commit under --work-dir, or --baseline-tree where this checkout
 has no git history (a copy on another machine: `git archive COMMIT | tar -x -C DIR` made it, and FASTFORMER_COMMIT
 names this checkout's commit). When the runs translate (anything but `--train`), a tree without its compiled extension
 gets it built in place with this Python (`setup.py build_ext --inplace`), this checkout included; training imports
-no extension. Each run uses its own tree's throughput.py with the arguments after `--` (so they must exist at both
-commits), imports its own tree's fastformer (PYTHONPATH), and writes its JSON and log under DIR;
-DIR/ab_throughput.json has every run and the ratios, rewritten after each run.
+no extension. Each run uses its own tree's benchmark script with the arguments after `--` (so they must exist at both
+commits), imports its own tree's fastformer (PYTHONPATH), runs from its own folder under DIR (not from a checkout,
+whose source tree would shadow the package) and writes its JSON and log there; DIR/ab_throughput.json has every
+run and the ratios, rewritten after each run.
 """
 
 from __future__ import annotations
@@ -48,15 +54,24 @@ def ensure_built(tree: Path) -> None:
                        stdout=subprocess.DEVNULL)
 
 
-def run_throughput(tree: Path, arguments: list[str], out_dir: Path) -> dict:
-    """-> {system: median tokens/s} of one throughput.py run of `tree`, for its training and inference rows."""
+def run_benchmark(benchmark: str, tree: Path, arguments: list[str], out_dir: Path) -> dict:
+    """-> {"rates": {row: tokens/s}, "environment": ...} of one run of `tree`'s benchmarks/BENCHMARK.py: for
+    throughput.py its training and inference rows' medians, for cpu_decoding.py each row's median."""
     out_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    with open(out_dir / "throughput.log", "w") as log:
-        subprocess.run([sys.executable, str(tree / "benchmarks" / "throughput.py"), *arguments, "--out-dir",
-                        str(out_dir)], cwd=out_dir, env=env, check=True, stdout=log, stderr=subprocess.STDOUT)
-    results = json.loads((out_dir / "throughput.json").read_text())
+    output = ["--out-dir", str(out_dir)] if benchmark == "throughput" else ["--out", str(out_dir / f"{benchmark}.json")]
+    with open(out_dir / f"{benchmark}.log", "w") as log:
+        subprocess.run([sys.executable, str(tree / "benchmarks" / f"{benchmark}.py"), *arguments, *output],
+                       cwd=out_dir, env=env, check=True, stdout=log, stderr=subprocess.STDOUT)
+    results = json.loads((out_dir / f"{benchmark}.json").read_text())
     rates = {}
+    if benchmark == "cpu_decoding":
+        for row in results["rows"]:
+            if row.get("status") == "ok":
+                point = f"threads={row['threads']} beam={row['beam']} sentences={row['sentences']}"
+                rates[f"{row['system']} {row['threading']} {point} source={row['source_tokens']}"] = row["tokens_per_s"]
+        environment = {key: results.get(key) for key in ("cpu", "isa_caps", "torch", "python", "commit", "date")}
+        return {"rates": rates, "environment": environment}
     for section in ("training", "inference"):
         for row in results.get(section, []):
             if row.get("status") == "ok":
@@ -96,19 +111,22 @@ def commit_of(tree: Path, named: str | None) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--benchmark", choices=("throughput", "cpu_decoding"), default="throughput",
+                        help="the script of benchmarks/ both trees run")
     parser.add_argument("--baseline", required=True, help="the older commit")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/fastformer-ab"))
     parser.add_argument("--baseline-tree", type=Path,
                         help="the baseline's source tree, made beforehand (instead of a worktree of --baseline)")
     parser.add_argument("--out-dir", type=Path, required=True)
-    parser.add_argument("throughput_args", nargs=argparse.REMAINDER, help="after --: throughput.py's arguments")
+    parser.add_argument("benchmark_args", nargs=argparse.REMAINDER, help="after --: the benchmark's arguments")
     args = parser.parse_args()
-    arguments = [a for a in args.throughput_args if a != "--"]
-    if "--out-dir" in arguments:
-        parser.error("--out-dir is this script's: each run gets a folder under it")
-    if args.baseline_tree is not None and not (args.baseline_tree / "benchmarks" / "throughput.py").is_file():
-        parser.error(f"--baseline-tree {args.baseline_tree} holds no benchmarks/throughput.py")
+    arguments = [a for a in args.benchmark_args if a != "--"]
+    if "--out-dir" in arguments or "--out" in arguments:
+        parser.error("--out-dir and --out are this script's: each run gets a folder under it")
+    script = Path("benchmarks") / f"{args.benchmark}.py"
+    if args.baseline_tree is not None and not (args.baseline_tree / script).is_file():
+        parser.error(f"--baseline-tree {args.baseline_tree} holds no {script}")
     baseline = args.baseline_tree or baseline_tree(args.baseline, args.work_dir)
     trees = {"baseline": baseline.resolve(), "head": REPO}
     if "--train" not in arguments:
@@ -126,7 +144,7 @@ def main() -> int:
     for round_index in range(args.rounds):
         order = ("baseline", "head") if round_index % 2 == 0 else ("head", "baseline")
         for name in order:
-            run = run_throughput(trees[name], arguments, args.out_dir / f"round{round_index}-{name}")
+            run = run_benchmark(args.benchmark, trees[name], arguments, args.out_dir / f"round{round_index}-{name}")
             runs.append({"round": round_index, "tree": name, **run})
             print(f"round {round_index} {name}: " + ", ".join(f"{k} {v:,.0f}" for k, v in run["rates"].items()),
                   flush=True)
