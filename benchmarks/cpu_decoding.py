@@ -43,9 +43,9 @@ with the point of the lowest ratio ("worst"), for the fastest modes and for floa
 ATen's kernels (ATEN_CPU_CAPABILITY), FBGEMM, which runs fastformer's int8 GEMMs there
 (FBGEMM_ENABLE_INSTRUCTIONS), CTranslate2 (CT2_FORCE_CPU_ISA) and fastformer's own loops and its choice of 8-bit int8
 activations (FASTFORMER_CPU_ISA) are capped. Runs before 2026-11-27's eighth left FBGEMM uncapped: it ran its
-AVX512-VNNI kernels, and the 37k-vocabulary projection at 128 rows took 16.8 ms on one thread against 30.7 ms capped,
-so their capped int8 figures were faster than an AVX2 CPU's. The JSON names the caps; the figures are capped ones,
-not an AVX2 machine's.
+AVX512-VNNI kernels, and the 37k-vocabulary projection at 128 rows took 16.9 ms on one thread against 30.5 ms capped
+(results/2026-11-27-cpu-amd-epyc-2core-h/fbgemm_cap.log), so their capped int8 figures were faster than an AVX2
+CPU's. The JSON names the caps; the figures are capped ones, not an AVX2 machine's.
 
 The checksums differ between the systems by construction (fastformer's last token is the forced EOS, scored,
 CTranslate2's a last real token) and between compute types (random weights give near-uniform log-probabilities,
