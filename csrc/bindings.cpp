@@ -106,7 +106,8 @@ void bind_compiled(pybind11::module_& m) {
   m.def("output_projection_takes_fbgemm", &output_projection_takes_fbgemm,
         "whether the decoder's int8 output projection may take FBGEMM's GEMM (decoder.h)");
   m.def("int8_gemm_runs", &int8_gemm_runs,
-        "whether int8 linear layers run fastformer's own GEMM here: AVX512-VNNI, not capped below (int8_gemm.h)");
+        "whether int8 linear layers run one of fastformer's own GEMMs here: AVX512-VNNI's, or AVX2's on CPUs "
+        "without VNNI; FASTFORMER_CPU_ISA caps them (int8_gemm.h)");
   m.def("int8_activation_max", &int8_activation_max,
         "the int8 activations' steps a side: 127 on CPUs with VNNI, else 63 (linear.h)");
   m.def("logits_rows_per_block", &logits_rows_per_block, py::arg("vocab"),
@@ -146,7 +147,8 @@ void bind_compiled(pybind11::module_& m) {
            py::arg("picked_ids") = std::nullopt,
            "x [rows, in] float32 -> dict of values/ids [rows, k] (each row's k best outputs outside barred), finite, "
            "tops and log_totals (log_softmax = (y - top) - log_total), picked (the output at picked_ids), [rows] "
-           "each (None where not asked); the outputs never written (vnni-int8 route only, linear.h)")
+           "each (None where not asked); the outputs never written (own int8 routes only: vnni-int8, avx2-int8; "
+           "linear.h)")
       .def_property_readonly("route", &PackedLinear::route)
       .def_property_readonly("nbytes", &PackedLinear::nbytes);
   py::class_<DecoderLinears, std::shared_ptr<DecoderLinears>>(m, "DecoderLinears",

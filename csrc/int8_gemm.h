@@ -1,51 +1,33 @@
-// fastformer's own int8 GEMM for CPUs with AVX512-VNNI, torch-free: the int8 compute type's linear layer (linear.h)
-// y = (x_q W_q^T) * x_scale * w_scale + b, with the rows quantized straight into the bytes it multiplies (their
+// fastformer's own int8 GEMMs for x86-64 CPUs, torch-free: the int8 compute type's linear layer (linear.h)
+// y = (x_q W_q^T) * x_scale * w_scale + b, with the rows quantized straight into the bytes they multiply (their
 // absmax, then the bytes) and the result scaled, biased and (optionally) put through ReLU as it leaves the
-// registers. FBGEMM's int8 GEMM, which it replaces where it runs, takes the activations through four passes (the
+// registers. FBGEMM's int8 GEMM, which they replace where they run, takes the activations through four passes (the
 // absmax, per-row normalization, the library's range search and quantization) and the result through two (the
 // library's dequantization, then the rows' scales and the bias).
 //
 // Layout: W_q [out, in] int8 is held in panels of 16 outputs, each [in_groups, 16, 4] (in_groups = ceil(in / 4)):
-// the 4 consecutive inputs of 16 outputs are one 64-byte vector, which VNNI's vpdpbusd multiplies with 4 bytes of a
-// row broadcast, summing into 16 int32 lanes. The rows go in as uint8 x_q + 128 (vpdpbusd multiplies unsigned by
-// signed bytes), and 128 * each output's weight sum (its offset) is subtracted from the sums.
+// the 4 consecutive inputs of 16 outputs are one 64-byte vector. The rows go in as uint8 x_q + zero_point (the
+// instructions multiply unsigned by signed bytes), and zero_point * each output's weight sum (its offset) is
+// subtracted from the sums. One Int8Gemm per instruction set:
+// - AVX512-VNNI: 8-bit rows (x_q in [-127, 127], zero point 128). vpdpbusd multiplies 4 bytes of a row, broadcast,
+//   with the 64-byte vector, summing into 16 int32 lanes.
+// - AVX2: 7-bit rows (x_q in [-63, 63], zero point 64: bytes in [1, 127]), the rows linear.h's int8_activation_max()
+//   gives CPUs without VNNI. vpmaddubsw multiplies each 32-byte half of the vector with the row's bytes into pairs
+//   summed in saturating int16, which such rows never reach (2 * 127 * 127 < 32767); vpmaddwd sums the pairs into 8
+//   int32 lanes.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace fastformer {
-
-// Whether int8_gemm runs here: a CPU with AVX512-VNNI, and FASTFORMER_CPU_ISA leaving "avx512" (beam_ops.h's
-// cpu_loops()), on an x86-64 build by GCC.
-bool int8_gemm_runs();
-
-// The panels of 16 outputs that hold `out` outputs, and the groups of 4 inputs that hold `in` inputs.
-inline int64_t int8_panel_count(int64_t out) { return (out + 15) / 16; }
-inline int64_t int8_input_groups(int64_t in) { return (in + 3) / 4; }
-
-// weight [out, in] int8 -> panels [panel_count, input_groups, 16, 4] (zeros past out and in) and offsets
-// [panel_count * 16] (128 * each output's weight sum, 0 past out).
-void int8_pack_panels(const int8_t* weight, int64_t out, int64_t in, int8_t* panels, int32_t* offsets);
-
-// row [in] float32 and its inverse scale (linear.cpp's row_scales: 127 / absmax, or 0 for a row of NaN, inf or
-// zeros) -> x_q [input_groups * 4] uint8: round(row * inverse) + 128, and 128 in the padding and wherever inverse
-// is 0 (that row's scale, NaN or 1, then gives NaN outputs or the bias).
-void int8_quantize_row(const float* row, int64_t in, float inverse, uint8_t* x_q);
-
-// y[:, panels first_panel .. end_panel) <- (x_q - 128) W_q^T * x_scales[row] * w_scales + bias, then ReLU where
-// relu; y's row stride is out (a last panel past it is stored in part). x_q: [rows, input_groups(in) * 4] uint8,
-// x_scales: [rows], panels/offsets: int8_pack_panels', w_scales and bias: [panel_count * 16] (0 past out; bias may
-// be null). Single-threaded: the caller splits the panels across threads.
-void int8_gemm(const uint8_t* x_q, const float* x_scales, int64_t rows, int64_t in, const int8_t* panels,
-               const int32_t* offsets, const float* w_scales, const float* bias, bool relu, int64_t out,
-               int64_t first_panel, int64_t end_panel, float* y);
 
 // The largest k int8_gemm_summary keeps.
 constexpr int kInt8GemmMaxTopK = 64;
 
-// What int8_gemm_summary keeps of each of `rows` rows of outputs y (as int8_gemm computes them without ReLU, over the
-// panels it is given), which it never writes: a search step's or a scorer's view of its logits. The optional parts
-// are null where not wanted.
+// What int8_gemm_summary keeps of each of `rows` rows of outputs y (as int8_gemm computes them without ReLU, over
+// the panels it is given), which it never writes: a search step's or a scorer's view of its logits. The
+// optional parts are null where not wanted.
 struct Int8RowSummary {
   // The k (0..kInt8GemmMaxTopK) highest outputs of each row whose ids are not in barred ([n_barred]), best first,
   // ties to the lower id: values [rows, k] and ids [rows, k], -inf and -1 past a row's finite allowed outputs (a
@@ -67,12 +49,60 @@ struct Int8RowSummary {
   float* picked = nullptr;
 };
 
-// The summary of y's rows over panels [first_panel, end_panel) into `summary`'s arrays (Int8RowSummary). Arguments
-// as int8_gemm's. Single-threaded: the caller splits the rows, or the panels (then int8_merge_summaries), across
-// threads.
-void int8_gemm_summary(const uint8_t* x_q, const float* x_scales, int64_t rows, int64_t in, const int8_t* panels,
-                       const int32_t* offsets, const float* w_scales, const float* bias, int64_t out,
-                       int64_t first_panel, int64_t end_panel, const Int8RowSummary& summary);
+namespace int8_tiles {
+struct Tile;  // int8_gemm_tiles.h
+}
+
+// One instruction set's int8 GEMM: its row quantization and its tiles, which int8_gemm and int8_gemm_summary run.
+struct Int8Gemm {
+  const char* isa;  // "avx512-vnni" or "avx2"
+  int zero_point;   // 128 (8-bit rows) or 64 (7-bit rows)
+  // Its tiles: up to tile_rows rows by tile_panels panels, tile_of(rows, panels) the one of each size. A thread
+  // given fewer rows than tile_rows leaves part of its registers idle.
+  int tile_rows, tile_panels;
+  void (*(*tile_of)(int rows, int panels))(const int8_tiles::Tile&);
+  // row [in] float32 and its inverse scale (linear.cpp's row_scales: int8_activation_max() / absmax, or 0 for a row
+  // of NaN, inf or zeros) -> x_q [input_groups * 4] uint8: round(row * inverse) + zero_point, and zero_point in the
+  // padding and wherever inverse is 0 (that row's scale, NaN or 1, then gives NaN outputs or the bias).
+  void (*quantize_row)(const float* row, int64_t in, float inverse, uint8_t* x_q);
+};
+
+// The int8 GEMMs this build has and this CPU runs, widest first, whatever FASTFORMER_CPU_ISA says (the tests run
+// each): on an x86-64 build by GCC, AVX512-VNNI's where the CPU has it (and AVX512-BW), and AVX2's.
+std::vector<const Int8Gemm*> int8_gemms();
+
+// The one int8 layers take, or null: AVX512-VNNI's where the CPU loops are AVX-512's (beam_ops.h's cpu_loops(),
+// which FASTFORMER_CPU_ISA caps) and the CPU has it; else AVX2's where the loops are not the baseline's and no VNNI
+// of any width counts (int8_activation_max() is then 63: 7-bit rows).
+const Int8Gemm* int8_gemm_here();
+
+// Whether int8 layers run one of fastformer's own GEMMs here.
+inline bool int8_gemm_runs() { return int8_gemm_here() != nullptr; }
+
+// The panels of 16 outputs that hold `out` outputs, and the groups of 4 inputs that hold `in` inputs.
+inline int64_t int8_panel_count(int64_t out) { return (out + 15) / 16; }
+inline int64_t int8_input_groups(int64_t in) { return (in + 3) / 4; }
+
+// weight [out, in] int8 -> panels [panel_count, input_groups, 16, 4] (zeros past out and in) and offsets
+// [panel_count * 16] (zero_point * each output's weight sum, 0 past out).
+void int8_pack_panels(const int8_t* weight, int64_t out, int64_t in, int zero_point, int8_t* panels,
+                      int32_t* offsets);
+
+// y[:, panels first_panel .. end_panel) <- (x_q - zero_point) W_q^T * x_scales[row] * w_scales + bias, then ReLU where
+// relu, in `gemm`'s tiles; y's row stride is out (a last panel past it is stored in part). x_q: [rows,
+// input_groups(in) * 4] uint8 (gemm.quantize_row's), x_scales: [rows], panels/offsets: int8_pack_panels' with
+// gemm's zero point, w_scales and bias: [panel_count * 16] (0 past out; bias may be null). Single-threaded: the
+// caller splits the panels across threads.
+void int8_gemm(const Int8Gemm& gemm, const uint8_t* x_q, const float* x_scales, int64_t rows, int64_t in,
+               const int8_t* panels, const int32_t* offsets, const float* w_scales, const float* bias, bool relu,
+               int64_t out, int64_t first_panel, int64_t end_panel, float* y);
+
+// The summary of y's rows over panels [first_panel, end_panel) into `summary`'s arrays (Int8RowSummary), y never
+// written. Arguments as int8_gemm's. Single-threaded: the caller splits the rows, or the panels (then
+// int8_merge_summaries), across threads.
+void int8_gemm_summary(const Int8Gemm& gemm, const uint8_t* x_q, const float* x_scales, int64_t rows, int64_t in,
+                       const int8_t* panels, const int32_t* offsets, const float* w_scales, const float* bias,
+                       int64_t out, int64_t first_panel, int64_t end_panel, const Int8RowSummary& summary);
 
 // The summaries of the same rows over consecutive panel ranges (parts [n_parts], in the order of the ranges, each
 // with into's k and optional parts) as one over all of them, into `into`: the best merged (ties to the lower id, so

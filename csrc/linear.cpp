@@ -128,7 +128,7 @@ void scale_rows(at::Tensor& y, int64_t rows, const at::Tensor& scales, const std
   });
 }
 
-// [n] float32 -> [n rounded up to 16], zeros past n (the vnni-int8 route's scales and bias, the avx2-float32 route's
+// [n] float32 -> [n rounded up to 16], zeros past n (the own int8 routes' scales and bias, the avx2-float32 route's
 // bias: whole panels of 16 outputs).
 at::Tensor padded_to_panels(const at::Tensor& values) {
   at::Tensor padded = at::zeros({(values.size(0) + 15) / 16 * 16}, values.options());
@@ -216,7 +216,7 @@ PackedLinear::PackedLinear(const at::Tensor& weight, const std::optional<at::Ten
   if (compute_type == ComputeType::kInt8) {
     pack_int8(weight.to(at::kFloat).contiguous(), rows, fbgemm, own_gemm);
     if (bias_) bias_ = bias_->to(at::kFloat).contiguous();
-    if (bias_ && route_ == Route::kVnniInt8) bias_ = padded_to_panels(*bias_);
+    if (bias_ && route_ == Route::kOwnInt8) bias_ = padded_to_panels(*bias_);
     return;
   }
   const at::ScalarType dtype = compute_type == ComputeType::kBFloat16 ? at::kBFloat16 : at::kFloat;
@@ -243,7 +243,7 @@ PackedLinear::PackedLinear(const at::Tensor& weight, const std::optional<at::Ten
 at::Tensor PackedLinear::operator()(const at::Tensor& x, std::optional<Activation> activation) const {
   TORCH_CHECK(x.dim() == 2, "a linear layer takes [rows, in] rows, got ", x.sizes());
   if (x.size(0) == 0) return at::empty({0, out_features_}, x.options());
-  if (route_ == Route::kVnniInt8) return vnni_int8_linear(x, activation);
+  if (route_ == Route::kOwnInt8) return own_int8_linear(x, activation);
   if (route_ == Route::kAvx2Float32) return avx2_float32_linear(x, activation);
   if (route_ == Route::kFbgemmInt8 || route_ == Route::kOneDnnInt8) {
     return apply_activation(int8_linear(x), activation);
@@ -265,13 +265,17 @@ void PackedLinear::pack_int8(const at::Tensor& weight, int64_t rows, bool fbgemm
   const GemmOps& ops = gemm_ops();
   weight_scales_ = std::get<0>(weight.abs().max(1)).div(127.0f).clamp_min(std::numeric_limits<float>::min());
   const at::Tensor quantized = weight.div(weight_scales_.unsqueeze(1)).round().clamp(-127, 127).to(at::kChar);
-  if (own_gemm && int8_gemm_runs()) {
+  const Int8Gemm* own = own_gemm ? int8_gemm_here() : nullptr;
+  if (own) {
+    TORCH_CHECK(own->zero_point == activation_zero_point(), "the ", own->isa, " int8 GEMM takes rows around ",
+                own->zero_point, ", the activations are around ", activation_zero_point());
     weight_ = at::empty({int8_panel_count(out_features_) * int8_input_groups(in_features_) * 64}, at::kChar);
     panel_offsets_ = at::empty({int8_panel_count(out_features_) * 16}, at::kInt);
-    int8_pack_panels(quantized.contiguous().data_ptr<int8_t>(), out_features_, in_features_,
+    int8_pack_panels(quantized.contiguous().data_ptr<int8_t>(), out_features_, in_features_, own->zero_point,
                      weight_.data_ptr<int8_t>(), panel_offsets_.data_ptr<int32_t>());
     weight_scales_ = padded_to_panels(weight_scales_);
-    route_ = Route::kVnniInt8;
+    own_int8_gemm_ = own;
+    route_ = Route::kOwnInt8;
     return;
   }
   weight_zero_points_ = at::zeros({out_features_}, weight.options().dtype(at::kLong));
@@ -326,7 +330,7 @@ at::Tensor PackedLinear::int8_linear(const at::Tensor& x) const {
   return y.narrow(0, 0, rows);
 }
 
-std::pair<at::Tensor, at::Tensor> PackedLinear::vnni_quantized(const at::Tensor& x) const {
+std::pair<at::Tensor, at::Tensor> PackedLinear::own_quantized(const at::Tensor& x) const {
   TORCH_CHECK(x.scalar_type() == at::kFloat, "an int8 linear layer takes float32 rows, got ", x.scalar_type());
   TORCH_CHECK(x.size(1) == in_features_, "a linear layer of ", in_features_, " inputs got rows of ", x.size(1));
   const at::Tensor input = x.contiguous();
@@ -334,24 +338,24 @@ std::pair<at::Tensor, at::Tensor> PackedLinear::vnni_quantized(const at::Tensor&
   at::Tensor quantized = at::empty({input.size(0), row_bytes}, input.options().dtype(at::kByte));
   uint8_t* target = quantized.data_ptr<uint8_t>();
   at::Tensor scales = row_scales(input, [&](int64_t r, const float* row, float inverse) {
-    int8_quantize_row(row, in_features_, inverse, target + r * row_bytes);
+    own_int8_gemm_->quantize_row(row, in_features_, inverse, target + r * row_bytes);
   });
   return {quantized, scales};
 }
 
-at::Tensor PackedLinear::vnni_int8_linear(const at::Tensor& x, std::optional<Activation> activation) const {
-  const auto [quantized, scales] = vnni_quantized(x);
+at::Tensor PackedLinear::own_int8_linear(const at::Tensor& x, std::optional<Activation> activation) const {
+  const auto [quantized, scales] = own_quantized(x);
   const int64_t rows = x.size(0);
   at::Tensor y = at::empty({rows, out_features_}, x.options());
   const bool relu = activation == Activation::kRelu;
-  // A task of at least 2^22 multiply-adds (~20 us), in blocks of 4 panels (int8_gemm's tile).
+  // A task of at least 2^22 multiply-adds (~20-40 us), in blocks of 4 panels (the AVX512-VNNI GEMM's tile).
   const int64_t n_panels = int8_panel_count(out_features_), n_blocks = (n_panels + 3) / 4;
   const int64_t block_work = std::max<int64_t>(1, rows * in_features_ * 64);
   at::parallel_for(0, n_blocks, std::max<int64_t>(1, (int64_t{1} << 22) / block_work), [&](int64_t first, int64_t end) {
-    int8_gemm(quantized.data_ptr<uint8_t>(), scales.data_ptr<float>(), rows, in_features_, weight_.data_ptr<int8_t>(),
-              panel_offsets_.data_ptr<int32_t>(), weight_scales_.data_ptr<float>(),
-              bias_ ? bias_->data_ptr<float>() : nullptr, relu, out_features_, first * 4,
-              std::min(end * 4, n_panels), y.data_ptr<float>());
+    int8_gemm(*own_int8_gemm_, quantized.data_ptr<uint8_t>(), scales.data_ptr<float>(), rows, in_features_,
+              weight_.data_ptr<int8_t>(), panel_offsets_.data_ptr<int32_t>(), weight_scales_.data_ptr<float>(),
+              bias_ ? bias_->data_ptr<float>() : nullptr, relu, out_features_, first * 4, std::min(end * 4, n_panels),
+              y.data_ptr<float>());
   });
   return relu ? y : apply_activation(y, activation);
 }
@@ -398,7 +402,8 @@ at::Tensor PackedLinear::avx2_float32_linear(const at::Tensor& x, std::optional<
 
 PackedLinear::Summary PackedLinear::summarize(const at::Tensor& x, int64_t k, const std::vector<int64_t>& barred,
                                               bool with_log_totals, const at::Tensor& picked_ids) const {
-  TORCH_CHECK(has_summary(), "summarize runs on the vnni-int8 route only, this layer's is ", route());
+  TORCH_CHECK(has_summary(), "summarize runs on the own int8 routes only (vnni-int8, avx2-int8), this layer's is ",
+              route());
   TORCH_CHECK(x.dim() == 2, "a linear layer takes [rows, in] rows, got ", x.sizes());
   TORCH_CHECK(k >= 0 && k <= kInt8GemmMaxTopK, "summarize keeps k in [0, ", kInt8GemmMaxTopK, "] outputs, got ", k);
   const int64_t rows = x.size(0);
@@ -410,7 +415,7 @@ PackedLinear::Summary PackedLinear::summarize(const at::Tensor& x, int64_t k, co
     TORCH_CHECK(rows == 0 || (picked_in.min().item<int64_t>() >= 0 && picked_in.max().item<int64_t>() < out_features_),
                 "picked_ids must be in [0, ", out_features_, ")");
   }
-  const auto [quantized, scales] = vnni_quantized(x);
+  const auto [quantized, scales] = own_quantized(x);
   const int64_t row_bytes = quantized.size(1);
   const at::TensorOptions floats = x.options();
   auto make = [&] {
@@ -440,17 +445,18 @@ PackedLinear::Summary PackedLinear::summarize(const at::Tensor& x, int64_t k, co
   };
   auto summarize_part = [&](int64_t first_row, int64_t end_row, int64_t first_panel, int64_t end_panel,
                             const Int8RowSummary& part) {
-    int8_gemm_summary(quantized.data_ptr<uint8_t>() + first_row * row_bytes, scales.data_ptr<float>() + first_row,
-                      end_row - first_row, in_features_, weight_.data_ptr<int8_t>(),
-                      panel_offsets_.data_ptr<int32_t>(), weight_scales_.data_ptr<float>(),
+    int8_gemm_summary(*own_int8_gemm_, quantized.data_ptr<uint8_t>() + first_row * row_bytes,
+                      scales.data_ptr<float>() + first_row, end_row - first_row, in_features_,
+                      weight_.data_ptr<int8_t>(), panel_offsets_.data_ptr<int32_t>(), weight_scales_.data_ptr<float>(),
                       bias_ ? bias_->data_ptr<float>() : nullptr, out_features_, first_panel, end_panel, part);
   };
   Summary summary = make();
   const int64_t n_panels = int8_panel_count(out_features_), n_blocks = (n_panels + 3) / 4;
   const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
   // Fewer rows than a tile a thread (one sentence's beams): the panels split across the threads instead, in blocks
-  // of 4 (int8_gemm's tile), each part summarized over its panels, then merged in the order of the ids.
-  const int64_t n_parts = rows < 6 * threads ? std::min(threads, n_blocks) : 1;
+  // of 4, each part summarized over its panels, then merged in the order of the ids.
+  const int64_t tile_rows = own_int8_gemm_->tile_rows;
+  const int64_t n_parts = rows < tile_rows * threads ? std::min(threads, n_blocks) : 1;
   if (n_parts > 1) {
     std::vector<Summary> parts(n_parts);
     std::vector<Int8RowSummary> views(n_parts);
@@ -464,7 +470,7 @@ PackedLinear::Summary PackedLinear::summarize(const at::Tensor& x, int64_t k, co
     int8_merge_summaries(views.data(), static_cast<int>(n_parts), rows, view(summary, 0));
   } else {
     // Rows split across threads: each row's summary is over every panel, in order.
-    at::parallel_for(0, rows, 6, [&](int64_t first_row, int64_t end_row) {
+    at::parallel_for(0, rows, tile_rows, [&](int64_t first_row, int64_t end_row) {
       summarize_part(first_row, end_row, 0, n_panels, view(summary, first_row));
     });
   }
@@ -475,7 +481,7 @@ PackedLinear::Summary PackedLinear::summarize(const at::Tensor& x, int64_t k, co
 const char* PackedLinear::route() const {
   switch (route_) {
     case Route::kOneDnn: return "onednn";
-    case Route::kVnniInt8: return "vnni-int8";
+    case Route::kOwnInt8: return std::strcmp(own_int8_gemm_->isa, "avx2") == 0 ? "avx2-int8" : "vnni-int8";
     case Route::kAvx2Float32: return "avx2-float32";
     case Route::kFbgemmInt8: return "fbgemm-int8";
     case Route::kOneDnnInt8: return "onednn-int8";

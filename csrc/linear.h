@@ -12,6 +12,8 @@
 #include <tuple>
 #include <vector>
 
+#include "int8_gemm.h"
+
 namespace fastformer {
 
 enum class ComputeType { kFloat32, kBFloat16, kInt8 };
@@ -63,8 +65,9 @@ float int8_activation_max();
 //   8 bits (absmax / 127) where the CPU has VNNI, else 7 (absmax / 63), as int8_activation_max() says.
 //   y = (x_q W_q^T) * x_scale * w_scale + b. Each row's result depends on that row
 //   only, so a sentence translates the same in any batch. Three GEMMs, the first that runs here:
-//   - fastformer's own (int8_gemm.h) where the CPU has AVX512-VNNI: the rows quantized in two passes, the result
-//     scaled, biased and put through ReLU in the GEMM's registers;
+//   - fastformer's own (int8_gemm.h): AVX512-VNNI's where the CPU has it ("vnni-int8"), else AVX2's ("avx2-int8")
+//     where the CPU has AVX2 and no VNNI; the rows quantized in two passes, the result scaled, biased and put
+//     through ReLU in the GEMM's registers;
 //   - FBGEMM's (quantized::linear_dynamic): it quantizes its input with one scale for the whole tensor, so each row
 //     is first divided by its absmax, and two rows holding +1 and -1 fix that scale at every call; the rows' scales
 //     multiply the result. Against oneDNN's int8 GEMM on the project's AVX2 test CPU, single-threaded: the same
@@ -84,8 +87,8 @@ class PackedLinear {
   // x: [rows, in] float32 (or the weight's dtype on CUDA) -> [rows, out] in x's dtype
   at::Tensor operator()(const at::Tensor& x, std::optional<Activation> activation = std::nullopt) const;
 
-  // Whether summarize runs: the vnni-int8 route's.
-  bool has_summary() const { return route_ == Route::kVnniInt8; }
+  // Whether summarize runs: fastformer's own int8 GEMMs' (vnni-int8, avx2-int8).
+  bool has_summary() const { return route_ == Route::kOwnInt8; }
   // What summarize keeps of each row's outputs, which it never writes (int8_gemm.h's Int8RowSummary).
   struct Summary {
     at::Tensor values, ids;       // [rows, k] float32, int64: the k highest outputs outside barred, best first
@@ -99,31 +102,33 @@ class PackedLinear {
   Summary summarize(const at::Tensor& x, int64_t k, const std::vector<int64_t>& barred, bool with_log_totals = false,
                     const at::Tensor& picked_ids = {}) const;
 
-  // "avx2-float32", "onednn", "vnni-int8", "fbgemm-int8", "onednn-int8" or "aten": the GEMM the layer runs.
+  // "avx2-float32", "onednn", "vnni-int8", "avx2-int8", "fbgemm-int8", "onednn-int8" or "aten": the GEMM the layer
+  // runs.
   const char* route() const;
   // The bytes of the converted weight, bias and scales.
   int64_t nbytes() const;
 
  private:
-  enum class Route { kAten, kOneDnn, kAvx2Float32, kVnniInt8, kFbgemmInt8, kOneDnnInt8 };
+  enum class Route { kAten, kOneDnn, kAvx2Float32, kOwnInt8, kFbgemmInt8, kOneDnnInt8 };
   void pack_int8(const at::Tensor& weight, int64_t rows, bool fbgemm, bool own_gemm);
   at::Tensor int8_linear(const at::Tensor& x) const;
-  at::Tensor vnni_int8_linear(const at::Tensor& x, std::optional<Activation> activation) const;
+  at::Tensor own_int8_linear(const at::Tensor& x, std::optional<Activation> activation) const;
   at::Tensor avx2_float32_linear(const at::Tensor& x, std::optional<Activation> activation) const;
   // x [rows, in] float32 -> (its rows quantized [rows, input_groups * 4] uint8, their scales [rows]): int8_gemm.h's.
-  std::pair<at::Tensor, at::Tensor> vnni_quantized(const at::Tensor& x) const;
+  std::pair<at::Tensor, at::Tensor> own_quantized(const at::Tensor& x) const;
 
   Route route_ = Route::kAten;
-  // [out, in]: as given, cast, reordered for oneDNN, or int8 packed by oneDNN; vnni-int8: int8_gemm.h's panels;
+  const Int8Gemm* own_int8_gemm_ = nullptr;  // the own int8 routes' GEMM
+  // [out, in]: as given, cast, reordered for oneDNN, or int8 packed by oneDNN; own int8: int8_gemm.h's panels;
   // avx2-float32: float32_gemm.h's
   at::Tensor weight_;
   c10::IValue fbgemm_weight_;  // the int8 weight packed by FBGEMM (a LinearPackedParamsBase)
   int64_t fbgemm_weight_bytes_ = 0;
-  // [out]: float32 for int8, else the weight's dtype; vnni-int8 and avx2-float32: [panels * 16], zeros past out
+  // [out]: float32 for int8, else the weight's dtype; own int8 and avx2-float32: [panels * 16], zeros past out
   std::optional<at::Tensor> bias_;
-  at::Tensor weight_scales_;       // int8: [out] float32; vnni-int8: [panels * 16], zeros past out
+  at::Tensor weight_scales_;       // int8: [out] float32; own int8: [panels * 16], zeros past out
   at::Tensor weight_zero_points_;  // oneDNN int8: [out] int64 zeros (symmetric)
-  at::Tensor panel_offsets_;       // vnni-int8: [panels * 16] int32, int8_gemm.h's offsets
+  at::Tensor panel_offsets_;       // own int8: [panels * 16] int32, int8_gemm.h's offsets
   int64_t out_features_ = 0, in_features_ = 0;
 };
 

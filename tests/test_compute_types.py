@@ -64,15 +64,24 @@ def linear_inputs(rows: int = 37, in_features: int = 96, out_features: int = 130
     return x, weight, bias
 
 
-# The int8 GEMMs a linear layer can take (linear.h): fastformer's own where the CPU runs it, FBGEMM's, oneDNN's.
-INT8_ROUTES = {"vnni": dict(), "fbgemm": dict(own_gemm=False), "onednn": dict(own_gemm=False, fbgemm=False)}
+# The int8 GEMMs a linear layer can take (linear.h): fastformer's own where the CPU runs one (AVX512-VNNI's, or
+# AVX2's: test_cpu_isa.py runs these tests under FASTFORMER_CPU_ISA=avx2 too), FBGEMM's, oneDNN's.
+INT8_ROUTES = {"own": dict(), "fbgemm": dict(own_gemm=False), "onednn": dict(own_gemm=False, fbgemm=False)}
 
 
 def int8_route(name: str) -> dict:
     """PackedLinear's keyword arguments for an int8 route; skips the test where the route does not run here."""
-    if name == "vnni" and not extension().int8_gemm_runs():
-        pytest.skip("fastformer's own int8 GEMM needs AVX512-VNNI (and FASTFORMER_CPU_ISA not below avx512)")
+    if name == "own" and not extension().int8_gemm_runs():
+        pytest.skip("fastformer's own int8 GEMMs need AVX512-VNNI, or AVX2 without VNNI (FASTFORMER_CPU_ISA not "
+                    "baseline)")
     return INT8_ROUTES[name]
+
+
+def int8_route_name(name: str) -> str:
+    """PackedLinear.route of an int8 route: the own one is named by its instruction set (8-bit rows: VNNI's)."""
+    if name == "own":
+        return "vnni-int8" if extension().int8_activation_max() == 127 else "avx2-int8"
+    return f"{name}-int8"
 
 
 # The float32 GEMMs (linear.h): fastformer's own where the CPU loops are AVX2's, else oneDNN's.
@@ -129,7 +138,7 @@ def test_int8_linear_error_is_within_the_bound_of_its_scales(with_bias, route):
     x, weight, bias = linear_inputs()
     bias = bias if with_bias else None
     linear = extension().PackedLinear(weight, bias, 16, "int8", **int8_route(route))
-    assert linear.route == f"{route}-int8"
+    assert linear.route == int8_route_name(route)
     got = linear(x).double()
     x64, w64 = x.double(), weight.double()
     expected = F.linear(x64, w64, bias.double() if with_bias else None)
@@ -145,11 +154,11 @@ def test_int8_linear_error_is_within_the_bound_of_its_scales(with_bias, route):
 
 @pytest.mark.parametrize("rows,in_features,out_features", [(7, 97, 130), (37, 96, 130), (64, 512, 1030)])
 def test_own_int8_gemm_equals_onednns_on_the_same_quantization(rows, in_features, out_features):
-    """Both quantize each row to absmax / 127 steps around 128 and scale the int32 sums by the weights' scales, then
-    the rows' and the bias, in that order: the same int32 sums, so equal up to the floats' last bits. Shapes
-    past the tile (6 rows, 64 outputs) and the 4-input groups in both directions."""
+    """Both quantize each row to absmax / A steps around A + 1 (A = int8_activation_max()) and scale the int32 sums by
+    the weights' scales, then the rows' and the bias, in that order: the same int32 sums, so equal up to the floats'
+    last bits. Shapes past the tiles (6 rows by 64 outputs, 4 by 16) and the 4-input groups in both directions."""
     x, weight, bias = linear_inputs(rows, in_features, out_features)
-    own = extension().PackedLinear(weight, bias, 16, "int8", **int8_route("vnni"))
+    own = extension().PackedLinear(weight, bias, 16, "int8", **int8_route("own"))
     onednn = extension().PackedLinear(weight, bias, 16, "int8", **int8_route("onednn"))
     torch.testing.assert_close(own(x), onednn(x), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(own(x[:1]), onednn(x[:1]), rtol=1e-6, atol=1e-6)
@@ -361,7 +370,7 @@ def test_int8_search_from_the_best_logits_equals_the_one_from_the_logits(beam_si
     log-sum-exp and EOS's logit from the output projection (PackedLinear.summarize); with a shortlist of the whole
     vocabulary it reads the same logits written: the same hypotheses, the scores to rounding (the log-sum-exp is
     summed in another order), sentences finishing at different steps, EOS barred before min_len."""
-    int8_route("vnni")
+    int8_route("own")
     model = make_model(vocab=37, eos_scale=8.0)
     src = padded_sources(model, [7, 2, 5, 1, 4, 9, 3, 8], seed=3)
     vocab = model.config.vocab_size
@@ -407,7 +416,7 @@ def test_int8_summary_equals_a_stable_sort_and_the_log_softmax_of_the_outputs(k)
     x, weight, bias = linear_inputs(rows=13, in_features=96, out_features=130)
     weight[77] = weight[40]  # equal outputs at 40 and 77 ...
     bias[77] = bias[40] = 50.0  # ... and the highest in every row
-    linear = extension().PackedLinear(weight, bias, 16, "int8", **int8_route("vnni"))
+    linear = extension().PackedLinear(weight, bias, 16, "int8", **int8_route("own"))
     outputs = linear(x)
     picked_ids = torch.arange(13) * 11 % 130
     for barred in ([], [0, 1, 2], [40, 129]):
@@ -437,7 +446,7 @@ def test_int8_summary_equals_a_stable_sort_and_the_log_softmax_of_the_outputs(k)
 def test_int8_summary_of_a_few_rows_split_across_threads_equals_the_one_of_one_thread():
     """Fewer rows than a tile a thread (a sentence's beams): two threads split the panels and merge their parts;
     the same best and picked outputs, the same log-softmax terms to rounding."""
-    int8_route("vnni")
+    int8_route("own")
     x, weight, bias = linear_inputs(rows=6, in_features=96, out_features=1030)
     x = x[:4]
     linear = extension().PackedLinear(weight, bias, 4, "int8")

@@ -34,18 +34,25 @@ def test_the_widest_instruction_set_is_chosen_and_the_baseline_is_always_there()
 
 
 @pytest.mark.parametrize("isa", ISAS)
-def test_fastformer_cpu_isa_picks_the_loops_caps_vnni_and_picks_the_float32_gemm(isa):
+def test_fastformer_cpu_isa_picks_the_loops_caps_vnni_and_picks_the_gemms(isa):
     done = run_python("import torch\n"
                       "from fastformer.decoding.compiled import extension\n"
-                      "linear = extension().PackedLinear(torch.ones(3, 4), None, 1, 'float32')\n"
-                      "print(extension().cpu_isa(), extension().int8_activation_max(), linear.route)", isa)
+                      "routes = [extension().PackedLinear(torch.ones(3, 4), None, 1, t).route for t in ('float32', "
+                      "'int8')]\n"
+                      "print(extension().cpu_isa(), extension().int8_activation_max(), *routes)", isa)
     assert done.returncode == 0, done.stderr
-    chosen, activation_max, float32_route = done.stdout.split()
+    chosen, activation_max, float32_route, int8_route = done.stdout.split()
     assert chosen == isa
     if isa == "baseline":  # VNNI belongs to the instruction sets above the cap: 7-bit activations
         assert float(activation_max) == 63.0
     # fastformer's own float32 GEMM is AVX2's: oneDNN's AVX-512 GEMM was as fast where that runs (float32_gemm.h)
     assert (float32_route == "avx2-float32") == (isa == "avx2")
+    # Its own int8 GEMMs: AVX512-VNNI's with 8-bit rows, AVX2's with 7-bit ones; FBGEMM's in the baseline's loops, and
+    # under an avx2 cap on a CPU with AVX-VNNI, whose 8-bit rows AVX2's int16 pairs would saturate on.
+    if isa == "baseline" or (isa == "avx2" and float(activation_max) == 127.0):
+        assert int8_route == "fbgemm-int8"
+    else:
+        assert int8_route == ("vnni-int8" if float(activation_max) == 127.0 else "avx2-int8")
 
 
 def test_an_unknown_or_unrunnable_instruction_set_is_a_one_line_error_naming_the_valid_ones():

@@ -772,10 +772,11 @@ void test_float32_gemm(int rows, int out, int in, bool with_bias, bool relu) {
   }
 }
 
-// int8_gemm.h against brute force: the quantized rows against the formula of linear.h, the outputs against a double
-// product of those rows with the weights. rows and out around the tile (6 rows, 4 panels of 16), in around a group
-// of 4 inputs; a row holding NaN and an all-zero row; with and without bias and ReLU.
-void test_int8_gemm(int rows, int out, int in, bool with_bias, bool relu) {
+// An int8_gemm.h GEMM against brute force: the quantized rows against the formula of linear.h, the outputs against
+// a double product of those rows with the weights. rows and out around the tiles (AVX512-VNNI's 6 rows by 4 panels of
+// 16, AVX2's 4 rows by 1), in around a group of 4 inputs; a row holding NaN and an all-zero row; with and without bias
+// and ReLU.
+void test_int8_gemm(const fastformer::Int8Gemm& gemm, int rows, int out, int in, bool with_bias, bool relu) {
   std::uniform_int_distribution<int> weight_values(-127, 127);
   std::vector<int8_t> weight(out * in);
   for (int8_t& w : weight) w = static_cast<int8_t>(weight_values(rng));
@@ -787,9 +788,12 @@ void test_int8_gemm(int rows, int out, int in, bool with_bias, bool relu) {
   const int64_t n_panels = fastformer::int8_panel_count(out), row_bytes = fastformer::int8_input_groups(in) * 4;
   std::vector<int8_t> panels(n_panels * row_bytes * 16);
   std::vector<int32_t> offsets(n_panels * 16);
-  fastformer::int8_pack_panels(weight.data(), out, in, panels.data(), offsets.data());
-  // Each row's scale and inverse as linear.cpp's row_scales makes them (absmax / 127; NaN with inverse 0 for a
-  // non-finite row, 1 with inverse 0 for a zero row), the row quantized by int8_quantize_row.
+  fastformer::int8_pack_panels(weight.data(), out, in, gemm.zero_point, panels.data(), offsets.data());
+  // Each row's scale and inverse as linear.cpp's row_scales makes them (absmax / levels: 127 for 8-bit rows, 63 for
+  // 7-bit; NaN with inverse 0 for a non-finite row, 1 with inverse 0 for a zero row), the row quantized by the GEMM's
+  // quantize_row.
+  const int zero_point = gemm.zero_point;
+  const float levels = static_cast<float>(zero_point - 1);
   std::vector<uint8_t> x_q(rows * row_bytes);
   std::vector<float> x_scales(rows), absmaxes(rows, 0.0f);
   std::vector<bool> finites(rows, true);
@@ -800,8 +804,8 @@ void test_int8_gemm(int rows, int out, int in, bool with_bias, bool relu) {
       finites[r] = finites[r] && std::isfinite(row[i]);
     }
     const bool usable = finites[r] && absmaxes[r] > 0.0f;
-    x_scales[r] = !finites[r] ? std::numeric_limits<float>::quiet_NaN() : usable ? absmaxes[r] / 127.0f : 1.0f;
-    fastformer::int8_quantize_row(row, in, usable ? 127.0f / absmaxes[r] : 0.0f, x_q.data() + r * row_bytes);
+    x_scales[r] = !finites[r] ? std::numeric_limits<float>::quiet_NaN() : usable ? absmaxes[r] / levels : 1.0f;
+    gemm.quantize_row(row, in, usable ? levels / absmaxes[r] : 0.0f, x_q.data() + r * row_bytes);
   }
   std::vector<float> padded_scales(n_panels * 16, 0.0f), padded_bias(n_panels * 16, 0.0f);
   std::copy(w_scales.begin(), w_scales.end(), padded_scales.begin());
@@ -810,8 +814,9 @@ void test_int8_gemm(int rows, int out, int in, bool with_bias, bool relu) {
   // Two calls over the panels, as two threads would split them.
   const int64_t half = n_panels / 2;
   for (auto [first, end] : {std::pair{int64_t{0}, half}, std::pair{half, n_panels}}) {
-    fastformer::int8_gemm(x_q.data(), x_scales.data(), rows, in, panels.data(), offsets.data(), padded_scales.data(),
-                          with_bias ? padded_bias.data() : nullptr, relu, out, first, end, y.data());
+    fastformer::int8_gemm(gemm, x_q.data(), x_scales.data(), rows, in, panels.data(), offsets.data(),
+                          padded_scales.data(), with_bias ? padded_bias.data() : nullptr, relu, out, first, end,
+                          y.data());
   }
   for (int r = 0; r < rows; ++r) {
     const float* row = x.data() + r * in;
@@ -819,28 +824,29 @@ void test_int8_gemm(int rows, int out, int in, bool with_bias, bool relu) {
     const bool finite = finites[r], usable = finite && absmax > 0.0f;
     bool rows_equal = true;
     for (int i = 0; i < row_bytes; ++i) {
-      const int expected = usable && i < in ? static_cast<int>(std::nearbyint(row[i] * (127.0f / absmax))) + 128 : 128;
+      const int expected =
+          usable && i < in ? static_cast<int>(std::nearbyint(row[i] * (levels / absmax))) + zero_point : zero_point;
       rows_equal = rows_equal && x_q[r * row_bytes + i] == expected;
     }
     EXPECT(rows_equal);
     for (int o = 0; o < out; ++o) {
       int64_t dot = 0;
-      for (int i = 0; i < in; ++i) dot += (int64_t{x_q[r * row_bytes + i]} - 128) * weight[o * in + i];
+      for (int i = 0; i < in; ++i) dot += (int64_t{x_q[r * row_bytes + i]} - zero_point) * weight[o * in + i];
       double expected = double(dot) * w_scales[o] * x_scales[r] + (with_bias ? bias[o] : 0.0);
       if (relu) expected = std::max(expected, 0.0);
       const float got = y[r * out + o];
       if (!finite) {
         EXPECT(std::isnan(got));
       } else if (std::fabs(got - expected) > 1e-5 * (1.0 + std::fabs(expected))) {
-        std::fprintf(stderr, "int8_gemm rows=%d out=%d in=%d: y[%d, %d] = %g, expected %g\n", rows, out, in, r, o,
-                     got, expected);
+        std::fprintf(stderr, "int8_gemm %s rows=%d out=%d in=%d: y[%d, %d] = %g, expected %g\n", gemm.isa, rows, out,
+                     in, r, o, got, expected);
         EXPECT(false);
         return;
       }
     }
   }
-  if (relu) return;  // int8_gemm_summary summarizes the outputs before any activation
-  // int8_gemm_summary: each row's k highest outputs of y (checked above) outside barred, best first, ties to the
+  if (relu) return;  // gemm_summary summarizes the outputs before any activation
+  // gemm_summary: each row's k highest outputs of y (checked above) outside barred, best first, ties to the
   // lower id, -inf and -1 past the allowed ones; its top and log-sum-exp over every output (barred ones too) against
   // double sums; the output at a picked id of each row; the NaN row not finite.
   // Over all panels at once, and (split) over two halves of them merged by int8_merge_summaries, as threads split
@@ -875,7 +881,7 @@ void test_int8_gemm(int rows, int out, int in, bool with_bias, bool relu) {
       return summary;
     };
     auto summarize = [&](int64_t first_panel, int64_t end_panel, const fastformer::Int8RowSummary& summary) {
-      fastformer::int8_gemm_summary(x_q.data(), x_scales.data(), rows, in, panels.data(), offsets.data(),
+      fastformer::int8_gemm_summary(gemm, x_q.data(), x_scales.data(), rows, in, panels.data(), offsets.data(),
                                     padded_scales.data(), with_bias ? padded_bias.data() : nullptr, out, first_panel,
                                     end_panel, summary);
     };
@@ -927,16 +933,20 @@ int main() {
   } else {
     std::printf("float32_gemm not checked: this CPU has no AVX2 and FMA\n");
   }
-  if (fastformer::int8_gemm_runs()) {
-    for (int rows : {1, 5, 6, 7, 13}) {
-      for (int out : {1, 16, 17, 64, 70, 130}) {
-        for (int in : {1, 4, 37, 64}) test_int8_gemm(rows, out, in, /*with_bias=*/out % 2 == 0, /*relu=*/in == 37);
+  // Every int8 GEMM this CPU runs, whatever FASTFORMER_CPU_ISA says (it picks the one linear layers take).
+  std::string int8_checked;
+  for (const fastformer::Int8Gemm* gemm : fastformer::int8_gemms()) {
+    for (int rows : {1, 3, 4, 5, 6, 7, 13}) {
+      for (int out : {1, 8, 9, 16, 17, 64, 70, 130}) {
+        for (int in : {1, 4, 37, 64}) {
+          test_int8_gemm(*gemm, rows, out, in, /*with_bias=*/out % 2 == 0, /*relu=*/in == 37);
+        }
       }
     }
-    std::printf("int8_gemm checked (AVX512-VNNI)\n");
-  } else {
-    std::printf("int8_gemm not checked: this CPU (or FASTFORMER_CPU_ISA) has no AVX512-VNNI\n");
+    int8_checked += std::string(int8_checked.empty() ? "" : ", ") + gemm->isa;
   }
+  std::printf("int8 GEMMs checked: %s\n",
+              int8_checked.empty() ? "none (no AVX2 or AVX512-VNNI)" : int8_checked.c_str());
   std::string tested;
   for (const fastformer::CpuLoops* isa : fastformer::cpu_isas()) {
     loops = isa;

@@ -1,0 +1,58 @@
+// The tiles of the instruction sets' int8 GEMMs (int8_gemm.h): their arguments and a row's running summary, which
+// int8_gemm_cpu.cpp, compiled for the build's baseline, runs them with. Each set's file has its tiles
+// (int8_gemm_vnni.cpp, int8_gemm_avx2.cpp).
+#pragma once
+
+#include <cstdint>
+
+#include "int8_gemm.h"
+
+namespace fastformer::int8_tiles {
+
+// A row's running summary (Int8RowSummary): its best outputs so far (ranked best first, ties to the lower id: the
+// panels come in order of their ids, so an output equal to one kept loses to it), NaN in `poison` where any output was
+// NaN or inf, each lane's highest output and sum of e^(output - that), and the picked output. The lanes are a
+// panel's 16 outputs. Plain arrays, not vectors: a std::vector's heap blocks are 16-byte aligned, not 64.
+struct RowSummary {
+  float values[kInt8GemmMaxTopK];
+  int64_t ids[kInt8GemmMaxTopK];
+  int size;
+  float bar;  // the value an output must beat to enter: -inf until `size` reaches k, then the k-th best
+  float poison[16];
+  float lane_tops[16];
+  float lane_totals[16];
+  float picked;
+};
+
+struct Tile {
+  const uint8_t* x_q;  // the tile's first row
+  int64_t row_bytes;   // input_groups * 4
+  const float* x_scales;
+  const int8_t* panels;  // the tile's first panel
+  int64_t panel_bytes;   // input_groups * 64
+  int64_t input_groups;
+  const int32_t* offsets;  // from the tile's first output on, as w_scales and bias
+  const float* w_scales;
+  const float* bias;
+  // The next block's panels, to prefetch into L2 while the first tile of this block reads its own from memory (into
+  // L1 they would evict the panels in use); null in the others.
+  const int8_t* next_panels;
+  bool relu;
+  int64_t first_panel, out;
+  float* y;  // the tile's first row and output; null: `rows` summarizes the outputs instead
+  RowSummary* rows;  // gemm_summary: the tile's first row's
+  const Int8RowSummary* summary;  // gemm_summary: what is kept
+  const int64_t* picked_ids;  // gemm_summary: the tile's first row's, or null
+};
+
+using TileFunction = void (*)(const Tile&);
+
+// The lanes of panel `panel` (bit i: output 16 * panel + i) that may be a row's best: those below out but the
+// summary's barred ids.
+uint32_t allowed_lanes(const Int8RowSummary& summary, int64_t panel, int64_t out);
+
+// Offers a row's outputs `values` [16] of panel `panel` in the lanes of `candidates` to its best, in the order of
+// their ids (those that beat its bar when the panel came).
+void offer(RowSummary& row, int k, int64_t panel, const float* values, uint32_t candidates);
+
+}  // namespace fastformer::int8_tiles

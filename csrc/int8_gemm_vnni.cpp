@@ -1,0 +1,228 @@
+// int8_gemm.h's AVX512-VNNI GEMM: a tile of up to 6 rows by 4 panels (64 outputs) sums in 24 vector registers over
+// the whole input, so that each sum is written once, as a float.
+#include "int8_gemm.h"
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "int8_gemm_tiles.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FASTFORMER_INT8_GEMM 1
+#include <immintrin.h>
+#endif
+
+namespace fastformer {
+
+#ifdef FASTFORMER_INT8_GEMM
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,prfchw")
+// GCC 12's intrinsics start some results from _mm512_undefined_ps(), a variable initialized from itself, which its
+// own uninitialized-use warnings then flag.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#define FASTFORMER_INLINE inline __attribute__((always_inline))
+
+namespace {
+
+using int8_tiles::RowSummary;
+using int8_tiles::Tile;
+
+constexpr int kTileRows = 6;    // 6 x 4 sums, 4 panel vectors and a broadcast row: 29 of the 32 vector registers
+constexpr int kTilePanels = 4;
+
+// The lanes of a panel that hold outputs: all 16, or the out - 16 * panel left in the last one.
+FASTFORMER_INLINE __mmask16 panel_lanes(int64_t panel, int64_t out) {
+  const int64_t left = out - panel * 16;
+  return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+}
+
+// sum + the 4-byte dot products of row (uint8) and weights (int8) in each int32 lane. In assembly: GCC 12 compiles
+// _mm512_dpbusd_epi32 with a copy of the sum into a scratch register and back, and a store of it to the stack, at
+// every call (a third of the speed measured).
+FASTFORMER_INLINE __m512i dot_add(__m512i sum, __m512i row, __m512i weights) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(sum) : "v"(row), "v"(weights));
+  return sum;
+}
+
+// One output vector of a tile: sum [16] int32 -> the row's 16 outputs of panel p.
+FASTFORMER_INLINE __m512 output_of(const Tile& t, int r, int p, __m512i sum) {
+  // In linear.cpp's order for its other int8 routes: the weights' scales first, then the row's and the bias.
+  const __m512i centered = _mm512_sub_epi32(sum, _mm512_loadu_si512(t.offsets + p * 16));
+  const __m512 product = _mm512_mul_ps(_mm512_cvtepi32_ps(centered), _mm512_loadu_ps(t.w_scales + p * 16));
+  __m512 value = _mm512_mul_ps(product, _mm512_set1_ps(t.x_scales[r]));
+  if (t.bias) value = _mm512_add_ps(value, _mm512_loadu_ps(t.bias + p * 16));
+  // max(0, NaN) is NaN here (the second operand wins a comparison with NaN): a NaN reaches the finite check.
+  return t.relu ? _mm512_max_ps(_mm512_setzero_ps(), value) : value;
+}
+
+// e^x for x <= 0 (to ~2 ulp; x < -87 gives ~1e-38 rather than 0, and NaN gives it too): 2^n * e^r with n =
+// round(x / ln 2) and |r| <= ln(2) / 2 by a degree-6 polynomial, ln 2 split in two so that r stays exact.
+FASTFORMER_INLINE __m512 exp_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f),
+                                    _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x));
+  __m512 p = _mm512_set1_ps(1.38888889e-3f);
+  for (const float c : {8.33333333e-3f, 4.16666667e-2f, 1.66666667e-1f, 0.5f, 1.0f, 1.0f}) {
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  }
+  return _mm512_scalef_ps(p, n);
+}
+
+// Adds a tile's outputs of one row (value[p] in the `lanes` of panel p) to the row's lane-wise highest outputs and
+// sums of e^(output - highest): a lane's sum is rescaled only where the tile raises its highest.
+template <int kPanels>
+FASTFORMER_INLINE void add_to_totals(RowSummary& row, const __m512 (&value)[kPanels],
+                                     const __mmask16 (&lanes)[kPanels]) {
+  __m512 tile_top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int p = 0; p < kPanels; ++p) tile_top = _mm512_mask_max_ps(tile_top, lanes[p], tile_top, value[p]);
+  __m512 top = _mm512_loadu_ps(row.lane_tops), total = _mm512_loadu_ps(row.lane_totals);
+  const __mmask16 raised = _mm512_cmp_ps_mask(tile_top, top, _CMP_GT_OQ);
+  if (raised) {
+    total = _mm512_mask_mul_ps(total, raised, total, exp_nonpositive(_mm512_sub_ps(top, tile_top)));
+    top = _mm512_mask_mov_ps(top, raised, tile_top);
+    _mm512_storeu_ps(row.lane_tops, top);
+  }
+  for (int p = 0; p < kPanels; ++p) {
+    total = _mm512_mask_add_ps(total, lanes[p], total, exp_nonpositive(_mm512_sub_ps(value[p], top)));
+  }
+  _mm512_storeu_ps(row.lane_totals, total);
+}
+
+// The tile's outputs into y, or (y null) into each row's summary (RowSummary): a panel's outputs cost one comparison
+// with the row's bar unless one of them beats it, and their exponentials where the summary takes log_totals.
+template <int kRows, int kPanels>
+FASTFORMER_INLINE void finish(const Tile& t, const __m512i (&sums)[kRows][kPanels]) {
+  if (t.y) {
+    for (int r = 0; r < kRows; ++r) {
+      for (int p = 0; p < kPanels; ++p) {
+        _mm512_mask_storeu_ps(t.y + r * t.out + p * 16, panel_lanes(t.first_panel + p, t.out),
+                              output_of(t, r, p, sums[r][p]));
+      }
+    }
+    return;
+  }
+  __mmask16 lanes[kPanels], allowed[kPanels];
+  for (int p = 0; p < kPanels; ++p) {
+    lanes[p] = panel_lanes(t.first_panel + p, t.out);
+    allowed[p] = static_cast<__mmask16>(int8_tiles::allowed_lanes(*t.summary, t.first_panel + p, t.out));
+  }
+  const Int8RowSummary& s = *t.summary;
+  for (int r = 0; r < kRows; ++r) {
+    RowSummary& row = t.rows[r];
+    __m512 value[kPanels];
+    __m512 poison = _mm512_setzero_ps();
+    for (int p = 0; p < kPanels; ++p) {
+      value[p] = output_of(t, r, p, sums[r][p]);
+      poison = _mm512_mask_add_ps(poison, lanes[p], poison, _mm512_mul_ps(value[p], _mm512_setzero_ps()));
+      if (s.k == 0) continue;
+      const __mmask16 above = _mm512_mask_cmp_ps_mask(allowed[p], value[p], _mm512_set1_ps(row.bar), _CMP_GT_OQ);
+      if (above) {
+        alignas(64) float values[16];
+        _mm512_store_ps(values, value[p]);
+        int8_tiles::offer(row, s.k, t.first_panel + p, values, above);
+      }
+    }
+    _mm512_storeu_ps(row.poison, _mm512_add_ps(_mm512_loadu_ps(row.poison), poison));
+    if (s.log_totals) add_to_totals(row, value, lanes);
+    if (t.picked_ids) {
+      const int64_t p = t.picked_ids[r] / 16 - t.first_panel;
+      if (p >= 0 && p < kPanels) {
+        alignas(64) float values[16];
+        _mm512_store_ps(values, value[p]);
+        row.picked = values[t.picked_ids[r] % 16];
+      }
+    }
+  }
+}
+
+template <int kRows, int kPanels>
+void run_tile(const Tile& t) {
+  __m512i sums[kRows][kPanels];
+  for (int r = 0; r < kRows; ++r) {
+    for (int p = 0; p < kPanels; ++p) sums[r][p] = _mm512_setzero_si512();
+  }
+  // The outputs' cache lines, asked for with the intent to write while the sums are made: stored at the end without
+  // them, each waited for its line to be read in first. 1344 rows (the encoder's at 64 sentences), 2048 outputs: 176
+  // -> 193 G multiply-adds/s on one thread on the AVX-512 test CPU; 128 rows, whose outputs are still in cache,
+  // unchanged (benchmarks/results/2026-11-27-cpu-amd-epyc-2core-b).
+  if (t.y) {
+    for (int r = 0; r < kRows; ++r) {
+      for (int p = 0; p < kPanels; ++p) __builtin_prefetch(t.y + r * t.out + p * 16, /*rw=*/1, /*locality=*/3);
+    }
+  }
+  for (int64_t g = 0; g < t.input_groups; ++g) {
+    __m512i weights[kPanels];
+    for (int p = 0; p < kPanels; ++p) weights[p] = _mm512_loadu_si512(t.panels + p * t.panel_bytes + g * 64);
+    if (t.next_panels) {
+      for (int p = 0; p < kTilePanels; ++p) {
+        _mm_prefetch(reinterpret_cast<const char*>(t.next_panels + p * t.panel_bytes + g * 64), _MM_HINT_T1);
+      }
+    }
+    for (int r = 0; r < kRows; ++r) {
+      int32_t four;
+      std::memcpy(&four, t.x_q + r * t.row_bytes + g * 4, sizeof four);
+      const __m512i row = _mm512_set1_epi32(four);
+      for (int p = 0; p < kPanels; ++p) sums[r][p] = dot_add(sums[r][p], row, weights[p]);
+    }
+  }
+  finish(t, sums);
+}
+
+using int8_tiles::TileFunction;
+
+template <int kRows>
+constexpr TileFunction tile_of(int panels) {
+  return panels == 1 ? run_tile<kRows, 1>
+                     : panels == 2 ? run_tile<kRows, 2> : panels == 3 ? run_tile<kRows, 3> : run_tile<kRows, 4>;
+}
+
+TileFunction tile_function(int rows, int panels) {
+  switch (rows) {
+    case 1: return tile_of<1>(panels);
+    case 2: return tile_of<2>(panels);
+    case 3: return tile_of<3>(panels);
+    case 4: return tile_of<4>(panels);
+    case 5: return tile_of<5>(panels);
+    default: return tile_of<6>(panels);
+  }
+}
+
+// Int8Gemm::quantize_row with zero point 128.
+void quantize_row(const float* row, int64_t in, float inverse, uint8_t* x_q) {
+  std::memset(x_q, 128, int8_input_groups(in) * 4);
+  if (inverse == 0.0f) return;
+  const __m512 factor = _mm512_set1_ps(inverse);
+  const __m512i zero_point = _mm512_set1_epi32(128);
+  for (int64_t i = 0; i < in; i += 16) {
+    const __mmask16 lanes = in - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (in - i)) - 1);
+    // Rounded to nearest even, as std::nearbyint in the default rounding mode; |x| * 127 / absmax <= 127.
+    const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, row + i), factor));
+    _mm512_mask_cvtepi32_storeu_epi8(x_q + i, lanes, _mm512_add_epi32(q, zero_point));
+  }
+}
+
+constexpr Int8Gemm kVnniGemm{"avx512-vnni", 128, kTileRows, kTilePanels, tile_function, quantize_row};
+
+}  // namespace
+
+#pragma GCC pop_options
+
+const Int8Gemm* vnni_int8_gemm() {
+  __builtin_cpu_init();
+  // Every CPU with AVX512-VNNI has PREFETCHW too (run_tile's prefetch of its outputs).
+  static const bool runs = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
+  return runs ? &kVnniGemm : nullptr;
+}
+
+#else  // no x86-64 GCC build: the int8 compute type runs FBGEMM's or oneDNN's GEMM (linear.cpp)
+
+const Int8Gemm* vnni_int8_gemm() { return nullptr; }
+
+#endif
+
+}  // namespace fastformer
