@@ -254,6 +254,9 @@ std::vector<const CpuLoops*> cpu_isas();
 // The loops the ops below use, chosen at the first call: the widest this CPU runs, or the one the environment
 // variable FASTFORMER_CPU_ISA names (one of cpu_isas(); another name throws std::invalid_argument saying which).
 const CpuLoops& cpu_loops();
+// Whether the CPU has VNNI (AVX512-VNNI or AVX-VNNI): int8 dot products summed in int32. Only that of the
+// instruction sets cpu_loops() runs counts: under FASTFORMER_CPU_ISA the VNNI of those above the cap does not.
+bool cpu_has_vnni();
 
 // fp32 CPU implementations, in cpu_loops().
 void self_attention_step_cpu(const SelfAttentionArgs& args);

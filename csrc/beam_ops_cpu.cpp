@@ -104,6 +104,17 @@ const CpuLoops& cpu_loops() {
   return loops;
 }
 
+bool cpu_has_vnni() {
+#ifdef FASTFORMER_X86_ISAS
+  __builtin_cpu_init();
+  const std::string isa = cpu_loops().isa;
+  return (isa == "avx512" && __builtin_cpu_supports("avx512vnni")) ||
+         (isa != "baseline" && __builtin_cpu_supports("avxvnni"));
+#else
+  return false;
+#endif
+}
+
 void self_attention_step_cpu(const SelfAttentionArgs& args) { cpu_loops().self_attention_step(args); }
 void cross_attention_cpu(const CrossAttentionArgs& args) { cpu_loops().cross_attention(args); }
 void block_attention_cpu(const BlockAttentionArgs& args) { cpu_loops().block_attention(args); }

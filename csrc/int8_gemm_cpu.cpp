@@ -33,14 +33,9 @@ const Int8Gemm* int8_gemm_here() {
   static const Int8Gemm* const chosen = [] () -> const Int8Gemm* {
     const std::string isa = cpu_loops().isa;
     if (isa == "avx512" && vnni_int8_gemm()) return vnni_int8_gemm();
-#if defined(__x86_64__) && defined(__GNUC__)
-    __builtin_cpu_init();
-    // With AVX-VNNI the rows are 8-bit (int8_activation_max), which vpmaddubsw's int16 pairs would saturate on.
-    if (isa != "baseline" && !__builtin_cpu_supports("avxvnni") &&
-        !(isa == "avx512" && __builtin_cpu_supports("avx512vnni"))) {
-      return avx2_int8_gemm();
-    }
-#endif
+    // With VNNI of any width the rows are 8-bit (linear.h's int8_activation_max), which vpmaddubsw's int16 pairs
+    // would saturate on.
+    if (isa != "baseline" && !cpu_has_vnni()) return avx2_int8_gemm();
     return nullptr;
   }();
   return chosen;

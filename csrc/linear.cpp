@@ -156,18 +156,6 @@ at::Tensor call(const c10::OperatorHandle& op, std::vector<c10::IValue> argument
 
 int64_t rows_per_task(int64_t width) { return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(width, 1)); }
 
-bool cpu_has_vnni() {
-#if defined(__x86_64__) && defined(__GNUC__)
-  __builtin_cpu_init();
-  // Under FASTFORMER_CPU_ISA the VNNI of the instruction sets above the cap does not count, as on a CPU without it.
-  const std::string isa = cpu_loops().isa;
-  return (isa == "avx512" && __builtin_cpu_supports("avx512vnni")) ||
-         (isa != "baseline" && __builtin_cpu_supports("avxvnni"));
-#else
-  return false;
-#endif
-}
-
 float int8_activation_max() {
   static const float levels = cpu_has_vnni() ? 127.0f : 63.0f;
   return levels;

@@ -43,12 +43,8 @@ void keep_freed_buffers();
 // loop inside the search's threads).
 int64_t rows_per_task(int64_t width);
 
-// Whether the CPU has VNNI (AVX512-VNNI or AVX-VNNI): int8 dot products summed in int32. Only that of the
-// instruction sets FASTFORMER_CPU_ISA leaves counts (beam_ops.h's cpu_loops()).
-bool cpu_has_vnni();
-
-// The int8 activations' steps a side: 127 where the CPU has VNNI (AVX512-VNNI or AVX-VNNI), else 63. Without VNNI,
-// the GEMMs multiply u8 x s8 pairs into saturating int16 sums, which 7-bit activations never overflow. On the
+// The int8 activations' steps a side: 127 where the CPU has VNNI (beam_ops.h's cpu_has_vnni()), else 63. Without
+// VNNI, the GEMMs multiply u8 x s8 pairs into saturating int16 sums, which 7-bit activations never overflow. On the
 // demo's trained model (500 test sentences), 7 bits changed 4.2% of the lines and BLEU by +0.33 (before ed4ec9c),
 // 8 bits 1.0% and +0.06 (at a665c1b; docs/translation.md, "Quality").
 float int8_activation_max();
