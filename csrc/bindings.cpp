@@ -150,7 +150,8 @@ void bind_compiled(pybind11::module_& m) {
            "each (None where not asked); the outputs never written (own int8 routes only: vnni-int8, avx2-int8; "
            "linear.h)")
       .def_property_readonly("route", &PackedLinear::route)
-      .def_property_readonly("nbytes", &PackedLinear::nbytes);
+      .def_property_readonly("nbytes", &PackedLinear::nbytes)
+      .def_property_readonly("int8_weight_max", &PackedLinear::int8_weight_max);
   py::class_<DecoderLinears, std::shared_ptr<DecoderLinears>>(m, "DecoderLinears",
                                                               "every linear layer of a decoder, converted once")
       .def(py::init([=](const DecoderWeights& weights, int64_t rows, const std::string& type) {

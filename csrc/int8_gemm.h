@@ -12,9 +12,9 @@
 // - AVX512-VNNI: 8-bit rows (x_q in [-127, 127], zero point 128). vpdpbusd multiplies 4 bytes of a row, broadcast,
 //   with the 64-byte vector, summing into 16 int32 lanes.
 // - AVX2: 7-bit rows (x_q in [-63, 63], zero point 64: bytes in [1, 127]), the rows linear.h's int8_activation_max()
-//   gives CPUs without VNNI. vpmaddubsw multiplies each 32-byte half of the vector with the row's bytes into pairs
-//   summed in saturating int16, which such rows never reach (2 * 127 * 127 < 32767); vpmaddwd sums the pairs into 8
-//   int32 lanes.
+//   gives CPUs without VNNI, and 7-bit weights (W_q in [-64, 64]). vpmaddubsw multiplies each 32-byte half of the
+//   vector with the row's bytes into pairs summed in saturating int16; two groups' pairs are added in int16, which
+//   such rows and weights never overflow (4 * 127 * 64 < 32767), and vpmaddwd sums them into 8 int32 lanes.
 #pragma once
 
 #include <cstdint>
@@ -57,6 +57,7 @@ struct Tile;  // int8_gemm_tiles.h
 struct Int8Gemm {
   const char* isa;  // "avx512-vnni" or "avx2"
   int zero_point;   // 128 (8-bit rows) or 64 (7-bit rows)
+  int weight_max;   // the weights' largest magnitude, in [-weight_max, weight_max]: 127, or 64 (int8_gemm_avx2.cpp)
   // Its tiles: up to tile_rows rows by tile_panels panels, tile_of(rows, panels) the one of each size. A thread
   // given fewer rows than tile_rows leaves part of its registers idle.
   int tile_rows, tile_panels;
@@ -84,7 +85,8 @@ inline int64_t int8_panel_count(int64_t out) { return (out + 15) / 16; }
 inline int64_t int8_input_groups(int64_t in) { return (in + 3) / 4; }
 
 // weight [out, in] int8 -> panels [panel_count, input_groups, 16, 4] (zeros past out and in) and offsets
-// [panel_count * 16] (zero_point * each output's weight sum, 0 past out).
+// [panel_count * 16] (zero_point * each output's weight sum, 0 past out). The weights must lie in the GEMM's
+// [-weight_max, weight_max].
 void int8_pack_panels(const int8_t* weight, int64_t out, int64_t in, int zero_point, int8_t* panels,
                       int32_t* offsets);
 

@@ -1,5 +1,5 @@
-// int8_gemm.h's AVX2 GEMM: a tile of up to 4 rows by one panel (16 outputs) sums in 8 vector registers over the
-// whole input, so that each sum is written once, as a float.
+// int8_gemm.h's AVX2 GEMM: a tile of up to 4 rows by one panel (16 outputs) sums in 8 vectors over the whole input,
+// so that each sum is written once, as a float.
 #include "int8_gemm.h"
 
 #include <algorithm>
@@ -27,7 +27,8 @@ namespace {
 using int8_tiles::RowSummary;
 using int8_tiles::Tile;
 
-// 4 x 2 sums, 2 weight vectors, a broadcast row, the int16 ones and two products: 14 of the 16 vector registers.
+// 4 x 2 sums, 2 weight vectors, 2 broadcast rows, the int16 ones and the products: GCC 12 keeps a few sums on the
+// stack, whose loads and stores the core absorbs beside the multiplies (3 rows, with fewer, ran slower).
 constexpr int kTileRows = 4;
 
 // The lanes of a half panel below `left` outputs from its first: all bits set in each.
@@ -124,8 +125,10 @@ inline void finish_row(const Tile& t, int r, __m256i low, __m256i high, uint32_t
 }
 
 // Named sums, not an array: GCC 12 kept an array of them on the stack in float32_gemm's tile, storing every sum at
-// every input. The row's 4 bytes, broadcast, times each half's 4 bytes of 8 outputs: vpmaddubsw's int16 pairs,
-// summed into int32 by vpmaddwd.
+// every input. A row's 4 bytes of group g, broadcast, times a half panel's 4 bytes of 8 outputs: vpmaddubsw's int16
+// pairs, summed into the int32 sums by vpmaddwd. The multiplies bound the tile, so two groups' pairs are added in
+// int16 first: 3 multiplies per 8 inputs where each group took 2. The 7-bit weights keep that sum of four products
+// below 32767 (4 * 127 * 64 = 32512).
 #define FASTFORMER_ROW_STEP(r, low, high)                                                                \
   if constexpr (kRows > r) {                                                                             \
     int32_t four;                                                                                        \
@@ -134,15 +137,42 @@ inline void finish_row(const Tile& t, int r, __m256i low, __m256i high, uint32_t
     low = _mm256_add_epi32(low, _mm256_madd_epi16(_mm256_maddubs_epi16(row, w_low), ones));              \
     high = _mm256_add_epi32(high, _mm256_madd_epi16(_mm256_maddubs_epi16(row, w_high), ones));           \
   }
+#define FASTFORMER_ROW_PAIR_STEP(r, sum, w, next_w)                                                      \
+  if constexpr (kRows > r) {                                                                             \
+    int32_t four, next_four;                                                                             \
+    std::memcpy(&four, t.x_q + r * t.row_bytes + g * 4, sizeof four);                                    \
+    std::memcpy(&next_four, t.x_q + r * t.row_bytes + g * 4 + 4, sizeof next_four);                      \
+    const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(four), w),             \
+                                           _mm256_maddubs_epi16(_mm256_set1_epi32(next_four), next_w));  \
+    sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, ones));                                         \
+  }
 
+// Half a panel (8 outputs) at a time keeps 2 weight vectors live rather than 4.
 template <int kRows>
 void run_tile(const Tile& t) {
   const __m256i ones = _mm256_set1_epi16(1);
   __m256i s0l = _mm256_setzero_si256(), s0h = s0l, s1l = s0l, s1h = s0l, s2l = s0l, s2h = s0l, s3l = s0l, s3h = s0l;
-  for (int64_t g = 0; g < t.input_groups; ++g) {
-    if (t.next_panels) _mm_prefetch(reinterpret_cast<const char*>(t.next_panels + g * 64), _MM_HINT_T1);
-    const __m256i w_low = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.panels + g * 64));
-    const __m256i w_high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.panels + g * 64 + 32));
+  int64_t g = 0;
+  for (; g + 2 <= t.input_groups; g += 2) {
+    if (t.next_panels) {
+      _mm_prefetch(reinterpret_cast<const char*>(t.next_panels + g * 64), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(t.next_panels + g * 64 + 64), _MM_HINT_T1);
+    }
+    const __m256i* w = reinterpret_cast<const __m256i*>(t.panels + g * 64);
+    const __m256i w_low = _mm256_loadu_si256(w), next_low = _mm256_loadu_si256(w + 2);
+    FASTFORMER_ROW_PAIR_STEP(0, s0l, w_low, next_low)
+    FASTFORMER_ROW_PAIR_STEP(1, s1l, w_low, next_low)
+    FASTFORMER_ROW_PAIR_STEP(2, s2l, w_low, next_low)
+    FASTFORMER_ROW_PAIR_STEP(3, s3l, w_low, next_low)
+    const __m256i w_high = _mm256_loadu_si256(w + 1), next_high = _mm256_loadu_si256(w + 3);
+    FASTFORMER_ROW_PAIR_STEP(0, s0h, w_high, next_high)
+    FASTFORMER_ROW_PAIR_STEP(1, s1h, w_high, next_high)
+    FASTFORMER_ROW_PAIR_STEP(2, s2h, w_high, next_high)
+    FASTFORMER_ROW_PAIR_STEP(3, s3h, w_high, next_high)
+  }
+  if (g < t.input_groups) {  // an odd last group
+    const __m256i* w = reinterpret_cast<const __m256i*>(t.panels + g * 64);
+    const __m256i w_low = _mm256_loadu_si256(w), w_high = _mm256_loadu_si256(w + 1);
     FASTFORMER_ROW_STEP(0, s0l, s0h)
     FASTFORMER_ROW_STEP(1, s1l, s1h)
     FASTFORMER_ROW_STEP(2, s2l, s2h)
@@ -156,6 +186,10 @@ void run_tile(const Tile& t) {
 }
 
 #undef FASTFORMER_ROW_STEP
+#undef FASTFORMER_ROW_PAIR_STEP
+#undef FASTFORMER_ROW_PAIR_STEP
+#undef FASTFORMER_ROW_STEP
+#undef FASTFORMER_ROW_PAIR_STEP
 
 int8_tiles::TileFunction tile_function(int rows, int /*panels: always 1*/) {
   switch (rows) {
@@ -183,7 +217,7 @@ void quantize_row(const float* row, int64_t in, float inverse, uint8_t* x_q) {
   for (; i < in; ++i) x_q[i] = static_cast<uint8_t>(std::nearbyint(row[i] * inverse) + 64.0f);
 }
 
-constexpr Int8Gemm kAvx2Gemm{"avx2", 64, kTileRows, 1, tile_function, quantize_row};
+constexpr Int8Gemm kAvx2Gemm{"avx2", 64, 64, kTileRows, 1, tile_function, quantize_row};
 
 }  // namespace
 

@@ -251,9 +251,11 @@ at::Tensor PackedLinear::operator()(const at::Tensor& x, std::optional<Activatio
 
 void PackedLinear::pack_int8(const at::Tensor& weight, int64_t rows, bool fbgemm, bool own_gemm) {
   const GemmOps& ops = gemm_ops();
-  weight_scales_ = std::get<0>(weight.abs().max(1)).div(127.0f).clamp_min(std::numeric_limits<float>::min());
-  const at::Tensor quantized = weight.div(weight_scales_.unsqueeze(1)).round().clamp(-127, 127).to(at::kChar);
   const Int8Gemm* own = own_gemm ? int8_gemm_here() : nullptr;
+  const int weight_max = own ? own->weight_max : 127;
+  weight_scales_ = std::get<0>(weight.abs().max(1)).div(weight_max).clamp_min(std::numeric_limits<float>::min());
+  const at::Tensor quantized =
+      weight.div(weight_scales_.unsqueeze(1)).round().clamp(-weight_max, weight_max).to(at::kChar);
   if (own) {
     TORCH_CHECK(own->zero_point == activation_zero_point(), "the ", own->isa, " int8 GEMM takes rows around ",
                 own->zero_point, ", the activations are around ", activation_zero_point());
@@ -476,6 +478,11 @@ const char* PackedLinear::route() const {
     case Route::kAten: return "aten";
   }
   return "aten";
+}
+
+int PackedLinear::int8_weight_max() const {
+  if (route_ == Route::kOwnInt8) return own_int8_gemm_->weight_max;
+  return route_ == Route::kFbgemmInt8 || route_ == Route::kOneDnnInt8 ? 127 : 0;
 }
 
 int64_t PackedLinear::nbytes() const {

@@ -57,8 +57,9 @@ float int8_activation_max();
 // - bfloat16: W in bfloat16, reordered for oneDNN where the CPU has the instructions oneDNN's bfloat16 GEMM needs
 //   (AVX512-BF16, AMX or AVX-NE-CONVERT); elsewhere at::linear in bfloat16, correct but several times slower than
 //   float32 (route() says which). x is rounded to bfloat16 and y widened back.
-// - int8: W as int8 with one scale per output row (absmax / 127), and x quantized per row on the fly, symmetric:
-//   8 bits (absmax / 127) where the CPU has VNNI, else 7 (absmax / 63), as int8_activation_max() says.
+// - int8: W as int8 with one scale per output row (absmax / 127; absmax / 64 for the AVX2 GEMM, whose int16 sums
+//   need 7-bit weights), and x quantized per row on the fly, symmetric: 8 bits (absmax / 127) where the CPU has VNNI,
+//   else 7 (absmax / 63), as int8_activation_max() says.
 //   y = (x_q W_q^T) * x_scale * w_scale + b. Each row's result depends on that row
 //   only, so a sentence translates the same in any batch. Three GEMMs, the first that runs here:
 //   - fastformer's own (int8_gemm.h): AVX512-VNNI's where the CPU has it ("vnni-int8"), else AVX2's ("avx2-int8")
@@ -103,6 +104,8 @@ class PackedLinear {
   const char* route() const;
   // The bytes of the converted weight, bias and scales.
   int64_t nbytes() const;
+  // An int8 layer's weight steps a side (127; the AVX2 GEMM's 64), 0 in the other compute types.
+  int int8_weight_max() const;
 
  private:
   enum class Route { kAten, kOneDnn, kAvx2Float32, kOwnInt8, kFbgemmInt8, kOneDnnInt8 };

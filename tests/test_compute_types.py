@@ -1,6 +1,6 @@
 """CPU compute types (fastformer/decoding/compiled.py): the converted linear layers against float64 products, the
-compiled encoder against model.encode, and beam search in int8 and bfloat16 against brute force, greedy decoding and itself
-on other batches. float32 translation is tested against the reference search in test_beam_search.py."""
+compiled encoder against model.encode, and beam search in int8 and bfloat16 against brute force, greedy decoding and
+itself on other batches. float32 translation is tested against the reference search in test_beam_search.py."""
 
 import contextlib
 import copy
@@ -133,8 +133,8 @@ def test_bfloat16_linear_is_as_close_as_torch_in_bfloat16():
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_int8_linear_error_is_within_the_bound_of_its_scales(with_bias, route):
     """Per row i and output j: x = x_q s_i + e (|e| <= s_i / 2, s_i = max|x_i| / A, A = int8_activation_max(): 127
-    with VNNI, else 63) and w = w_q t_j + f (|f| <= t_j / 2, t_j = max|w_j| / 127), so
-    |x.w - s_i t_j x_q.w_q| <= s_i / 2 sum|w_j| + t_j / 2 sum(|x_i| + s_i / 2)."""
+    with VNNI, else 63) and w = w_q t_j + f (|f| <= t_j / 2, t_j = max|w_j| / B, B = the layer's int8_weight_max:
+    127, or 64 on the AVX2 GEMM), so |x.w - s_i t_j x_q.w_q| <= s_i / 2 sum|w_j| + t_j / 2 sum(|x_i| + s_i / 2)."""
     x, weight, bias = linear_inputs()
     bias = bias if with_bias else None
     linear = extension().PackedLinear(weight, bias, 16, "int8", **int8_route(route))
@@ -143,7 +143,7 @@ def test_int8_linear_error_is_within_the_bound_of_its_scales(with_bias, route):
     x64, w64 = x.double(), weight.double()
     expected = F.linear(x64, w64, bias.double() if with_bias else None)
     s = x64.abs().amax(dim=1, keepdim=True) / extension().int8_activation_max()
-    t = w64.abs().amax(dim=1) / 127
+    t = w64.abs().amax(dim=1) / linear.int8_weight_max
     bound = s / 2 * w64.abs().sum(dim=1) + t / 2 * (x64.abs() + s / 2).sum(dim=1, keepdim=True)
     error = (got - expected).abs()
     assert (error <= bound * 1.001 + 1e-5).all(), f"max excess {(error - bound).max():.3e}"
@@ -152,16 +152,26 @@ def test_int8_linear_error_is_within_the_bound_of_its_scales(with_bias, route):
     assert error.max() > 1e-3
 
 
+@pytest.mark.parametrize("route", ["own", "onednn"])  # FBGEMM's rounds rows it first normalized: the bound test's
 @pytest.mark.parametrize("rows,in_features,out_features", [(7, 97, 130), (37, 96, 130), (64, 512, 1030)])
-def test_own_int8_gemm_equals_onednns_on_the_same_quantization(rows, in_features, out_features):
-    """Both quantize each row to absmax / A steps around A + 1 (A = int8_activation_max()) and scale the int32 sums by
-    the weights' scales, then the rows' and the bias, in that order: the same int32 sums, so equal up to the floats'
-    last bits. Shapes past the tiles (6 rows by 64 outputs, 4 by 16) and the 4-input groups in both directions."""
+def test_int8_linear_equals_its_quantized_product_in_integers(rows, in_features, out_features, route):
+    """linear.h's formula, brute force: each row quantized to round(x * A / absmax) (A = int8_activation_max()), the
+    weights to round(w / t) with t = max|w_j| / B (B = int8_weight_max), the integer products summed exactly, then
+    scaled by the weights' scales, the rows' and the bias, in that order, in float32: equal up to the floats' last
+    bits. Shapes past the own GEMMs' tiles (6 rows by 64 outputs, 4 by 16) and their groups of 4 and 8 inputs."""
     x, weight, bias = linear_inputs(rows, in_features, out_features)
-    own = extension().PackedLinear(weight, bias, 16, "int8", **int8_route("own"))
-    onednn = extension().PackedLinear(weight, bias, 16, "int8", **int8_route("onednn"))
-    torch.testing.assert_close(own(x), onednn(x), rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(own(x[:1]), onednn(x[:1]), rtol=1e-6, atol=1e-6)
+    linear = extension().PackedLinear(weight, bias, 16, "int8", **int8_route(route))
+    levels = extension().int8_activation_max()
+    absmax = x.abs().amax(dim=1, keepdim=True)
+    x_q = torch.where(absmax > 0, torch.round(x * (levels / absmax)), torch.zeros_like(x))
+    x_scales = torch.where(absmax > 0, absmax / levels, torch.ones_like(absmax))
+    weight_max = linear.int8_weight_max
+    w_scales = (weight.abs().amax(dim=1) / weight_max).clamp_min(torch.finfo(torch.float32).tiny)
+    w_q = torch.round(weight / w_scales[:, None]).clamp(-weight_max, weight_max)
+    sums = (x_q.double() @ w_q.double().T).float()  # exact: |sums| < 2^24
+    expected = sums * w_scales * x_scales + bias
+    torch.testing.assert_close(linear(x), expected, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(linear(x[:1]), expected[:1], rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("compute_type,route", [("float32", route) for route in FLOAT32_ROUTES] + [("bfloat16", None)] +

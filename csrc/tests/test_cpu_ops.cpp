@@ -773,14 +773,20 @@ void test_float32_gemm(int rows, int out, int in, bool with_bias, bool relu) {
 }
 
 // An int8_gemm.h GEMM against brute force: the quantized rows against the formula of linear.h, the outputs against
-// a double product of those rows with the weights. rows and out around the tiles (AVX512-VNNI's 6 rows by 4 panels of
-// 16, AVX2's 4 rows by 1), in around a group of 4 inputs; a row holding NaN and an all-zero row; with and without bias
-// and ReLU.
-void test_int8_gemm(const fastformer::Int8Gemm& gemm, int rows, int out, int in, bool with_bias, bool relu) {
-  std::uniform_int_distribution<int> weight_values(-127, 127);
+// a double product of those rows with the weights (in the GEMM's [-weight_max, weight_max]). rows and out around the
+// tiles (AVX512-VNNI's 6 rows by 4 panels of 16, AVX2's 4 rows by 1), in around a group of 4 inputs and AVX2's pairs
+// of groups; a row holding NaN and an all-zero row; with and without bias and ReLU. extreme: every weight at
+// +-weight_max (by output) and every input 1, the largest sums the tiles add in int16 (AVX2's: 4 * 127 * 64).
+void test_int8_gemm(const fastformer::Int8Gemm& gemm, int rows, int out, int in, bool with_bias, bool relu,
+                    bool extreme = false) {
+  std::uniform_int_distribution<int> weight_values(-gemm.weight_max, gemm.weight_max);
   std::vector<int8_t> weight(out * in);
   for (int8_t& w : weight) w = static_cast<int8_t>(weight_values(rng));
   std::vector<float> x = random_floats(rows * in), w_scales = random_floats(out, 0.01f), bias = random_floats(out);
+  if (extreme) {
+    for (int o = 0; o < out; ++o) std::fill_n(weight.begin() + o * in, in, o % 2 ? -gemm.weight_max : gemm.weight_max);
+    std::fill(x.begin(), x.end(), 1.0f);
+  }
   if (rows > 2) {
     x[in] = std::numeric_limits<float>::quiet_NaN();  // row 1
     std::fill(x.begin() + 2 * in, x.begin() + 3 * in, 0.0f);  // row 2
@@ -938,11 +944,12 @@ int main() {
   for (const fastformer::Int8Gemm* gemm : fastformer::int8_gemms()) {
     for (int rows : {1, 3, 4, 5, 6, 7, 13}) {
       for (int out : {1, 8, 9, 16, 17, 64, 70, 130}) {
-        for (int in : {1, 4, 37, 64}) {
+        for (int in : {1, 4, 20, 37, 64}) {
           test_int8_gemm(*gemm, rows, out, in, /*with_bias=*/out % 2 == 0, /*relu=*/in == 37);
         }
       }
     }
+    for (int in : {8, 20, 512}) test_int8_gemm(*gemm, 5, 33, in, true, false, /*extreme=*/true);
     int8_checked += std::string(int8_checked.empty() ? "" : ", ") + gemm->isa;
   }
   std::printf("int8 GEMMs checked: %s\n",
