@@ -187,9 +187,6 @@ void run_tile(const Tile& t) {
 
 #undef FASTFORMER_ROW_STEP
 #undef FASTFORMER_ROW_PAIR_STEP
-#undef FASTFORMER_ROW_PAIR_STEP
-#undef FASTFORMER_ROW_STEP
-#undef FASTFORMER_ROW_PAIR_STEP
 
 int8_tiles::TileFunction tile_function(int rows, int /*panels: always 1*/) {
   switch (rows) {

@@ -152,6 +152,9 @@ at::Tensor call(const c10::OperatorHandle& op, std::vector<c10::IValue> argument
   return arguments[0].toTensor();
 }
 
+// The weights' steps a side in FBGEMM's and oneDNN's int8 routes (the own GEMMs' are Int8Gemm::weight_max).
+constexpr int kLibraryInt8WeightMax = 127;
+
 }  // namespace
 
 int64_t rows_per_task(int64_t width) { return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(width, 1)); }
@@ -252,7 +255,7 @@ at::Tensor PackedLinear::operator()(const at::Tensor& x, std::optional<Activatio
 void PackedLinear::pack_int8(const at::Tensor& weight, int64_t rows, bool fbgemm, bool own_gemm) {
   const GemmOps& ops = gemm_ops();
   const Int8Gemm* own = own_gemm ? int8_gemm_here() : nullptr;
-  const int weight_max = own ? own->weight_max : 127;
+  const int weight_max = own ? own->weight_max : kLibraryInt8WeightMax;
   weight_scales_ = std::get<0>(weight.abs().max(1)).div(weight_max).clamp_min(std::numeric_limits<float>::min());
   const at::Tensor quantized =
       weight.div(weight_scales_.unsqueeze(1)).round().clamp(-weight_max, weight_max).to(at::kChar);
@@ -482,7 +485,7 @@ const char* PackedLinear::route() const {
 
 int PackedLinear::int8_weight_max() const {
   if (route_ == Route::kOwnInt8) return own_int8_gemm_->weight_max;
-  return route_ == Route::kFbgemmInt8 || route_ == Route::kOneDnnInt8 ? 127 : 0;
+  return route_ == Route::kFbgemmInt8 || route_ == Route::kOneDnnInt8 ? kLibraryInt8WeightMax : 0;
 }
 
 int64_t PackedLinear::nbytes() const {

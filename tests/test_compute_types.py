@@ -152,7 +152,7 @@ def test_int8_linear_error_is_within_the_bound_of_its_scales(with_bias, route):
     assert error.max() > 1e-3
 
 
-@pytest.mark.parametrize("route", ["own", "onednn"])  # FBGEMM's rounds rows it first normalized: the bound test's
+@pytest.mark.parametrize("route", ["own", "onednn"])  # FBGEMM rounds normalized rows: the bound test takes it
 @pytest.mark.parametrize("rows,in_features,out_features", [(7, 97, 130), (37, 96, 130), (64, 512, 1030)])
 def test_int8_linear_equals_its_quantized_product_in_integers(rows, in_features, out_features, route):
     """linear.h's formula, brute force: each row quantized to round(x * A / absmax) (A = int8_activation_max()), the
