@@ -60,6 +60,21 @@ def _auto_runs_triton(tensor: torch.Tensor) -> bool:
     return tensor.is_cuda
 
 
+def _check_interpreter(op: str) -> None:
+    """Raises where Triton's interpreter cannot run the kernels: before 3.7 it gives a program's ids as 1-element
+    arrays, which NumPy >= 2.4 no longer turns into the Python ints that loops over runtime bounds need."""
+    import numpy
+    import triton
+
+    def version(text: str) -> tuple[int, int]:
+        return tuple(int(part) for part in text.split(".")[:2])
+
+    if version(triton.__version__) < (3, 7) and version(numpy.__version__) >= (2, 4):
+        raise RuntimeError(f"backend 'triton' got CPU tensors for {op}, but Triton {triton.__version__}'s interpreter "
+                           f"cannot run its kernels with NumPy {numpy.__version__}: use triton >= 3.7 (or NumPy < "
+                           "2.4) to interpret them, or backend 'reference'")
+
+
 def _use_triton(op: str, tensor: torch.Tensor, unsupported_reason) -> bool:
     """Whether `op` runs its Triton kernel on `tensor`; `unsupported_reason()` names inputs the kernel can't take."""
     if _backend == "reference" or (_backend == "auto" and not _auto_runs_triton(tensor)):
@@ -69,6 +84,8 @@ def _use_triton(op: str, tensor: torch.Tensor, unsupported_reason) -> bool:
             f"backend 'triton' got CPU tensors for {op}: Triton runs on the CPU only in its interpreter; set "
             "TRITON_INTERPRET=1 before importing fastformer, move the tensors to a GPU, or use backend 'reference'"
         )
+    if not tensor.is_cuda:
+        _check_interpreter(op)
     reason = unsupported_reason()
     if reason is None:
         return True

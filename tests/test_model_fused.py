@@ -1,5 +1,6 @@
 """The whole model on the Triton kernels (the interpreter on CPU) against the reference, with the same weights."""
 
+import os
 import warnings
 from pathlib import Path
 
@@ -135,6 +136,23 @@ def test_triton_backend_on_cpu_without_the_interpreter_says_so(monkeypatch):
         model(batch([3], 7), batch([2], 8))
 
 
+def test_triton_backend_on_cpu_names_an_interpreter_that_cannot_run_the_kernels(monkeypatch):
+    """Triton 3.6's interpreter fails inside the kernels under NumPy 2.4 (the GPU machine's pair): named up front."""
+    import numpy
+    import triton
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    monkeypatch.setattr(numpy, "__version__", "2.4.0")
+    model = Transformer(TransformerConfig.tiny(VOCAB))
+    with fastformer.backend("triton"), pytest.raises(RuntimeError, match="Triton 3.6.0's interpreter .* NumPy 2.4.0"):
+        model(batch([3], 7), batch([2], 8))
+    for triton_version, numpy_version in (("3.6.0", "2.3.5"), ("3.7.0", "2.4.0"), ("3.9.0", "2.4.6")):
+        monkeypatch.setattr(triton, "__version__", triton_version)
+        monkeypatch.setattr(numpy, "__version__", numpy_version)
+        dispatch._check_interpreter("attention")
+
+
 def wmt_like_batch(batch_size: int, max_len: int, vocab: int, seed: int, device: str) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     lengths = torch.randint(5, max_len + 1, (batch_size,), generator=generator)
@@ -224,6 +242,10 @@ def test_gpu_marker_skips_without_cuda_and_runs_with_it(pytester, monkeypatch):
         def test_unmarked():
             pass
     """)
+    # The inner runs execute conftest.py in this process, which without CUDA sets TRITON_INTERPRET=1; on a GPU machine
+    # every later subprocess of this worker (the demo's training) would then run Triton interpreted. monkeypatch puts
+    # the variable back as it was after the test.
+    monkeypatch.setenv("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET", "0"))
     for cuda_available in (False, True):
         monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda_available)
         outcome = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider").parseoutcomes()
