@@ -84,10 +84,10 @@ def _use_triton(op: str, tensor: torch.Tensor, unsupported_reason) -> bool:
             f"backend 'triton' got CPU tensors for {op}: Triton runs on the CPU only in its interpreter; set "
             "TRITON_INTERPRET=1 before importing fastformer, move the tensors to a GPU, or use backend 'reference'"
         )
-    if not tensor.is_cuda:
-        _check_interpreter(op)
     reason = unsupported_reason()
     if reason is None:
+        if not tensor.is_cuda:
+            _check_interpreter(op)
         return True
     if _backend == "triton":
         raise UnsupportedInputError(f"backend 'triton': the {op} kernel cannot take these inputs: {reason}. Use "
