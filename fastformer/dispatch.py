@@ -21,6 +21,7 @@ from contextlib import contextmanager
 import torch
 
 from fastformer import reference
+from fastformer.torch_version import major_minor
 
 BACKENDS = ("auto", "triton", "reference")
 
@@ -66,10 +67,7 @@ def _check_interpreter(op: str) -> None:
     import numpy
     import triton
 
-    def version(text: str) -> tuple[int, int]:
-        return tuple(int(part) for part in text.split(".")[:2])
-
-    if version(triton.__version__) < (3, 7) and version(numpy.__version__) >= (2, 4):
+    if major_minor(triton.__version__) < (3, 7) and major_minor(numpy.__version__) >= (2, 4):
         raise RuntimeError(f"backend 'triton' got CPU tensors for {op}, but Triton {triton.__version__}'s interpreter "
                            f"cannot run its kernels with NumPy {numpy.__version__}: use triton >= 3.7 (or NumPy < "
                            "2.4) to interpret them, or backend 'reference'")

@@ -10,10 +10,15 @@ import re
 MIN_TORCH = (2, 6)
 
 
+def major_minor(version: str) -> tuple[int, int]:
+    """A version text -> its (major, minor): "2.11.0+cu130" -> (2, 11); (0, 0) where it does not start so."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return (0, 0) if match is None else (int(match[1]), int(match[2]))
+
+
 def check_torch_version(version: str) -> None:
     """Raises ImportError naming both versions if `version` (torch.__version__, e.g. "2.11.0+cu130") is older than
     MIN_TORCH."""
-    match = re.match(r"(\d+)\.(\d+)", version)
-    if match is None or (int(match[1]), int(match[2])) < MIN_TORCH:
+    if major_minor(version) < MIN_TORCH:
         minimum = ".".join(map(str, MIN_TORCH))
         raise ImportError(f"fastformer needs torch >= {minimum}; this is torch {version}")
