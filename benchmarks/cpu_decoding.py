@@ -41,11 +41,14 @@ with the point of the lowest ratio ("worst"), for the fastest modes and for floa
 
 --cap-isa avx2 runs an AVX-512 CPU as an AVX2 one as far as the libraries let it: oneDNN (ONEDNN_MAX_CPU_ISA),
 ATen's kernels (ATEN_CPU_CAPABILITY), FBGEMM, which runs fastformer's int8 GEMMs there
-(FBGEMM_ENABLE_INSTRUCTIONS), CTranslate2 (CT2_FORCE_CPU_ISA) and fastformer's own loops and its choice of 8-bit int8
-activations (FASTFORMER_CPU_ISA) are capped. Runs before 2026-11-27's eighth left FBGEMM uncapped: it ran its
-AVX512-VNNI kernels, and the 37k-vocabulary projection at 128 rows took 16.9 ms on one thread against 30.5 ms capped
-(results/2026-11-27-cpu-amd-epyc-2core-h/fbgemm_cap.log), so their capped int8 figures were faster than an AVX2
-CPU's. The JSON names the caps; the figures are capped ones, not an AVX2 machine's.
+(FBGEMM_ENABLE_INSTRUCTIONS), Intel MKL (MKL_ENABLE_INSTRUCTIONS), CTranslate2's own kernels (CT2_FORCE_CPU_ISA) and
+fastformer's own loops and its choice of 8-bit int8 activations (FASTFORMER_CPU_ISA) are capped. Runs before
+2026-11-27's eighth left FBGEMM uncapped: it ran its AVX512-VNNI kernels, and the 37k-vocabulary projection at 128
+rows took 16.9 ms on one thread against 30.5 ms capped (results/2026-11-27-cpu-amd-epyc-2core-h/fbgemm_cap.log), so
+their capped int8 figures were faster than an AVX2 CPU's. Runs before 2026-11-28's MKL cap left MKL uncapped, which
+CTranslate2 runs every GEMM through on an Intel CPU (AVX-512 and AMX there; on AMD it takes oneDNN, which is capped):
+their capped Intel figures are CTranslate2 uncapped. On a CPU with AVX-VNNI the cap keeps it (AVX_VNNI_CAPS): such a
+CPU runs as an AVX2 + AVX-VNNI one. The JSON names the caps; the figures are capped ones, not an AVX2 machine's.
 
 The checksums differ between the systems by construction (fastformer's last token is the forced EOS, scored,
 CTranslate2's a last real token) and between compute types (random weights give near-uniform log-probabilities,
@@ -91,7 +94,10 @@ FLOOR_PAIRS = 5  # the GEMM floor and the search, timed in turn (share_of_gemm_f
 HEADLINE = dict(beam=4, source_tokens=20, sentences=64)
 # --cap-isa: every library's own cap, so that a newer CPU runs as an older one would (module docstring).
 ISA_CAPS = {"avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",
-                     "CT2_FORCE_CPU_ISA": "AVX2", "FASTFORMER_CPU_ISA": "avx2"}}
+                     "MKL_ENABLE_INSTRUCTIONS": "AVX2", "CT2_FORCE_CPU_ISA": "AVX2", "FASTFORMER_CPU_ISA": "avx2"}}
+# On a CPU with AVX-VNNI (VNNI on 256-bit vectors), which FASTFORMER_CPU_ISA=avx2 keeps, the libraries that have
+# AVX-VNNI code keep it too: the cap is then an AVX2 + AVX-VNNI CPU's, as Intel's Alder Lake and Sierra Forest are.
+AVX_VNNI_CAPS = {"ONEDNN_MAX_CPU_ISA": "AVX2_VNNI", "MKL_ENABLE_INSTRUCTIONS": "AVX2_E1"}
 
 
 @dataclass(frozen=True)
@@ -307,7 +313,7 @@ def copy_bandwidth_gb_s(threads: int, mib: int = 512) -> float:
     return round(2 * source.numel() * 4 / best / 1e9, 1)
 
 
-def cpu_description() -> str:
+def cpu_name_and_flags() -> tuple[str, set[str]]:
     name, flags = "cpu", set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -318,6 +324,19 @@ def cpu_description() -> str:
                 break
     except OSError:
         pass
+    return name, flags
+
+
+def isa_caps(cap_isa: str | None) -> dict[str, str]:
+    """The variables of --cap-isa on this CPU (ISA_CAPS, with AVX_VNNI_CAPS where it has AVX-VNNI)."""
+    caps = dict(ISA_CAPS.get(cap_isa, {}))
+    if cap_isa == "avx2" and "avx_vnni" in cpu_name_and_flags()[1]:
+        caps.update(AVX_VNNI_CAPS)
+    return caps
+
+
+def cpu_description() -> str:
+    name, flags = cpu_name_and_flags()
     features = [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
                 if f in flags]
     return f"{name}, {os.cpu_count()} cores ({' '.join(features) or 'no AVX2'})"
@@ -477,7 +496,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = build_parser().parse_args()
-    caps = ISA_CAPS.get(args.cap_isa, {})
+    caps = isa_caps(args.cap_isa)
     if any(os.environ.get(name) != value for name, value in caps.items()):
         # The libraries read their caps when they first run: the whole run starts again with them set.
         os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], {**os.environ, **caps})

@@ -11,6 +11,8 @@
 // subtracted from the sums. One Int8Gemm per instruction set:
 // - AVX512-VNNI: 8-bit rows (x_q in [-127, 127], zero point 128). vpdpbusd multiplies 4 bytes of a row, broadcast,
 //   with the 64-byte vector, summing into 16 int32 lanes.
+// - AVX-VNNI (VNNI on 256-bit vectors: CPUs with AVX2 and AVX-VNNI but no AVX512-VNNI, or AVX-512 ones under
+//   FASTFORMER_CPU_ISA=avx2): AVX512-VNNI's 8-bit rows and weights, vpdpbusd on half a vector (8 int32 lanes).
 // - AVX2: 7-bit rows (x_q in [-63, 63], zero point 64: bytes in [1, 127]), the rows linear.h's int8_activation_max()
 //   gives CPUs without VNNI, and 7-bit weights (W_q in [-64, 64]). vpmaddubsw multiplies each 32-byte half of the
 //   vector with the row's bytes into pairs summed in saturating int16; two groups' pairs are added in int16, which
@@ -55,9 +57,9 @@ struct Tile;  // int8_gemm_tiles.h
 
 // One instruction set's int8 GEMM: its row quantization and its tiles, which int8_gemm and int8_gemm_summary run.
 struct Int8Gemm {
-  const char* isa;  // "avx512-vnni" or "avx2"
+  const char* isa;  // "avx512-vnni", "avx-vnni" or "avx2"
   int zero_point;   // 128 (8-bit rows) or 64 (7-bit rows)
-  int weight_max;   // the weights' largest magnitude, in [-weight_max, weight_max]: 127, or 64 (int8_gemm_avx2.cpp)
+  int weight_max;   // the weights' largest magnitude, in [-weight_max, weight_max]: 127, or AVX2's 64
   // Its tiles: up to tile_rows rows by tile_panels panels, tile_of(rows, panels) the one of each size. A thread
   // given fewer rows than tile_rows leaves part of its registers idle.
   int tile_rows, tile_panels;
@@ -69,12 +71,14 @@ struct Int8Gemm {
 };
 
 // The int8 GEMMs this build has and this CPU runs, widest first, whatever FASTFORMER_CPU_ISA says (the tests run
-// each): on an x86-64 build by GCC, AVX512-VNNI's where the CPU has it (and AVX512-BW), and AVX2's.
+// each): on an x86-64 build by GCC, AVX512-VNNI's where the CPU has it (and AVX512-BW), AVX-VNNI's where it has
+// that, and AVX2's.
 std::vector<const Int8Gemm*> int8_gemms();
 
 // The one int8 layers take, or null: AVX512-VNNI's where the CPU loops are AVX-512's (beam_ops.h's cpu_loops(),
-// which FASTFORMER_CPU_ISA caps) and the CPU has it; else AVX2's where the loops are not the baseline's and no VNNI
-// of any width counts (int8_activation_max() is then 63: 7-bit rows).
+// which FASTFORMER_CPU_ISA caps) and the CPU has it; else, where the loops are not the baseline's, AVX-VNNI's where
+// VNNI counts (beam_ops.h's cpu_has_vnni: 8-bit rows) and AVX2's where it does not (int8_activation_max() is then 63:
+// 7-bit rows).
 const Int8Gemm* int8_gemm_here();
 
 // Whether int8 layers run one of fastformer's own GEMMs here.

@@ -19,11 +19,12 @@ namespace fastformer {
 
 // Defined in int8_gemm_vnni.cpp and int8_gemm_avx2.cpp: null where the build or the CPU lacks the instruction set.
 const Int8Gemm* vnni_int8_gemm();
+const Int8Gemm* avx_vnni_int8_gemm();
 const Int8Gemm* avx2_int8_gemm();
 
 std::vector<const Int8Gemm*> int8_gemms() {
   std::vector<const Int8Gemm*> gemms;
-  for (const Int8Gemm* gemm : {vnni_int8_gemm(), avx2_int8_gemm()}) {
+  for (const Int8Gemm* gemm : {vnni_int8_gemm(), avx_vnni_int8_gemm(), avx2_int8_gemm()}) {
     if (gemm) gemms.push_back(gemm);
   }
   return gemms;
@@ -33,10 +34,10 @@ const Int8Gemm* int8_gemm_here() {
   static const Int8Gemm* const chosen = [] () -> const Int8Gemm* {
     const std::string isa = cpu_loops().isa;
     if (isa == "avx512" && vnni_int8_gemm()) return vnni_int8_gemm();
+    if (isa == "baseline") return nullptr;
     // With VNNI of any width the rows are 8-bit (linear.h's int8_activation_max), which vpmaddubsw's int16 pairs
-    // would saturate on.
-    if (isa != "baseline" && !cpu_has_vnni()) return avx2_int8_gemm();
-    return nullptr;
+    // would saturate on: AVX-VNNI's vpdpbusd takes them.
+    return cpu_has_vnni() ? avx_vnni_int8_gemm() : avx2_int8_gemm();
   }();
   return chosen;
 }

@@ -395,8 +395,8 @@ at::Tensor PackedLinear::avx2_float32_linear(const at::Tensor& x, std::optional<
 
 PackedLinear::Summary PackedLinear::summarize(const at::Tensor& x, int64_t k, const std::vector<int64_t>& barred,
                                               bool with_log_totals, const at::Tensor& picked_ids) const {
-  TORCH_CHECK(has_summary(), "summarize runs on the own int8 routes only (vnni-int8, avx2-int8), this layer's is ",
-              route());
+  TORCH_CHECK(has_summary(), "summarize runs on the own int8 routes only (vnni-int8, avxvnni-int8, avx2-int8), this "
+              "layer's is ", route());
   TORCH_CHECK(x.dim() == 2, "a linear layer takes [rows, in] rows, got ", x.sizes());
   TORCH_CHECK(k >= 0 && k <= kInt8GemmMaxTopK, "summarize keeps k in [0, ", kInt8GemmMaxTopK, "] outputs, got ", k);
   const int64_t rows = x.size(0);
@@ -474,7 +474,9 @@ PackedLinear::Summary PackedLinear::summarize(const at::Tensor& x, int64_t k, co
 const char* PackedLinear::route() const {
   switch (route_) {
     case Route::kOneDnn: return "onednn";
-    case Route::kOwnInt8: return std::strcmp(own_int8_gemm_->isa, "avx2") == 0 ? "avx2-int8" : "vnni-int8";
+    case Route::kOwnInt8:
+      if (std::strcmp(own_int8_gemm_->isa, "avx2") == 0) return "avx2-int8";
+      return std::strcmp(own_int8_gemm_->isa, "avx-vnni") == 0 ? "avxvnni-int8" : "vnni-int8";
     case Route::kAvx2Float32: return "avx2-float32";
     case Route::kFbgemmInt8: return "fbgemm-int8";
     case Route::kOneDnnInt8: return "onednn-int8";

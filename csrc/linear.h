@@ -62,9 +62,9 @@ float int8_activation_max();
 //   else 7 (absmax / 63), as int8_activation_max() says.
 //   y = (x_q W_q^T) * x_scale * w_scale + b. Each row's result depends on that row
 //   only, so a sentence translates the same in any batch. Three GEMMs, the first that runs here:
-//   - fastformer's own (int8_gemm.h): AVX512-VNNI's where the CPU has it ("vnni-int8"), else AVX2's ("avx2-int8")
-//     where the CPU has AVX2 and no VNNI; the rows quantized in two passes, the result scaled, biased and put
-//     through ReLU in the GEMM's registers;
+//   - fastformer's own (int8_gemm.h): AVX512-VNNI's where the CPU has it ("vnni-int8"), else AVX-VNNI's
+//     ("avxvnni-int8") where it has VNNI on 256-bit vectors, else AVX2's ("avx2-int8"); the rows quantized in two
+//     passes, the result scaled, biased and put through ReLU in the GEMM's registers;
 //   - FBGEMM's (quantized::linear_dynamic): it quantizes its input with one scale for the whole tensor, so each row
 //     is first divided by its absmax, and two rows holding +1 and -1 fix that scale at every call; the rows' scales
 //     multiply the result. Against oneDNN's int8 GEMM on the project's AVX2 test CPU, single-threaded: the same
@@ -84,7 +84,7 @@ class PackedLinear {
   // x: [rows, in] float32 (or the weight's dtype on CUDA) -> [rows, out] in x's dtype
   at::Tensor operator()(const at::Tensor& x, std::optional<Activation> activation = std::nullopt) const;
 
-  // Whether summarize runs: fastformer's own int8 GEMMs' (vnni-int8, avx2-int8).
+  // Whether summarize runs: fastformer's own int8 GEMMs' (vnni-int8, avxvnni-int8, avx2-int8).
   bool has_summary() const { return route_ == Route::kOwnInt8; }
   // What summarize keeps of each row's outputs, which it never writes (int8_gemm.h's Int8RowSummary).
   struct Summary {
@@ -99,8 +99,8 @@ class PackedLinear {
   Summary summarize(const at::Tensor& x, int64_t k, const std::vector<int64_t>& barred, bool with_log_totals = false,
                     const at::Tensor& picked_ids = {}) const;
 
-  // "avx2-float32", "onednn", "vnni-int8", "avx2-int8", "fbgemm-int8", "onednn-int8" or "aten": the GEMM the layer
-  // runs.
+  // "avx2-float32", "onednn", "vnni-int8", "avxvnni-int8", "avx2-int8", "fbgemm-int8", "onednn-int8" or "aten": the
+  // GEMM the layer runs.
   const char* route() const;
   // The bytes of the converted weight, bias and scales.
   int64_t nbytes() const;

@@ -65,22 +65,25 @@ def linear_inputs(rows: int = 37, in_features: int = 96, out_features: int = 130
 
 
 # The int8 GEMMs a linear layer can take (linear.h): fastformer's own where the CPU runs one (AVX512-VNNI's, or
-# AVX2's: test_cpu_isa.py runs these tests under FASTFORMER_CPU_ISA=avx2 too), FBGEMM's, oneDNN's.
+# AVX-VNNI's or AVX2's: test_cpu_isa.py runs these tests under FASTFORMER_CPU_ISA=avx2 too), FBGEMM's, oneDNN's.
 INT8_ROUTES = {"own": dict(), "fbgemm": dict(own_gemm=False), "onednn": dict(own_gemm=False, fbgemm=False)}
 
 
 def int8_route(name: str) -> dict:
     """PackedLinear's keyword arguments for an int8 route; skips the test where the route does not run here."""
     if name == "own" and not extension().int8_gemm_runs():
-        pytest.skip("fastformer's own int8 GEMMs need AVX512-VNNI, or AVX2 without VNNI (FASTFORMER_CPU_ISA not "
+        pytest.skip("fastformer's own int8 GEMMs need AVX512-VNNI, AVX-VNNI or AVX2 (FASTFORMER_CPU_ISA not "
                     "baseline)")
     return INT8_ROUTES[name]
 
 
 def int8_route_name(name: str) -> str:
-    """PackedLinear.route of an int8 route: the own one is named by its instruction set (8-bit rows: VNNI's)."""
+    """PackedLinear.route of an int8 route: the own one is named by its instruction set (8-bit rows: VNNI's, on
+    512-bit vectors in the AVX-512 loops, else on 256-bit ones)."""
     if name == "own":
-        return "vnni-int8" if extension().int8_activation_max() == 127 else "avx2-int8"
+        if extension().int8_activation_max() < 127:
+            return "avx2-int8"
+        return "vnni-int8" if extension().cpu_isa() == "avx512" else "avxvnni-int8"
     return f"{name}-int8"
 
 

@@ -47,12 +47,14 @@ def test_fastformer_cpu_isa_picks_the_loops_caps_vnni_and_picks_the_gemms(isa):
         assert float(activation_max) == 63.0
     # fastformer's own float32 GEMM is AVX2's: oneDNN's AVX-512 GEMM was as fast where that runs (float32_gemm.h)
     assert (float32_route == "avx2-float32") == (isa == "avx2")
-    # Its own int8 GEMMs: AVX512-VNNI's with 8-bit rows, AVX2's with 7-bit ones; FBGEMM's in the baseline's loops, and
-    # under an avx2 cap on a CPU with AVX-VNNI, whose 8-bit rows AVX2's int16 pairs would saturate on.
-    if isa == "baseline" or (isa == "avx2" and float(activation_max) == 127.0):
+    # Its own int8 GEMMs: with 8-bit rows AVX512-VNNI's in the AVX-512 loops and AVX-VNNI's in the AVX2 ones (a CPU
+    # with AVX-VNNI under an avx2 cap), with 7-bit ones AVX2's; FBGEMM's in the baseline's loops.
+    if isa == "baseline":
         assert int8_route == "fbgemm-int8"
+    elif float(activation_max) == 127.0:
+        assert int8_route == ("vnni-int8" if isa == "avx512" else "avxvnni-int8")
     else:
-        assert int8_route == ("vnni-int8" if float(activation_max) == 127.0 else "avx2-int8")
+        assert int8_route == "avx2-int8"
 
 
 def test_an_unknown_or_unrunnable_instruction_set_is_a_one_line_error_naming_the_valid_ones():
