@@ -57,9 +57,10 @@ struct Tile;  // int8_gemm_tiles.h
 
 // One instruction set's int8 GEMM: its row quantization and its tiles, which int8_gemm and int8_gemm_summary run.
 struct Int8Gemm {
-  const char* isa;  // "avx512-vnni", "avx-vnni" or "avx2"
-  int zero_point;   // 128 (8-bit rows) or 64 (7-bit rows)
-  int weight_max;   // the weights' largest magnitude, in [-weight_max, weight_max]: 127, or AVX2's 64
+  const char* isa;    // "avx512-vnni", "avx-vnni" or "avx2"
+  const char* route;  // linear.h's PackedLinear::route for layers on it: "vnni-int8", "avxvnni-int8" or "avx2-int8"
+  int zero_point;     // 128 (8-bit rows) or 64 (7-bit rows)
+  int weight_max;     // the weights' largest magnitude, in [-weight_max, weight_max]: 127, or AVX2's 64
   // Its tiles: up to tile_rows rows by tile_panels panels, tile_of(rows, panels) the one of each size. A thread
   // given fewer rows than tile_rows leaves part of its registers idle.
   int tile_rows, tile_panels;

@@ -206,7 +206,8 @@ void quantize_row(const float* row, int64_t in, float inverse, uint8_t* x_q) {
   }
 }
 
-constexpr Int8Gemm kVnniGemm{"avx512-vnni", 128, 127, kTileRows, kTilePanels, tile_function, quantize_row};
+constexpr Int8Gemm kVnniGemm{"avx512-vnni", "vnni-int8", 128, 127, kTileRows, kTilePanels, tile_function,
+                             quantize_row};
 
 }  // namespace
 

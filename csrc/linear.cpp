@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <mutex>
 #include <string>
@@ -474,9 +473,7 @@ PackedLinear::Summary PackedLinear::summarize(const at::Tensor& x, int64_t k, co
 const char* PackedLinear::route() const {
   switch (route_) {
     case Route::kOneDnn: return "onednn";
-    case Route::kOwnInt8:
-      if (std::strcmp(own_int8_gemm_->isa, "avx2") == 0) return "avx2-int8";
-      return std::strcmp(own_int8_gemm_->isa, "avx-vnni") == 0 ? "avxvnni-int8" : "vnni-int8";
+    case Route::kOwnInt8: return own_int8_gemm_->route;
     case Route::kAvx2Float32: return "avx2-float32";
     case Route::kFbgemmInt8: return "fbgemm-int8";
     case Route::kOneDnnInt8: return "onednn-int8";
