@@ -5,6 +5,9 @@ widest one that the rest of the suite runs. (ctest runs each set's loops against
 from __future__ import annotations
 
 import os
+import platform
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -76,3 +79,26 @@ def test_the_oracle_tests_pass_in_the_loops_of(isa):
                           env={**os.environ, "FASTFORMER_CPU_ISA": isa})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert " passed" in done.stdout.strip().splitlines()[-1]
+
+
+def vector_tail_calls(binary: str) -> list[str]:
+    """The jumps in `binary`'s code to the start of a function that takes vector arguments (tail calls)."""
+    listing = subprocess.run(["objdump", "-d", "-C", "--no-show-raw-insn", binary], capture_output=True, text=True,
+                             check=True, timeout=300).stdout
+    calls = []
+    for line in listing.splitlines():
+        target = re.search(r"\sjmp\s+[0-9a-f]+ <(.*)>\s*$", line)
+        if target and "__vector" in target.group(1) and not re.search(r"\+0x[0-9a-f]+$", target.group(1)):
+            calls.append(line.strip())
+    return calls
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64" or shutil.which("objdump") is None,
+                    reason="reads x86-64 code with objdump")
+def test_no_vector_code_returns_to_sse_code_with_dirty_upper_registers():
+    # GCC returns from a function with vector arguments without vzeroupper. Reached by a tail call, such a function
+    # returned straight into its caller's caller, baseline SSE code (int8_gemm_cpu.cpp's run_tiles), which then paid
+    # the AVX-SSE transition on every instruction: half the 256-bit int8 GEMMs' time until 45ebd03 (70917c7's
+    # library, the commit before, has 10 such jumps, each a tile's last call of finish_row).
+    calls = vector_tail_calls(extension().__file__)
+    assert not calls, f"{len(calls)} tail call(s) into functions with vector arguments, the first: {calls[0]}"
