@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from cpu_info import cpu_description, cpu_name_and_flags
 from fastformer import data
 from fastformer.data import BucketBatch, BucketBatchSampler, TokenizedCorpus, token_budget_batches
 
@@ -54,7 +55,8 @@ def bf16_peak_tflops(device_name: str) -> float | None:
 
 
 def device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor() or 'cpu'})"
+    """The GPU's name, or the CPU's model name (platform.processor() says only "x86_64" on Linux)."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({cpu_name_and_flags()[0]})"
 
 
 def environment(device: torch.device) -> dict:
@@ -65,7 +67,7 @@ def environment(device: torch.device) -> dict:
     except ImportError:
         triton_version = None
     return {
-        "device": device_name(device),
+        "device": device_name(device) if device.type == "cuda" else cpu_description(),
         "device_type": device.type,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,

@@ -77,6 +77,7 @@ import torch
 
 import bench_utils as bu
 from baselines import ctranslate2_engine, placeholder_vocabulary
+from cpu_info import cpu_description, cpu_name_and_flags
 from fastformer import Transformer, TransformerConfig
 from fastformer.decoding.compiled import compiled_model, extension
 
@@ -313,33 +314,12 @@ def copy_bandwidth_gb_s(threads: int, mib: int = 512) -> float:
     return round(2 * source.numel() * 4 / best / 1e9, 1)
 
 
-def cpu_name_and_flags() -> tuple[str, set[str]]:
-    name, flags = "cpu", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
-    return name, flags
-
-
 def isa_caps(cap_isa: str | None) -> dict[str, str]:
     """The variables of --cap-isa on this CPU (ISA_CAPS, with AVX_VNNI_CAPS where it has AVX-VNNI)."""
     caps = dict(ISA_CAPS.get(cap_isa, {}))
     if cap_isa == "avx2" and "avx_vnni" in cpu_name_and_flags()[1]:
         caps.update(AVX_VNNI_CAPS)
     return caps
-
-
-def cpu_description() -> str:
-    name, flags = cpu_name_and_flags()
-    features = [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
-                if f in flags]
-    return f"{name}, {os.cpu_count()} cores ({' '.join(features) or 'no AVX2'})"
 
 
 def steady_call(translate: Translate, src: torch.Tensor) -> int:

@@ -50,7 +50,8 @@ from pathlib import Path
 import torch
 
 import bench_utils as bu
-from cpu_decoding import Point, cpu_description, shape_config, sources, steady_call
+from cpu_decoding import Point, shape_config, sources, steady_call
+from cpu_info import cpu_description
 
 SENTENCES, SOURCE_TOKENS, BEAM, TOP_K = 64, 20, 4, 10
 TARGET_TOKENS = Point(1, BEAM, SOURCE_TOKENS, (SENTENCES,)).target_tokens

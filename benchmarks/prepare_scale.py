@@ -22,7 +22,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_info import cpu_description, cpu_slug  # noqa: E402
 from synthetic_wmt import write_corpus  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,12 +62,6 @@ def _memory_kib(pid: int) -> tuple[int, int]:
         return int(fields["Rss"].split()[0]), int(fields["Pss"].split()[0])
     except (OSError, KeyError, ValueError):
         return 0, 0
-
-
-def _cpu_name() -> str:
-    with open("/proc/cpuinfo") as file:
-        names = [line.split(":", 1)[1].strip() for line in file if line.startswith("model name")]
-    return names[0] if names else platform.machine()
 
 
 def measured_run(command: list[str], log: Path) -> dict:
@@ -104,7 +98,7 @@ def main() -> None:
     parser.add_argument("--data-dir", help="an existing corpus (default: write one of --pairs pairs)")
     parser.add_argument("--gz", action="store_true", help="write the corpus gzipped")
     parser.add_argument("--runs", default="first,second,resume,ranks4")
-    parser.add_argument("--out", help="result JSON (default: benchmarks/results/<date>-cpu-<host>/prepare_scale.json)")
+    parser.add_argument("--out", help="result JSON (default: benchmarks/results/<date>-cpu-<name>-<n>core/prepare_scale.json)")
     args = parser.parse_args()
     work = Path(args.work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -136,11 +130,11 @@ def main() -> None:
         print(name, json.dumps(results[name]), flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout
     date = datetime.date.today().isoformat()
-    out = Path(args.out) if args.out else REPO / "benchmarks" / "results" / f"{date}-cpu-amd-epyc-2core" / \
+    out = Path(args.out) if args.out else REPO / "benchmarks" / "results" / f"{date}-{cpu_slug()}" / \
         "prepare_scale.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"command": " ".join([sys.executable] + sys.argv), "commit": commit.strip(),
-                               "device": f"{_cpu_name()}, {os.cpu_count()} cores",
+                               "device": cpu_description(),
                                "pairs": args.pairs, "data_dir": str(data_dir), "corpus_generation_s": generation,
                                "runs": results}, indent=1))
     print(f"wrote {out}")

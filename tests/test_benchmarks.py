@@ -128,6 +128,22 @@ def test_wmt_batches_respect_the_token_budget_and_the_wmt_length_distribution():
     assert 25 < src.double().mean() < 31 and src.max() <= 128
 
 
+@pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="reads the CPU's name from /proc/cpuinfo")
+def test_cpu_records_name_the_cpus_model_and_its_instruction_sets():
+    import cpu_info
+
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+    model = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+    flags = set(next(line for line in lines if line.startswith("flags")).split(":", 1)[1].split())
+    description = cpu_info.cpu_description()
+    assert description.startswith(f"{model}, {os.cpu_count()} cores (")
+    for flag in cpu_info.RECORDED_FLAGS:
+        assert (f" {flag}" in description or f"({flag}" in description) == (flag in flags), (flag, description)
+    assert bench_utils.environment(torch.device("cpu"))["device"] == description
+    assert bench_utils.device_name(torch.device("cpu")) == f"cpu ({model})"
+    assert cpu_info.cpu_slug().endswith(f"-{os.cpu_count()}core") and " " not in cpu_info.cpu_slug()
+
+
 # The smoke runs tolerate a system only when the piece it needs is not built here.
 MISSING_PIECE = ("cannot be imported", "fastformer._C is not built", "No module named")
 
