@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "beam_ops.h"
+#include "exp_nonpositive.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>  // the float16 conversions of the AVX-512 and F16C loops

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 
+#include "exp_nonpositive.h"
 #include "int8_gemm_tiles.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 
+#include "exp_nonpositive.h"
 #include "int8_gemm_tiles.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -58,18 +59,15 @@ FASTFORMER_INLINE __m512 output_of(const Tile& t, int r, int p, __m512i sum) {
   return t.relu ? _mm512_max_ps(_mm512_setzero_ps(), value) : value;
 }
 
-// e^x for x <= 0 (to ~2 ulp; x < -87 gives ~1e-38 rather than 0, and NaN gives it too): 2^n * e^r with n =
-// round(x / ln 2) and |r| <= ln(2) / 2 by a degree-6 polynomial, ln 2 split in two so that r stays exact.
+// e^x for x <= 0 (exp_nonpositive.h); NaN gives e^-87 (the maximum's second operand wins a comparison with NaN).
 FASTFORMER_INLINE __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f),
-                                    _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x));
-  __m512 p = _mm512_set1_ps(1.38888889e-3f);
-  for (const float c : {8.33333333e-3f, 4.16666667e-2f, 1.66666667e-1f, 0.5f, 1.0f, 1.0f}) {
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-  }
+  x = _mm512_max_ps(x, _mm512_set1_ps(kExpLowest));
+  const __m512 n =
+      _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r =
+      _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Low), _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2High), x));
+  __m512 p = _mm512_set1_ps(kExpPolynomial[0]);
+  for (int i = 1; i < 7; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPolynomial[i]));
   return _mm512_scalef_ps(p, n);
 }
 
