@@ -32,6 +32,10 @@ void float32_pack_panels(const float* weight, int64_t out, int64_t in, float* pa
 // its rows): a tile reads one stream of rows, not 6 (2-8% faster at 32 to 1344 rows in a first probe, not kept).
 inline int64_t float32_row_tiles(int64_t rows) { return (rows + 5) / 6; }
 
+// The row tiles of `in` inputs that float32_gemm takes a chunk at a time, every panel passing over the chunk: as many
+// as fill half the core's L2 (at least 256 KiB of packed rows), at least one.
+int64_t float32_chunk_tiles(int64_t in);
+
 // x [rows, in] float32 -> packed_rows [float32_row_tiles(rows), in, 6] (lanes past a tile's rows not written).
 void float32_pack_rows(const float* x, int64_t rows, int64_t in, float* packed_rows);
 

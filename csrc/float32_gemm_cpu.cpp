@@ -7,6 +7,10 @@
 #include <cstring>
 #include <stdexcept>
 
+#if __has_include(<unistd.h>)
+#include <unistd.h>  // sysconf: the L2's size
+#endif
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define FASTFORMER_FLOAT32_GEMM 1
 #include <immintrin.h>
@@ -20,6 +24,21 @@ void float32_pack_panels(const float* weight, int64_t out, int64_t in, float* pa
     float* panel = panels + (o / 16) * in * 16 + o % 16;
     for (int64_t i = 0; i < in; ++i) panel[i * 16] = weight[o * in + i];
   }
+}
+
+// Every chunk reads all the weights again, so a chunk too small for the rows makes a call over the 37k vocabulary (76 MB
+// of panels) read them several times: at 256 rows (beam 4 of 64 sentences), 256 KiB chunks ran at 0.94-1.01 of MKL's
+// speed, 1 MiB ones (half the Intel Xeon's 2 MiB L2) at 1.03-1.05, in alternating runs capped to AVX2
+// (benchmarks/results/2026-11-28-cpu-intel-xeon-2core-d).
+int64_t float32_chunk_tiles(int64_t in) {
+  static const int64_t chunk_bytes = [] {
+    int64_t l2_bytes = 0;
+#ifdef _SC_LEVEL2_CACHE_SIZE
+    l2_bytes = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+    return std::max<int64_t>(l2_bytes / 2, int64_t{256} << 10);
+  }();
+  return std::max<int64_t>(1, chunk_bytes / (in * 6 * static_cast<int64_t>(sizeof(float))));
 }
 
 namespace {
@@ -54,7 +73,6 @@ bool float32_gemm_runs() {
 namespace {
 
 constexpr int kTileRows = 6;  // 6 x 2 sums, 2 weight vectors and a broadcast: 15 of the 16 vector registers
-constexpr int64_t kRowChunkBytes = 256 << 10;  // a chunk of packed rows stays in L2 while every panel passes
 
 struct Tile {
   const float* rows;   // the tile's packed rows, [in, 6]
@@ -137,7 +155,7 @@ constexpr TileFunction kTiles[kTileRows + 1] = {nullptr,         run_tile<1>, ru
 void float32_gemm(const float* packed_rows, int64_t rows, int64_t in, const float* panels, const float* bias,
                   bool relu, int64_t out, int64_t first_panel, int64_t end_panel, float* y) {
   const int64_t n_tiles = float32_row_tiles(rows);
-  const int64_t chunk_tiles = std::max<int64_t>(1, kRowChunkBytes / (in * 6 * sizeof(float)));
+  const int64_t chunk_tiles = float32_chunk_tiles(in);
   for (int64_t chunk = 0; chunk < n_tiles; chunk += chunk_tiles) {
     const int64_t chunk_end = std::min(n_tiles, chunk + chunk_tiles);
     for (int64_t panel = first_panel; panel < end_panel; ++panel) {

@@ -934,7 +934,8 @@ int main() {
         for (int in : {1, 7, 64}) test_float32_gemm(rows, out, in, /*with_bias=*/out % 2 == 0, /*relu=*/in == 7);
       }
     }
-    test_float32_gemm(32, 17, 2048, true, false);  // 2048 inputs: the rows' tiles in two chunks (5 and 1)
+    // 2048 inputs, the rows' tiles in two chunks (a full one and one tile)
+    test_float32_gemm(static_cast<int>(6 * (fastformer::float32_chunk_tiles(2048) + 1)), 17, 2048, true, false);
     std::printf("float32_gemm checked (AVX2 and FMA)\n");
   } else {
     std::printf("float32_gemm not checked: this CPU has no AVX2 and FMA\n");
