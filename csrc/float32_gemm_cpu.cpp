@@ -26,9 +26,9 @@ void float32_pack_panels(const float* weight, int64_t out, int64_t in, float* pa
   }
 }
 
-// Every chunk reads all the weights again, so a chunk too small for the rows makes a call over the 37k vocabulary (76 MB
-// of panels) read them several times: at 256 rows (beam 4 of 64 sentences), 256 KiB chunks ran at 0.94-1.01 of MKL's
-// speed, 1 MiB ones (half the Intel Xeon's 2 MiB L2) at 1.03-1.05, in alternating runs capped to AVX2
+// Every chunk reads all the weights again, so a chunk too small for the rows makes a call over the 37k vocabulary
+// (76 MB of panels) read them several times: at 256 rows (beam 4 of 64 sentences), 256 KiB chunks ran at 0.94-1.01
+// of MKL's speed, 1 MiB ones (half the Intel Xeon's 2 MiB L2) at 1.03-1.05, in alternating runs capped to AVX2
 // (benchmarks/results/2026-11-28-cpu-intel-xeon-2core-d).
 int64_t float32_chunk_tiles(int64_t in) {
   static const int64_t chunk_bytes = [] {
