@@ -31,8 +31,8 @@ import time
 import torch
 
 import bench_utils as bu
-from cpu_decoding import BYTES_PER_WEIGHT, Point, ctranslate2_translator, fastformer_translator, shape_config, sources, \
-    steady_call, step_weight_bytes
+from cpu_decoding import BYTES_PER_WEIGHT, Point, ctranslate2_translator, fastformer_translator, shape_config, \
+    sources, steady_call, step_weight_bytes
 from cpu_info import cpu_description
 from fastformer import Shortlist, Transformer
 

@@ -98,7 +98,8 @@ def main() -> None:
     parser.add_argument("--data-dir", help="an existing corpus (default: write one of --pairs pairs)")
     parser.add_argument("--gz", action="store_true", help="write the corpus gzipped")
     parser.add_argument("--runs", default="first,second,resume,ranks4")
-    parser.add_argument("--out", help="result JSON (default: benchmarks/results/<date>-cpu-<name>-<n>core/prepare_scale.json)")
+    parser.add_argument("--out",
+                        help="result JSON (default: benchmarks/results/<date>-cpu-<name>-<n>core/prepare_scale.json)")
     args = parser.parse_args()
     work = Path(args.work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
