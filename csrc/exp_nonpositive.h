@@ -4,6 +4,8 @@
 // than 0).
 #pragma once
 
+#include <iterator>  // std::size, the loops' bound over kExpPolynomial
+
 namespace fastformer {
 
 constexpr float kExpLowest = -87.0f;

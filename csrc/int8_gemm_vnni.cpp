@@ -67,7 +67,7 @@ FASTFORMER_INLINE __m512 exp_nonpositive(__m512 x) {
   const __m512 r =
       _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Low), _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2High), x));
   __m512 p = _mm512_set1_ps(kExpPolynomial[0]);
-  for (int i = 1; i < 7; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPolynomial[i]));
+  for (size_t i = 1; i < std::size(kExpPolynomial); ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPolynomial[i]));
   return _mm512_scalef_ps(p, n);
 }
 
