@@ -12,23 +12,32 @@ from pathlib import Path
 RECORDED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
 
 
-def cpu_name_and_flags() -> tuple[str, set[str]]:
-    """-> (the first core's model name, its flags); the machine's architecture and no flags without /proc/cpuinfo."""
-    name, flags = platform.machine() or "cpu", set()
+def first_core_fields() -> dict[str, str]:
+    """-> the first core's /proc/cpuinfo fields ("model name", "cpu family", "model", "flags", ...); {} without it."""
+    fields: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
+            if not line.strip():
                 break
+            key, _, value = line.partition(":")
+            fields[key.strip()] = value.strip()
     except OSError:
         pass
-    return name, flags
+    return fields
+
+
+def cpu_name_and_flags() -> tuple[str, set[str]]:
+    """-> ("<model name>, family F model M", its flags); the architecture and no flags without /proc/cpuinfo."""
+    fields = first_core_fields()
+    name = fields.get("model name", platform.machine() or "cpu")
+    # A virtual machine may call every generation "AMD EPYC": the family and model tell Zen 4 (25, 17) from Zen 5.
+    if "cpu family" in fields and "model" in fields:
+        name += f", family {fields['cpu family']} model {fields['model']}"
+    return name, set(fields.get("flags", "").split())
 
 
 def cpu_description() -> str:
-    """"<model name>, <n> cores (<the recorded flags it has>)"."""
+    """"<model name>, family F model M, <n> cores (<the recorded flags it has>)"."""
     name, flags = cpu_name_and_flags()
     features = [flag for flag in RECORDED_FLAGS if flag in flags]
     return f"{name}, {os.cpu_count()} cores ({' '.join(features) or 'no AVX2'})"
@@ -36,5 +45,6 @@ def cpu_description() -> str:
 
 def cpu_slug() -> str:
     """"cpu-<model name as a file-name-safe slug>-<n>core", for results folders."""
-    name = re.sub(r"[^a-z0-9]+", "-", cpu_name_and_flags()[0].lower()).strip("-")
+    model_name = first_core_fields().get("model name", platform.machine() or "cpu")
+    name = re.sub(r"[^a-z0-9]+", "-", model_name.lower()).strip("-")
     return f"cpu-{name}-{os.cpu_count()}core"
