@@ -48,7 +48,9 @@ rows took 16.9 ms on one thread against 30.5 ms capped (results/2026-11-27-cpu-a
 their capped int8 figures were faster than an AVX2 CPU's. Runs before 2026-11-28's MKL cap left MKL uncapped, which
 CTranslate2 runs every GEMM through on an Intel CPU (AVX-512 and AMX there; on AMD it takes oneDNN, which is capped):
 their capped Intel figures are CTranslate2 uncapped. On a CPU with AVX-VNNI the cap keeps it (AVX_VNNI_CAPS): such a
-CPU runs as an AVX2 + AVX-VNNI one. The JSON names the caps; the figures are capped ones, not an AVX2 machine's.
+CPU runs as an AVX2 + AVX-VNNI one; --cap-isa avx2-no-vnni runs it as an AVX2 CPU without VNNI (fastformer's
+FASTFORMER_CPU_VNNI=0: 7-bit int8 activations and its AVX2 int8 GEMM). The JSON names the caps; the figures are
+capped ones, not an AVX2 machine's.
 
 The checksums differ between the systems by construction (fastformer's last token is the forced EOS, scored,
 CTranslate2's a last real token) and between compute types (random weights give near-uniform log-probabilities,
@@ -94,8 +96,11 @@ STEADY_TOLERANCE = 0.03
 FLOOR_PAIRS = 5  # the GEMM floor and the search, timed in turn (share_of_gemm_floor)
 HEADLINE = dict(beam=4, source_tokens=20, sentences=64)
 # --cap-isa: every library's own cap, so that a newer CPU runs as an older one would (module docstring).
-ISA_CAPS = {"avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",
-                     "MKL_ENABLE_INSTRUCTIONS": "AVX2", "CT2_FORCE_CPU_ISA": "AVX2", "FASTFORMER_CPU_ISA": "avx2"}}
+AVX2_CAPS = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",
+             "MKL_ENABLE_INSTRUCTIONS": "AVX2", "CT2_FORCE_CPU_ISA": "AVX2", "FASTFORMER_CPU_ISA": "avx2"}
+# avx2-no-vnni: the same without AVX-VNNI in fastformer too (FASTFORMER_CPU_VNNI=0), as Zen 2-4 and Haswell to Ice
+# Lake run, on a CPU that has it.
+ISA_CAPS = {"avx2": AVX2_CAPS, "avx2-no-vnni": {**AVX2_CAPS, "FASTFORMER_CPU_VNNI": "0"}}
 # On a CPU with AVX-VNNI (VNNI on 256-bit vectors), which FASTFORMER_CPU_ISA=avx2 keeps, the libraries that have
 # AVX-VNNI code keep it too: the cap is then an AVX2 + AVX-VNNI CPU's, as Intel's Alder Lake and Sierra Forest are.
 AVX_VNNI_CAPS = {"ONEDNN_MAX_CPU_ISA": "AVX2_VNNI", "MKL_ENABLE_INSTRUCTIONS": "AVX2_E1"}

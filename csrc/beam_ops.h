@@ -255,7 +255,9 @@ std::vector<const CpuLoops*> cpu_isas();
 // variable FASTFORMER_CPU_ISA names (one of cpu_isas(); another name throws std::invalid_argument saying which).
 const CpuLoops& cpu_loops();
 // Whether the CPU has VNNI (AVX512-VNNI or AVX-VNNI): int8 dot products summed in int32. Only that of the
-// instruction sets cpu_loops() runs counts: under FASTFORMER_CPU_ISA the VNNI of those above the cap does not.
+// instruction sets cpu_loops() runs counts: under FASTFORMER_CPU_ISA the VNNI of those above the cap does not, and
+// FASTFORMER_CPU_VNNI=0 turns it off (an AVX2 CPU's int8 path on a CPU with AVX-VNNI; another value than 0 or 1
+// throws std::invalid_argument naming it).
 bool cpu_has_vnni();
 
 // fp32 CPU implementations, in cpu_loops().

@@ -105,8 +105,20 @@ const CpuLoops& cpu_loops() {
   return loops;
 }
 
+// Whether FASTFORMER_CPU_VNNI leaves VNNI on: unset, empty or 1; 0 turns it off; another value throws.
+bool vnni_allowed() {
+  static const bool allowed = [] {  // a bad value throws again at the next call
+    const char* value = std::getenv("FASTFORMER_CPU_VNNI");
+    if (!value || !*value || std::string(value) == "1") return true;
+    if (std::string(value) == "0") return false;
+    throw std::invalid_argument("FASTFORMER_CPU_VNNI=" + std::string(value) + " is neither 0 (VNNI off) nor 1");
+  }();
+  return allowed;
+}
+
 bool cpu_has_vnni() {
 #ifdef FASTFORMER_X86_ISAS
+  if (!vnni_allowed()) return false;
   __builtin_cpu_init();
   const std::string isa = cpu_loops().isa;
   return (isa == "avx512" && __builtin_cpu_supports("avx512vnni")) ||

@@ -77,9 +77,9 @@ struct Int8Gemm {
 std::vector<const Int8Gemm*> int8_gemms();
 
 // The one int8 layers take, or null: AVX512-VNNI's where the CPU loops are AVX-512's (beam_ops.h's cpu_loops(),
-// which FASTFORMER_CPU_ISA caps) and the CPU has it; else, where the loops are not the baseline's, AVX-VNNI's where
-// VNNI counts (beam_ops.h's cpu_has_vnni: 8-bit rows) and AVX2's where it does not (int8_activation_max() is then 63:
-// 7-bit rows).
+// which FASTFORMER_CPU_ISA caps) and VNNI counts (beam_ops.h's cpu_has_vnni); else, where the loops are not the
+// baseline's, AVX-VNNI's where VNNI counts (8-bit rows) and AVX2's where it does not (int8_activation_max() is then
+// 63: 7-bit rows).
 const Int8Gemm* int8_gemm_here();
 
 // Whether int8 layers run one of fastformer's own GEMMs here.

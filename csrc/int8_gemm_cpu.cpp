@@ -33,7 +33,7 @@ std::vector<const Int8Gemm*> int8_gemms() {
 const Int8Gemm* int8_gemm_here() {
   static const Int8Gemm* const chosen = [] () -> const Int8Gemm* {
     const std::string isa = cpu_loops().isa;
-    if (isa == "avx512" && vnni_int8_gemm()) return vnni_int8_gemm();
+    if (isa == "avx512" && cpu_has_vnni() && vnni_int8_gemm()) return vnni_int8_gemm();
     if (isa == "baseline") return nullptr;
     // With VNNI of any width the rows are 8-bit (linear.h's int8_activation_max), which vpmaddubsw's int16 pairs
     // would saturate on: AVX-VNNI's vpdpbusd takes them.

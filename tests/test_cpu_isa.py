@@ -24,10 +24,18 @@ ISAS = extension().cpu_isas()
 ORACLE_TESTS = ["test_extension.py", "test_beam_search.py", "test_compute_types.py", "test_scoring.py"]
 
 
-def run_python(code: str, isa: str) -> subprocess.CompletedProcess:
+# The CPU has AVX-VNNI, which the avx2 loops keep unless FASTFORMER_CPU_VNNI=0 turns it off.
+HAS_AVX_VNNI = Path("/proc/cpuinfo").exists() and " avx_vnni" in Path("/proc/cpuinfo").read_text()
+ROUTES_CODE = ("import torch\n"
+               "from fastformer.decoding.compiled import extension\n"
+               "routes = [extension().PackedLinear(torch.ones(3, 4), None, 1, t).route for t in ('float32', 'int8')]\n"
+               "print(extension().cpu_isa(), extension().int8_activation_max(), *routes)")
+
+
+def run_python(code: str, isa: str, vnni: str = "") -> subprocess.CompletedProcess:
     # From tests/, so that the installed package is imported, not the source tree (which has no extension).
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=TESTS,
-                          env={**os.environ, "FASTFORMER_CPU_ISA": isa})
+                          env={**os.environ, "FASTFORMER_CPU_ISA": isa, "FASTFORMER_CPU_VNNI": vnni})
 
 
 def test_the_widest_instruction_set_is_chosen_and_the_baseline_is_always_there():
@@ -38,11 +46,7 @@ def test_the_widest_instruction_set_is_chosen_and_the_baseline_is_always_there()
 
 @pytest.mark.parametrize("isa", ISAS)
 def test_fastformer_cpu_isa_picks_the_loops_caps_vnni_and_picks_the_gemms(isa):
-    done = run_python("import torch\n"
-                      "from fastformer.decoding.compiled import extension\n"
-                      "routes = [extension().PackedLinear(torch.ones(3, 4), None, 1, t).route for t in ('float32', "
-                      "'int8')]\n"
-                      "print(extension().cpu_isa(), extension().int8_activation_max(), *routes)", isa)
+    done = run_python(ROUTES_CODE, isa)
     assert done.returncode == 0, done.stderr
     chosen, activation_max, float32_route, int8_route = done.stdout.split()
     assert chosen == isa
@@ -60,6 +64,21 @@ def test_fastformer_cpu_isa_picks_the_loops_caps_vnni_and_picks_the_gemms(isa):
         assert int8_route == "avx2-int8"
 
 
+@pytest.mark.parametrize("isa", ISAS[:-1])
+def test_fastformer_cpu_vnni_0_runs_the_int8_path_of_a_cpu_without_vnni(isa):
+    done = run_python(ROUTES_CODE, isa, vnni="0")
+    assert done.returncode == 0, done.stderr
+    chosen, activation_max, float32_route, int8_route = done.stdout.split()
+    assert (chosen, float(activation_max), int8_route) == (isa, 63.0, "avx2-int8")
+    assert (float32_route == "avx2-float32") == (isa == "avx2")  # the float32 GEMM does not depend on VNNI
+
+
+def test_a_fastformer_cpu_vnni_other_than_0_or_1_is_a_one_line_error_naming_it():
+    done = run_python(ROUTES_CODE, ISAS[0], vnni="off")
+    assert done.returncode != 0
+    assert "FASTFORMER_CPU_VNNI=off is neither 0 (VNNI off) nor 1" in done.stderr.strip().splitlines()[-1]
+
+
 def test_an_unknown_or_unrunnable_instruction_set_is_a_one_line_error_naming_the_valid_ones():
     code = ("import torch, fastformer\n"
             "model = fastformer.Transformer(fastformer.TransformerConfig.tiny(vocab_size=50)).eval()\n"
@@ -72,11 +91,14 @@ def test_an_unknown_or_unrunnable_instruction_set_is_a_one_line_error_naming_the
         assert "use one of: " + ", ".join(ISAS) in last_line
 
 
-@pytest.mark.parametrize("isa", ISAS[1:])  # the widest is the one every other test runs
-def test_the_oracle_tests_pass_in_the_loops_of(isa):
+# The widest is the one every other test runs; the AVX2 loops without AVX-VNNI also where the CPU has it (an AVX2
+# CPU's int8 path: 7-bit rows and the AVX2 int8 GEMM).
+@pytest.mark.parametrize("isa, vnni", [(isa, "") for isa in ISAS[1:]] +
+                         [("avx2", "0")] * ("avx2" in ISAS and HAS_AVX_VNNI))
+def test_the_oracle_tests_pass_in_the_loops_of(isa, vnni):
     done = subprocess.run([sys.executable, "-m", "pytest", *ORACLE_TESTS, "-q", "-x", "-p", "no:cacheprovider"],
                           capture_output=True, text=True, timeout=900, cwd=TESTS,
-                          env={**os.environ, "FASTFORMER_CPU_ISA": isa})
+                          env={**os.environ, "FASTFORMER_CPU_ISA": isa, "FASTFORMER_CPU_VNNI": vnni})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert " passed" in done.stdout.strip().splitlines()[-1]
 
