@@ -105,6 +105,8 @@ const CpuLoops& cpu_loops() {
   return loops;
 }
 
+namespace {
+
 // Whether FASTFORMER_CPU_VNNI leaves VNNI on: unset, empty or 1; 0 turns it off; another value throws.
 bool vnni_allowed() {
   static const bool allowed = [] {  // a bad value throws again at the next call
@@ -115,6 +117,8 @@ bool vnni_allowed() {
   }();
   return allowed;
 }
+
+}  // namespace
 
 bool cpu_has_vnni() {
 #ifdef FASTFORMER_X86_ISAS
