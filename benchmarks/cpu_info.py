@@ -26,10 +26,15 @@ def first_core_fields() -> dict[str, str]:
     return fields
 
 
+def model_name(fields: dict[str, str]) -> str:
+    """first_core_fields' "model name", or the machine's architecture without it."""
+    return fields.get("model name", platform.machine() or "cpu")
+
+
 def cpu_name_and_flags() -> tuple[str, set[str]]:
     """-> ("<model name>, family F model M", its flags); the architecture and no flags without /proc/cpuinfo."""
     fields = first_core_fields()
-    name = fields.get("model name", platform.machine() or "cpu")
+    name = model_name(fields)
     # A virtual machine may call every generation "AMD EPYC": the family and model tell Zen 4 (25, 17) from Zen 5.
     if "cpu family" in fields and "model" in fields:
         name += f", family {fields['cpu family']} model {fields['model']}"
@@ -45,6 +50,5 @@ def cpu_description() -> str:
 
 def cpu_slug() -> str:
     """"cpu-<model name as a file-name-safe slug>-<n>core", for results folders."""
-    model_name = first_core_fields().get("model name", platform.machine() or "cpu")
-    name = re.sub(r"[^a-z0-9]+", "-", model_name.lower()).strip("-")
+    name = re.sub(r"[^a-z0-9]+", "-", model_name(first_core_fields()).lower()).strip("-")
     return f"cpu-{name}-{os.cpu_count()}core"
