@@ -17,15 +17,17 @@ import pytest
 from fastformer.decoding.compiled import extension
 
 TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS.parent / "benchmarks"))
+from cpu_info import cpu_name_and_flags  # noqa: E402  (benchmarks/: /proc/cpuinfo's flags, as the records read them)
+
 ISAS = extension().cpu_isas()
 # The oracles' tests of everything the loops compute: the ops against the reference attention, the search against
 # the reference search and brute force, int8 (its row scales) against float64 products, and scoring (its
 # block_attention) against the reference's teacher-forced log-softmax.
 ORACLE_TESTS = ["test_extension.py", "test_beam_search.py", "test_compute_types.py", "test_scoring.py"]
-
-
-# The CPU has AVX-VNNI, which the avx2 loops keep unless FASTFORMER_CPU_VNNI=0 turns it off.
-HAS_AVX_VNNI = Path("/proc/cpuinfo").exists() and " avx_vnni" in Path("/proc/cpuinfo").read_text()
+# The CPU has AVX-VNNI (the flag itself, not avx_vnni_int8 and the like), which the avx2 loops keep unless
+# FASTFORMER_CPU_VNNI=0 turns it off.
+HAS_AVX_VNNI = "avx_vnni" in cpu_name_and_flags()[1]
 ROUTES_CODE = ("import torch\n"
                "from fastformer.decoding.compiled import extension\n"
                "routes = [extension().PackedLinear(torch.ones(3, 4), None, 1, t).route for t in ('float32', 'int8')]\n"
