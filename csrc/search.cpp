@@ -179,9 +179,9 @@ class StepRules {
       int32_t* forced = state.forced_tokens.data_ptr<int32_t>();
       std::fill_n(forced, state.forced_tokens.numel(), -1);
       for (int64_t r = 0; r < n_rows; ++r) {
-        const int64_t choice = draw_row(row_values.data_ptr<float>() + r * k, k, uniforms[slots[r]],
-                                        options_.sampling_temperature);
-        forced[slots[r]] = static_cast<int32_t>(row_ids.data_ptr<int64_t>()[r * k + choice]);
+        forced[slots[r]] = static_cast<int32_t>(draw_row(row_values.data_ptr<float>() + r * k,
+                                                         row_ids.data_ptr<int64_t>() + r * k, k, uniforms[slots[r]],
+                                                         options_.sampling_temperature));
       }
       return;
     }
@@ -282,13 +282,14 @@ class StepRules {
     if (values.is_cpu()) {
       const at::Tensor row_values = values.to(at::kFloat).contiguous(), row_uniforms = uniforms.contiguous();
       const at::Tensor row_ids = ids.defined() ? ids.contiguous() : ids;
+      const int64_t* const id_rows = row_ids.defined() ? row_ids.data_ptr<int64_t>() : nullptr;
       const int64_t n_rows = row_values.size(0), n = row_values.size(1);
       at::Tensor drawn = at::empty({n_rows}, values.options().dtype(at::kInt));
       for (int64_t r = 0; r < n_rows; ++r) {
-        const int64_t choice = draw_row(row_values.data_ptr<float>() + r * n, n, row_uniforms.data_ptr<float>()[r],
-                                        /*temperature=*/1.0);  // the callers' values are over it already
-        drawn.data_ptr<int32_t>()[r] =
-            static_cast<int32_t>(row_ids.defined() ? row_ids.data_ptr<int64_t>()[r * n + choice] : choice);
+        // Temperature 1: the callers' values are over it already.
+        drawn.data_ptr<int32_t>()[r] = static_cast<int32_t>(draw_row(
+            row_values.data_ptr<float>() + r * n, id_rows ? id_rows + r * n : nullptr, n,
+            row_uniforms.data_ptr<float>()[r], /*temperature=*/1.0));
       }
       return drawn;
     }
@@ -302,8 +303,9 @@ class StepRules {
   }
 
   // draw's inverse CDF for one row on the CPU, the same steps in the same order: logits[0:n] over the temperature
-  // (best first where top-p applies, -inf for none) -> the index of the candidate drawn at uniform u.
-  int64_t draw_row(const float* logits, int64_t n, float u, double temperature) const {
+  // (best first where top-p applies, -inf for none) and their ids[0:n] (null: the vocabulary's order) -> the id of
+  // the candidate drawn at uniform u.
+  int64_t draw_row(const float* logits, const int64_t* ids, int64_t n, float u, double temperature) const {
     const float divisor = static_cast<float>(temperature);
     thread_local std::vector<float> probs;
     probs.resize(n);
@@ -324,7 +326,9 @@ class StepRules {
     }
     for (int64_t i = 1; i < n; ++i) probs[i] += probs[i - 1];  // the CDF
     const float target = probs[n - 1] * u;
-    return std::min<int64_t>(std::upper_bound(probs.begin(), probs.end(), target) - probs.begin(), n - 1);
+    const int64_t choice = std::min<int64_t>(std::upper_bound(probs.begin(), probs.end(), target) - probs.begin(),
+                                             n - 1);
+    return ids ? ids[choice] : choice;
   }
 
   // The draws' uniforms [n_rows] of `rows` at step ([1] int64).
