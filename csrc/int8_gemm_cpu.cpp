@@ -93,15 +93,6 @@ void int8_merge_summaries(const Int8RowSummary* parts, int n_parts, int64_t rows
 
 namespace int8_tiles {
 
-uint32_t allowed_lanes(const Int8RowSummary& summary, int64_t panel, int64_t out) {
-  const int64_t left = out - panel * 16;
-  uint32_t allowed = left >= 16 ? 0xFFFFu : (1u << left) - 1;
-  for (int i = 0; i < summary.n_barred; ++i) {
-    if (summary.barred[i] / 16 == panel) allowed &= ~(1u << (summary.barred[i] % 16));
-  }
-  return allowed;
-}
-
 void offer(RowSummary& row, int k, int64_t panel, const float* values, uint32_t candidates) {
   for (; candidates; candidates &= candidates - 1) {
     const int lane = __builtin_ctz(candidates);

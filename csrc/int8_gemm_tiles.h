@@ -48,8 +48,16 @@ struct Tile {
 using TileFunction = void (*)(const Tile&);
 
 // The lanes of panel `panel` (bit i: output 16 * panel + i) that may be a row's best: those below out but the
-// summary's barred ids.
-uint32_t allowed_lanes(const Int8RowSummary& summary, int64_t panel, int64_t out);
+// summary's barred ids. Inlined in each tile's file (static: each compiled for its own instruction set), where a call
+// a panel of every tile was 0.5% of an int8 search's time.
+static inline uint32_t allowed_lanes(const Int8RowSummary& summary, int64_t panel, int64_t out) {
+  const int64_t left = out - panel * 16;
+  uint32_t allowed = left >= 16 ? 0xFFFFu : (1u << left) - 1;
+  for (int i = 0; i < summary.n_barred; ++i) {
+    if (summary.barred[i] / 16 == panel) allowed &= ~(1u << (summary.barred[i] % 16));
+  }
+  return allowed;
+}
 
 // Offers a row's outputs `values` [16] of panel `panel` in the lanes of `candidates` to its best, in the order of
 // their ids (those that beat its bar when the panel came).
