@@ -123,8 +123,13 @@ void run_tiles(const Int8Gemm& gemm, Tile tile, int64_t rows, int64_t first_pane
   const int64_t chunk_rows = std::max<int64_t>(tile_rows, kRowChunkBytes / row_bytes / tile_rows * tile_rows);
   for (int64_t chunk = 0; chunk < rows; chunk += chunk_rows) {
     const int64_t chunk_end = std::min(rows, chunk + chunk_rows);
+    // Each of a block's tiles asks for a share of the next block's weights: all of them from its first tile
+    // stalled that tile on the full miss buffers while they came from memory.
+    const int64_t n_row_tiles = (chunk_end - chunk + tile_rows - 1) / tile_rows;
+    const int64_t share = (tile.input_groups + n_row_tiles - 1) / n_row_tiles;
     for (int64_t panel = first_panel; panel < end_panel; panel += gemm.tile_panels) {
       const int n_panels = static_cast<int>(std::min<int64_t>(gemm.tile_panels, end_panel - panel));
+      const bool has_next = panel + gemm.tile_panels < end_panel;
       for (int64_t row = chunk; row < chunk_end; row += tile_rows) {
         const int n_rows = static_cast<int>(std::min<int64_t>(tile_rows, chunk_end - row));
         tile.x_q = whole.x_q + row * row_bytes;
@@ -133,9 +138,9 @@ void run_tiles(const Int8Gemm& gemm, Tile tile, int64_t rows, int64_t first_pane
         tile.offsets = whole.offsets + panel * 16;
         tile.w_scales = whole.w_scales + panel * 16;
         tile.bias = whole.bias ? whole.bias + panel * 16 : nullptr;
-        tile.next_panels = row == chunk && panel + gemm.tile_panels < end_panel
-                               ? whole.panels + (panel + gemm.tile_panels) * panel_bytes
-                               : nullptr;
+        const int64_t first_group = (row - chunk) / tile_rows * share;
+        tile.prefetch_groups = has_next ? std::clamp<int64_t>(tile.input_groups - first_group, 0, share) : 0;
+        tile.next_panels = whole.panels + (panel + gemm.tile_panels) * panel_bytes + first_group * 64;
         tile.first_panel = panel;
         tile.y = whole.y ? whole.y + row * whole.out + panel * 16 : nullptr;
         tile.rows = whole.rows ? whole.rows + row : nullptr;
@@ -155,7 +160,7 @@ void int8_gemm(const Int8Gemm& gemm, const uint8_t* x_q, const float* x_scales, 
                int64_t out, int64_t first_panel, int64_t end_panel, float* y) {
   const int64_t groups = int8_input_groups(in);
   const int8_tiles::Tile tile{x_q, groups * 4, x_scales, panels, groups * 64, groups, offsets, w_scales, bias,
-                              nullptr, relu, first_panel, out, y, nullptr, nullptr, nullptr};
+                              nullptr, 0, relu, first_panel, out, y, nullptr, nullptr, nullptr};
   int8_tiles::run_tiles(gemm, tile, rows, first_panel, end_panel);
 }
 
@@ -176,7 +181,7 @@ void int8_gemm_summary(const Int8Gemm& gemm, const uint8_t* x_q, const float* x_
     row.picked = -inf;
   }
   const int8_tiles::Tile tile{x_q, groups * 4, x_scales, panels, groups * 64, groups, offsets, w_scales, bias,
-                              nullptr, false, first_panel, out, nullptr, summaries.data(), &summary,
+                              nullptr, 0, false, first_panel, out, nullptr, summaries.data(), &summary,
                               summary.picked_ids};
   int8_tiles::run_tiles(gemm, tile, rows, first_panel, end_panel);
   for (int64_t r = 0; r < rows; ++r) {

@@ -34,9 +34,11 @@ struct Tile {
   const int32_t* offsets;  // from the tile's first output on, as w_scales and bias
   const float* w_scales;
   const float* bias;
-  // The next block's panels, to prefetch into L2 while the first tile of this block reads its own from memory (into
-  // L1 they would evict the panels in use); null in the others.
+  // The next block's panels, to prefetch into L2 (into L1 they would evict the panels in use) while this block's
+  // tiles read their own: its input groups [0, prefetch_groups) from next_panels on, the tile's share of them
+  // (run_tiles spreads them over the block's tiles); 0 where none.
   const int8_t* next_panels;
+  int64_t prefetch_groups;
   bool relu;
   int64_t first_panel, out;
   float* y;  // the tile's first row and output; null: `rows` summarizes the outputs instead

@@ -156,7 +156,7 @@ void run_tile(const Tile& t) {
   for (int64_t g = 0; g < t.input_groups; ++g) {
     __m512i weights[kPanels];
     for (int p = 0; p < kPanels; ++p) weights[p] = _mm512_loadu_si512(t.panels + p * t.panel_bytes + g * 64);
-    if (t.next_panels) {
+    if (g < t.prefetch_groups) {
       for (int p = 0; p < kTilePanels; ++p) {
         _mm_prefetch(reinterpret_cast<const char*>(t.next_panels + p * t.panel_bytes + g * 64), _MM_HINT_T1);
       }
