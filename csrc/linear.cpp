@@ -63,8 +63,12 @@ at::Tensor row_scales(const at::Tensor& x, WriteRow&& write) {
   float* scale = scales.data_ptr<float>();
   const float levels = int8_activation_max();
   at::parallel_for(0, rows, rows_per_task(in), [&](int64_t first_row, int64_t end_row) {
-    row_absmax_cpu(source + first_row * in, end_row - first_row, in, scale + first_row);
+    // A block of rows at a time, so that `write` reads them from L1.
+    const int64_t block_rows = std::max<int64_t>(1, (16 << 10) / (in * static_cast<int64_t>(sizeof(float))));
     for (int64_t r = first_row; r < end_row; ++r) {
+      if ((r - first_row) % block_rows == 0) {
+        row_absmax_cpu(source + r * in, std::min(block_rows, end_row - r), in, scale + r);
+      }
       const float absmax = scale[r];
       const bool finite = !std::isnan(absmax);
       const bool usable = finite && absmax > 0.0f;
