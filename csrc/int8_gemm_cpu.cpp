@@ -140,7 +140,8 @@ void run_tiles(const Int8Gemm& gemm, Tile tile, int64_t rows, int64_t first_pane
         tile.bias = whole.bias ? whole.bias + panel * 16 : nullptr;
         const int64_t first_group = (row - chunk) / tile_rows * share;
         tile.prefetch_groups = has_next ? std::clamp<int64_t>(tile.input_groups - first_group, 0, share) : 0;
-        tile.next_panels = whole.panels + (panel + gemm.tile_panels) * panel_bytes + first_group * 64;
+        tile.next_panels =
+            has_next ? whole.panels + (panel + gemm.tile_panels) * panel_bytes + first_group * 64 : nullptr;
         tile.first_panel = panel;
         tile.y = whole.y ? whole.y + row * whole.out + panel * 16 : nullptr;
         tile.rows = whole.rows ? whole.rows + row : nullptr;

@@ -36,7 +36,7 @@ struct Tile {
   const float* bias;
   // The next block's panels, to prefetch into L2 (into L1 they would evict the panels in use) while this block's
   // tiles read their own: its input groups [0, prefetch_groups) from next_panels on, the tile's share of them
-  // (run_tiles spreads them over the block's tiles); 0 where none.
+  // (run_tiles spreads them over the block's tiles); null and 0 where there is no next block.
   const int8_t* next_panels;
   int64_t prefetch_groups;
   bool relu;
