@@ -158,6 +158,22 @@ at::Tensor call(const c10::OperatorHandle& op, std::vector<c10::IValue> argument
 // The weights' steps a side in FBGEMM's and oneDNN's int8 routes (the own GEMMs' are Int8Gemm::weight_max).
 constexpr int kLibraryInt8WeightMax = 127;
 
+// The units (blocks of a GEMM's outputs, each of outputs_per_unit) a thread's task takes: at least 2^22 multiply-adds
+// a task, or as long reading weights. Below `weight_bound_rows` rows a GEMM's time is that of reading its weights
+// from memory (a decoding step's, which pass through the L3 every step), and a task takes as long as
+// weight_bound_rows rows' multiply-adds would.
+int64_t units_per_task(int64_t rows, int64_t in, int64_t outputs_per_unit, int64_t weight_bound_rows) {
+  const int64_t unit_work = std::max<int64_t>(1, std::max(rows, weight_bound_rows) * in * outputs_per_unit);
+  return std::max<int64_t>(1, (int64_t{1} << 22) / unit_work);
+}
+
+// The own int8 GEMM's weight_bound_rows: on the AVX-512 test CPU, one thread, it multiply-adds at ~460 G/s and reads
+// weights from memory at ~34 GB/s, one byte a weight (a one-row step's 41 MB in 1.2 ms): 14 rows. Counting a task in
+// multiply-adds alone, one thread had taken every GEMM of a one-row step but the output projection; split, on 2
+// threads: the step's GEMMs 0.93-1.13 -> 0.68-0.81 ms, a sentence's greedy search 30-34 -> 24-30 ms
+// (benchmarks/results/2026-11-29-cpu-amd-epyc-2core-c).
+constexpr int64_t kInt8WeightBoundRows = 14;
+
 }  // namespace
 
 int64_t rows_per_task(int64_t width) { return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(width, 1)); }
@@ -344,10 +360,10 @@ at::Tensor PackedLinear::own_int8_linear(const at::Tensor& x, std::optional<Acti
   const int64_t rows = x.size(0);
   at::Tensor y = at::empty({rows, out_features_}, x.options());
   const bool relu = activation == Activation::kRelu;
-  // A task of at least 2^22 multiply-adds (~20-40 us), in blocks of 4 panels (the AVX512-VNNI GEMM's tile).
+  // Tasks of units_per_task blocks of 4 panels (the AVX512-VNNI GEMM's tile).
   const int64_t n_panels = int8_panel_count(out_features_), n_blocks = (n_panels + 3) / 4;
-  const int64_t block_work = std::max<int64_t>(1, rows * in_features_ * 64);
-  at::parallel_for(0, n_blocks, std::max<int64_t>(1, (int64_t{1} << 22) / block_work), [&](int64_t first, int64_t end) {
+  const int64_t blocks_per_task = units_per_task(rows, in_features_, 64, kInt8WeightBoundRows);
+  at::parallel_for(0, n_blocks, blocks_per_task, [&](int64_t first, int64_t end) {
     int8_gemm(*own_int8_gemm_, quantized.data_ptr<uint8_t>(), scales.data_ptr<float>(), rows, in_features_,
               weight_.data_ptr<int8_t>(), panel_offsets_.data_ptr<int32_t>(), weight_scales_.data_ptr<float>(),
               bias_ ? bias_->data_ptr<float>() : nullptr, relu, out_features_, first * 4, std::min(end * 4, n_panels),
@@ -358,6 +374,10 @@ at::Tensor PackedLinear::own_int8_linear(const at::Tensor& x, std::optional<Acti
 
 // The rows a thread must get before avx2_float32_linear splits a call's rows, not its panels, across threads.
 constexpr int64_t kFloat32RowsToSplit = 96;
+
+// The own float32 GEMM's weight_bound_rows (units_per_task): capped to AVX2 on the AVX-512 test CPU, one thread, it
+// multiply-adds at ~62 G/s and reads weights from memory at ~34 GB/s, four bytes a weight: 7 rows.
+constexpr int64_t kFloat32WeightBoundRows = 7;
 
 at::Tensor PackedLinear::avx2_float32_linear(const at::Tensor& x, std::optional<Activation> activation) const {
   TORCH_CHECK(x.scalar_type() == at::kFloat, "a float32 linear layer takes float32 rows, got ", x.scalar_type());
@@ -387,10 +407,9 @@ at::Tensor PackedLinear::avx2_float32_linear(const at::Tensor& x, std::optional<
     at::parallel_for(0, rows, kFloat32RowsToSplit,
                      [&](int64_t first, int64_t end) { run(packed(first, end), first, end, 0, n_panels); });
   } else {
-    // The rows packed once; a task of at least 2^22 multiply-adds (~80 us), whole panels.
+    // The rows packed once; tasks of units_per_task whole panels.
     const at::Tensor all_rows = packed(0, rows);
-    const int64_t panel_work = std::max<int64_t>(1, rows * in_features_ * 16);
-    at::parallel_for(0, n_panels, std::max<int64_t>(1, (int64_t{1} << 22) / panel_work),
+    at::parallel_for(0, n_panels, units_per_task(rows, in_features_, 16, kFloat32WeightBoundRows),
                      [&](int64_t first, int64_t end) { run(all_rows, 0, rows, first, end); });
   }
   return relu ? y : apply_activation(y, activation);
