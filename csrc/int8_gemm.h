@@ -6,7 +6,9 @@
 // library's dequantization, then the rows' scales and the bias).
 //
 // Layout: W_q [out, in] int8 is held in panels of 16 outputs, each [in_groups, 16, 4] (in_groups = ceil(in / 4)):
-// the 4 consecutive inputs of 16 outputs are one 64-byte vector. The rows go in as uint8 x_q + zero_point (the
+// the 4 consecutive inputs of 16 outputs are one 64-byte vector. The panels go in blocks of the GEMM's tile_panels,
+// interleaved group by group ([in_groups, tile_panels, 16, 4] a block), so that a tile reads its weights as one
+// stream. The rows go in as uint8 x_q + zero_point (the
 // instructions multiply unsigned by signed bytes), and zero_point * each output's weight sum (its offset) is
 // subtracted from the sums. One Int8Gemm per instruction set:
 // - AVX512-VNNI: 8-bit rows (x_q in [-127, 127], zero point 128). vpdpbusd multiplies 4 bytes of a row, broadcast,
@@ -89,17 +91,22 @@ inline bool int8_gemm_runs() { return int8_gemm_here() != nullptr; }
 inline int64_t int8_panel_count(int64_t out) { return (out + 15) / 16; }
 inline int64_t int8_input_groups(int64_t in) { return (in + 3) / 4; }
 
-// weight [out, in] int8 -> panels [panel_count, input_groups, 16, 4] (zeros past out and in) and offsets
-// [panel_count * 16] (zero_point * each output's weight sum, 0 past out). The weights must lie in the GEMM's
-// [-weight_max, weight_max].
-void int8_pack_panels(const int8_t* weight, int64_t out, int64_t in, int zero_point, int8_t* panels,
-                      int32_t* offsets);
+// The bytes of `out` outputs' panels of `in` inputs in blocks of block_panels (whole blocks).
+inline int64_t int8_packed_bytes(int64_t out, int64_t in, int block_panels) {
+  return (int8_panel_count(out) + block_panels - 1) / block_panels * block_panels * int8_input_groups(in) * 64;
+}
+
+// weight [out, in] int8 -> panels [int8_packed_bytes(out, in, block_panels)] in blocks of block_panels panels, each
+// [input_groups, block_panels, 16, 4] (zeros past out and in), and offsets [panel_count * 16] (zero_point * each
+// output's weight sum, 0 past out). The weights must lie in the GEMM's [-weight_max, weight_max].
+void int8_pack_panels(const int8_t* weight, int64_t out, int64_t in, int zero_point, int block_panels,
+                      int8_t* panels, int32_t* offsets);
 
 // y[:, panels first_panel .. end_panel) <- (x_q - zero_point) W_q^T * x_scales[row] * w_scales + bias, then ReLU where
 // relu, in `gemm`'s tiles; y's row stride is out (a last panel past it is stored in part). x_q: [rows,
 // input_groups(in) * 4] uint8 (gemm.quantize_row's), x_scales: [rows], panels/offsets: int8_pack_panels' with
-// gemm's zero point, w_scales and bias: [panel_count * 16] (0 past out; bias may be null). Single-threaded: the
-// caller splits the panels across threads.
+// gemm's zero point and block_panels gemm.tile_panels, w_scales and bias: [panel_count * 16] (0 past out; bias may
+// be null); first_panel a multiple of gemm.tile_panels. Single-threaded: the caller splits the panels across threads.
 void int8_gemm(const Int8Gemm& gemm, const uint8_t* x_q, const float* x_scales, int64_t rows, int64_t in,
                const int8_t* panels, const int32_t* offsets, const float* w_scales, const float* bias, bool relu,
                int64_t out, int64_t first_panel, int64_t end_panel, float* y);

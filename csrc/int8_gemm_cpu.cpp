@@ -42,16 +42,19 @@ const Int8Gemm* int8_gemm_here() {
   return chosen;
 }
 
-void int8_pack_panels(const int8_t* weight, int64_t out, int64_t in, int zero_point, int8_t* panels,
-                      int32_t* offsets) {
+void int8_pack_panels(const int8_t* weight, int64_t out, int64_t in, int zero_point, int block_panels,
+                      int8_t* panels, int32_t* offsets) {
   const int64_t n_panels = int8_panel_count(out), groups = int8_input_groups(in);
-  std::memset(panels, 0, n_panels * groups * 64);
+  std::memset(panels, 0, int8_packed_bytes(out, in, block_panels));
   std::fill(offsets, offsets + n_panels * 16, 0);
+  const int64_t group_bytes = block_panels * 64;  // a block's 64-byte vectors of one group
   for (int64_t o = 0; o < out; ++o) {
-    int8_t* panel = panels + (o / 16) * groups * 64 + (o % 16) * 4;
+    const int64_t panel_index = o / 16;
+    int8_t* panel = panels + (panel_index / block_panels) * groups * group_bytes +
+                    (panel_index % block_panels) * 64 + (o % 16) * 4;
     int32_t sum = 0;
     for (int64_t i = 0; i < in; ++i) {
-      panel[(i / 4) * 64 + i % 4] = weight[o * in + i];
+      panel[(i / 4) * group_bytes + i % 4] = weight[o * in + i];
       sum += weight[o * in + i];
     }
     offsets[o] = zero_point * sum;
@@ -111,6 +114,11 @@ void offer(RowSummary& row, int k, int64_t panel, const float* values, uint32_t 
 namespace {
 
 constexpr int64_t kRowChunkBytes = 192 << 10;  // a chunk of rows quantized stays in L2 while every panel passes
+// From this many row tiles in a block (43 rows on AVX512-VNNI) each tile's share of the next block is small, and the
+// tile asks for it from its first input groups on; over fewer, it spreads the requests over its whole loop
+// (Tile::prefetch_span). One thread, the 37k output projection summarized from memory, k 8: 32 rows 1.78-1.85 ->
+// 1.55-1.64 ms spread; 128 rows 1% slower spread in 5 of 8 rounds (benchmarks/results/2026-11-29-cpu-amd-epyc-2core-c).
+constexpr int64_t kBurstFromRowTiles = 8;
 
 // The tiles of rows [0, rows) x panels [first_panel, end_panel): `tile` holds what they share (x_q, x_scales,
 // panels, offsets, w_scales, bias, y and rows at their starts, and the rest as they are), each tile its own part.
@@ -123,10 +131,10 @@ void run_tiles(const Int8Gemm& gemm, Tile tile, int64_t rows, int64_t first_pane
   const int64_t chunk_rows = std::max<int64_t>(tile_rows, kRowChunkBytes / row_bytes / tile_rows * tile_rows);
   for (int64_t chunk = 0; chunk < rows; chunk += chunk_rows) {
     const int64_t chunk_end = std::min(rows, chunk + chunk_rows);
-    // Each of a block's tiles asks for a share of the next block's weights: all of them from its first tile
-    // stalled that tile on the full miss buffers while they came from memory.
-    const int64_t n_row_tiles = (chunk_end - chunk + tile_rows - 1) / tile_rows;
-    const int64_t share = (tile.input_groups + n_row_tiles - 1) / n_row_tiles;
+    // Each of a block's tiles asks for a share of the next block's weights, in proportion to its rows (to the time
+    // it takes): all of them from its first tile stalled that tile on the full miss buffers while they came from
+    // memory.
+    const int64_t chunk_size = chunk_end - chunk, n_row_tiles = (chunk_size + tile_rows - 1) / tile_rows;
     for (int64_t panel = first_panel; panel < end_panel; panel += gemm.tile_panels) {
       const int n_panels = static_cast<int>(std::min<int64_t>(gemm.tile_panels, end_panel - panel));
       const bool has_next = panel + gemm.tile_panels < end_panel;
@@ -138,10 +146,12 @@ void run_tiles(const Int8Gemm& gemm, Tile tile, int64_t rows, int64_t first_pane
         tile.offsets = whole.offsets + panel * 16;
         tile.w_scales = whole.w_scales + panel * 16;
         tile.bias = whole.bias ? whole.bias + panel * 16 : nullptr;
-        const int64_t first_group = (row - chunk) / tile_rows * share;
-        tile.prefetch_groups = has_next ? std::clamp<int64_t>(tile.input_groups - first_group, 0, share) : 0;
+        const int64_t first_group = (row - chunk) * tile.input_groups / chunk_size;
+        tile.prefetch_groups = has_next ? (row + n_rows - chunk) * tile.input_groups / chunk_size - first_group : 0;
+        tile.prefetch_span = n_row_tiles >= kBurstFromRowTiles ? tile.prefetch_groups : tile.input_groups;
         tile.next_panels =
-            has_next ? whole.panels + (panel + gemm.tile_panels) * panel_bytes + first_group * 64 : nullptr;
+            has_next ? whole.panels + (panel + gemm.tile_panels) * panel_bytes + first_group * 64 * gemm.tile_panels
+                     : nullptr;
         tile.first_panel = panel;
         tile.y = whole.y ? whole.y + row * whole.out + panel * 16 : nullptr;
         tile.rows = whole.rows ? whole.rows + row : nullptr;
@@ -161,7 +171,7 @@ void int8_gemm(const Int8Gemm& gemm, const uint8_t* x_q, const float* x_scales, 
                int64_t out, int64_t first_panel, int64_t end_panel, float* y) {
   const int64_t groups = int8_input_groups(in);
   const int8_tiles::Tile tile{x_q, groups * 4, x_scales, panels, groups * 64, groups, offsets, w_scales, bias,
-                              nullptr, 0, relu, first_panel, out, y, nullptr, nullptr, nullptr};
+                              nullptr, 0, 0, relu, first_panel, out, y, nullptr, nullptr, nullptr};
   int8_tiles::run_tiles(gemm, tile, rows, first_panel, end_panel);
 }
 
@@ -182,7 +192,7 @@ void int8_gemm_summary(const Int8Gemm& gemm, const uint8_t* x_q, const float* x_
     row.picked = -inf;
   }
   const int8_tiles::Tile tile{x_q, groups * 4, x_scales, panels, groups * 64, groups, offsets, w_scales, bias,
-                              nullptr, 0, false, first_panel, out, nullptr, summaries.data(), &summary,
+                              nullptr, 0, 0, false, first_panel, out, nullptr, summaries.data(), &summary,
                               summary.picked_ids};
   int8_tiles::run_tiles(gemm, tile, rows, first_panel, end_panel);
   for (int64_t r = 0; r < rows; ++r) {

@@ -28,8 +28,8 @@ struct Tile {
   const uint8_t* x_q;  // the tile's first row
   int64_t row_bytes;   // input_groups * 4
   const float* x_scales;
-  const int8_t* panels;  // the tile's first panel
-  int64_t panel_bytes;   // input_groups * 64
+  const int8_t* panels;  // the tile's block of panels (int8_gemm.h's layout)
+  int64_t panel_bytes;   // input_groups * 64: a block's bytes over its panels
   int64_t input_groups;
   const int32_t* offsets;  // from the tile's first output on, as w_scales and bias
   const float* w_scales;
@@ -39,6 +39,9 @@ struct Tile {
   // (run_tiles spreads them over the block's tiles); null and 0 where there is no next block.
   const int8_t* next_panels;
   int64_t prefetch_groups;
+  // The AVX512-VNNI tile spreads those groups' requests over its first prefetch_span input groups (prefetch_groups
+  // to input_groups); the others ask for one a group from the start.
+  int64_t prefetch_span;
   bool relu;
   int64_t first_panel, out;
   float* y;  // the tile's first row and output; null: `rows` summarizes the outputs instead

@@ -153,14 +153,21 @@ void run_tile(const Tile& t) {
       for (int p = 0; p < kPanels; ++p) __builtin_prefetch(t.y + r * t.out + p * 16, /*rw=*/1, /*locality=*/3);
     }
   }
+  // The tile's share of the next block, a group (kTilePanels lines) at a time spread over prefetch_span groups:
+  // group j at the first g with g * prefetch_groups >= j * prefetch_span.
+  int64_t next_group = 0, progress = 0, due = 0;
   for (int64_t g = 0; g < t.input_groups; ++g) {
     __m512i weights[kPanels];
-    for (int p = 0; p < kPanels; ++p) weights[p] = _mm512_loadu_si512(t.panels + p * t.panel_bytes + g * 64);
-    if (g < t.prefetch_groups) {
+    for (int p = 0; p < kPanels; ++p) weights[p] = _mm512_loadu_si512(t.panels + (g * kTilePanels + p) * 64);
+    if (next_group < t.prefetch_groups && progress >= due) {
       for (int p = 0; p < kTilePanels; ++p) {
-        _mm_prefetch(reinterpret_cast<const char*>(t.next_panels + p * t.panel_bytes + g * 64), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(t.next_panels + (next_group * kTilePanels + p) * 64),
+                     _MM_HINT_T1);
       }
+      ++next_group;
+      due += t.prefetch_span;
     }
+    progress += t.prefetch_groups;
     for (int r = 0; r < kRows; ++r) {
       int32_t four;
       std::memcpy(&four, t.x_q + r * t.row_bytes + g * 4, sizeof four);

@@ -281,10 +281,10 @@ void PackedLinear::pack_int8(const at::Tensor& weight, int64_t rows, bool fbgemm
   if (own) {
     TORCH_CHECK(own->zero_point == activation_zero_point(), "the ", own->isa, " int8 GEMM takes rows around ",
                 own->zero_point, ", the activations are around ", activation_zero_point());
-    weight_ = at::empty({int8_panel_count(out_features_) * int8_input_groups(in_features_) * 64}, at::kChar);
+    weight_ = at::empty({int8_packed_bytes(out_features_, in_features_, own->tile_panels)}, at::kChar);
     panel_offsets_ = at::empty({int8_panel_count(out_features_) * 16}, at::kInt);
     int8_pack_panels(quantized.contiguous().data_ptr<int8_t>(), out_features_, in_features_, own->zero_point,
-                     weight_.data_ptr<int8_t>(), panel_offsets_.data_ptr<int32_t>());
+                     own->tile_panels, weight_.data_ptr<int8_t>(), panel_offsets_.data_ptr<int32_t>());
     weight_scales_ = padded_to_panels(weight_scales_);
     own_int8_gemm_ = own;
     route_ = Route::kOwnInt8;

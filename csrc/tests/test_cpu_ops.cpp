@@ -792,9 +792,10 @@ void test_int8_gemm(const fastformer::Int8Gemm& gemm, int rows, int out, int in,
     std::fill(x.begin() + 2 * in, x.begin() + 3 * in, 0.0f);  // row 2
   }
   const int64_t n_panels = fastformer::int8_panel_count(out), row_bytes = fastformer::int8_input_groups(in) * 4;
-  std::vector<int8_t> panels(n_panels * row_bytes * 16);
+  std::vector<int8_t> panels(fastformer::int8_packed_bytes(out, in, gemm.tile_panels));
   std::vector<int32_t> offsets(n_panels * 16);
-  fastformer::int8_pack_panels(weight.data(), out, in, gemm.zero_point, panels.data(), offsets.data());
+  fastformer::int8_pack_panels(weight.data(), out, in, gemm.zero_point, gemm.tile_panels, panels.data(),
+                               offsets.data());
   // Each row's scale and inverse as linear.cpp's row_scales makes them (absmax / levels: 127 for 8-bit rows, 63 for
   // 7-bit; NaN with inverse 0 for a non-finite row, 1 with inverse 0 for a zero row), the row quantized by the GEMM's
   // quantize_row.
@@ -817,8 +818,8 @@ void test_int8_gemm(const fastformer::Int8Gemm& gemm, int rows, int out, int in,
   std::copy(w_scales.begin(), w_scales.end(), padded_scales.begin());
   std::copy(bias.begin(), bias.end(), padded_bias.begin());
   std::vector<float> y(rows * out, -1.0f);
-  // Two calls over the panels, as two threads would split them.
-  const int64_t half = n_panels / 2;
+  // Two calls over the panels, as two threads would split them: at a whole block of the GEMM's tiles.
+  const int64_t half = n_panels / 2 / gemm.tile_panels * gemm.tile_panels;
   for (auto [first, end] : {std::pair{int64_t{0}, half}, std::pair{half, n_panels}}) {
     fastformer::int8_gemm(gemm, x_q.data(), x_scales.data(), rows, in, panels.data(), offsets.data(),
                           padded_scales.data(), with_bias ? padded_bias.data() : nullptr, relu, out, first, end,
@@ -860,7 +861,7 @@ void test_int8_gemm(const fastformer::Int8Gemm& gemm, int rows, int out, int in,
   const std::vector<int64_t> barred{0, out - 1, 20};
   for (auto [k, split] : {std::pair{0, false}, std::pair{1, false}, std::pair{5, false}, std::pair{0, true},
                           std::pair{1, true}, std::pair{5, true}}) {
-    if (split && n_panels < 2) continue;
+    if (split && half == 0) continue;
     struct Arrays {
       std::vector<float> values, tops, log_totals, picked;
       std::vector<int64_t> ids;
@@ -895,8 +896,8 @@ void test_int8_gemm(const fastformer::Int8Gemm& gemm, int rows, int out, int in,
     const fastformer::Int8RowSummary summary = summary_of(whole);
     if (split) {
       const fastformer::Int8RowSummary parts[2] = {summary_of(halves[0]), summary_of(halves[1])};
-      summarize(0, n_panels / 2, parts[0]);
-      summarize(n_panels / 2, n_panels, parts[1]);
+      summarize(0, half, parts[0]);
+      summarize(half, n_panels, parts[1]);
       fastformer::int8_merge_summaries(parts, 2, rows, summary);
     } else {
       summarize(0, n_panels, summary);
