@@ -116,8 +116,8 @@ namespace {
 constexpr int64_t kRowChunkBytes = 192 << 10;  // a chunk of rows quantized stays in L2 while every panel passes
 // From this many row tiles in a block (43 rows on AVX512-VNNI) each tile's share of the next block is small, and the
 // tile asks for it from its first input groups on; over fewer, it spreads the requests over its whole loop
-// (Tile::prefetch_span). One thread, the 37k output projection summarized from memory, k 8: 32 rows 1.78-1.85 ->
-// 1.55-1.64 ms spread; 128 rows 1% slower spread in 5 of 8 rounds (benchmarks/results/2026-11-29-cpu-amd-epyc-2core-c).
+// (Tile::prefetch_span). Spread at every row count, the 37k output projection summarized from memory (one thread,
+// k 8) ran 1% slower at 128 rows in 5 of 8 rounds, in a trial not kept.
 constexpr int64_t kBurstFromRowTiles = 8;
 
 // The tiles of rows [0, rows) x panels [first_panel, end_panel): `tile` holds what they share (x_q, x_scales,
