@@ -8,9 +8,8 @@
 // Layout: W_q [out, in] int8 is held in panels of 16 outputs, each [in_groups, 16, 4] (in_groups = ceil(in / 4)):
 // the 4 consecutive inputs of 16 outputs are one 64-byte vector. The panels go in blocks of the GEMM's tile_panels,
 // interleaved group by group ([in_groups, tile_panels, 16, 4] a block), so that a tile reads its weights as one
-// stream. The rows go in as uint8 x_q + zero_point (the
-// instructions multiply unsigned by signed bytes), and zero_point * each output's weight sum (its offset) is
-// subtracted from the sums. One Int8Gemm per instruction set:
+// stream. The rows go in as uint8 x_q + zero_point (the instructions multiply unsigned by signed bytes), and
+// zero_point * each output's weight sum (its offset) is subtracted from the sums. One Int8Gemm per instruction set:
 // - AVX512-VNNI: 8-bit rows (x_q in [-127, 127], zero point 128). vpdpbusd multiplies 4 bytes of a row, broadcast,
 //   with the 64-byte vector, summing into 16 int32 lanes.
 // - AVX-VNNI (VNNI on 256-bit vectors: CPUs with AVX2 and AVX-VNNI but no AVX512-VNNI, or AVX-512 ones under

@@ -29,7 +29,7 @@ struct Tile {
   int64_t row_bytes;   // input_groups * 4
   const float* x_scales;
   const int8_t* panels;  // the tile's block of panels (int8_gemm.h's layout)
-  int64_t panel_bytes;   // input_groups * 64: a block's bytes over its panels
+  int64_t panel_bytes;   // input_groups * 64: a panel's bytes (a block holds the GEMM's tile_panels of them)
   int64_t input_groups;
   const int32_t* offsets;  // from the tile's first output on, as w_scales and bias
   const float* w_scales;
