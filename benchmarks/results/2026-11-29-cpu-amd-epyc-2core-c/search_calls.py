@@ -1,0 +1,35 @@
+"""The int8 beam-4 search of SENTENCES 20-token sources (cpu_decoding.py's headline point) on THREADS threads, after
+its steady state: prints "steady", waits for the file GO to exist, then runs CALLS searches, prints their mean
+time and waits 2 s. profile_threads.sh profiles those calls alone, without the model's set-up or the exit.
+
+    PYTHONPATH=<a build's checkout> python search_calls.py THREADS SENTENCES CALLS GO
+"""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/
+import cpu_decoding  # noqa: E402
+
+from fastformer import Transformer  # noqa: E402
+
+threads, sentences, calls, go = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+torch.set_num_threads(threads)
+torch.manual_seed(0)
+model = Transformer(cpu_decoding.shape_config("b", 37000)).eval()
+point = cpu_decoding.Point(threads, 4, 20, (sentences,))
+translate = cpu_decoding.fastformer_translator(model, "int8", point)
+src = cpu_decoding.sources(model.config, sentences, 20, 0)
+cpu_decoding.steady_call(translate, src)
+print("steady", flush=True)
+while not os.path.exists(go):
+    time.sleep(0.05)
+start = time.perf_counter()
+for _ in range(calls):
+    translate(src)
+print(f"threads={threads} sentences={sentences}: {(time.perf_counter() - start) / calls:.4f} s a search", flush=True)
+time.sleep(2)  # for a profiler to stop before the interpreter's exit, whose collection of every object it would count
