@@ -126,7 +126,7 @@ constexpr int64_t kBurstFromRowTiles = 8;
 // its tiles of gemm.tile_rows rows in turn.
 void run_tiles(const Int8Gemm& gemm, Tile tile, int64_t rows, int64_t first_panel, int64_t end_panel) {
   const Tile whole = tile;
-  const int64_t row_bytes = tile.row_bytes, panel_bytes = tile.panel_bytes;
+  const int64_t row_bytes = tile.row_bytes, panel_bytes = tile.input_groups * 64;
   const int64_t tile_rows = gemm.tile_rows;
   const int64_t chunk_rows = std::max<int64_t>(tile_rows, kRowChunkBytes / row_bytes / tile_rows * tile_rows);
   for (int64_t chunk = 0; chunk < rows; chunk += chunk_rows) {
@@ -170,8 +170,8 @@ void int8_gemm(const Int8Gemm& gemm, const uint8_t* x_q, const float* x_scales, 
                const int8_t* panels, const int32_t* offsets, const float* w_scales, const float* bias, bool relu,
                int64_t out, int64_t first_panel, int64_t end_panel, float* y) {
   const int64_t groups = int8_input_groups(in);
-  const int8_tiles::Tile tile{x_q, groups * 4, x_scales, panels, groups * 64, groups, offsets, w_scales, bias,
-                              nullptr, 0, 0, relu, first_panel, out, y, nullptr, nullptr, nullptr};
+  const int8_tiles::Tile tile{x_q, groups * 4, x_scales, panels, groups, offsets, w_scales, bias, nullptr, 0, 0,
+                              relu, first_panel, out, y, nullptr, nullptr, nullptr};
   int8_tiles::run_tiles(gemm, tile, rows, first_panel, end_panel);
 }
 
@@ -191,9 +191,8 @@ void int8_gemm_summary(const Int8Gemm& gemm, const uint8_t* x_q, const float* x_
     std::fill(row.lane_totals, row.lane_totals + 16, 0.0f);
     row.picked = -inf;
   }
-  const int8_tiles::Tile tile{x_q, groups * 4, x_scales, panels, groups * 64, groups, offsets, w_scales, bias,
-                              nullptr, 0, 0, false, first_panel, out, nullptr, summaries.data(), &summary,
-                              summary.picked_ids};
+  const int8_tiles::Tile tile{x_q, groups * 4, x_scales, panels, groups, offsets, w_scales, bias, nullptr, 0, 0,
+                              false, first_panel, out, nullptr, summaries.data(), &summary, summary.picked_ids};
   int8_tiles::run_tiles(gemm, tile, rows, first_panel, end_panel);
   for (int64_t r = 0; r < rows; ++r) {
     const int8_tiles::RowSummary& row = summaries[r];

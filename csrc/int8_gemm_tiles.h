@@ -28,8 +28,7 @@ struct Tile {
   const uint8_t* x_q;  // the tile's first row
   int64_t row_bytes;   // input_groups * 4
   const float* x_scales;
-  const int8_t* panels;  // the tile's block of panels (int8_gemm.h's layout)
-  int64_t panel_bytes;   // input_groups * 64: a panel's bytes (a block holds the GEMM's tile_panels of them)
+  const int8_t* panels;  // the tile's block of panels (int8_gemm.h's layout): input_groups * 64 bytes a panel
   int64_t input_groups;
   const int32_t* offsets;  // from the tile's first output on, as w_scales and bias
   const float* w_scales;

@@ -174,6 +174,10 @@ int64_t units_per_task(int64_t rows, int64_t in, int64_t outputs_per_unit, int64
 // (benchmarks/results/2026-11-29-cpu-amd-epyc-2core-c).
 constexpr int64_t kInt8WeightBoundRows = 14;
 
+// The own int8 GEMMs' panels split among threads in blocks of 4 (the AVX512-VNNI GEMM's tile): a part must start at a
+// multiple of its GEMM's tile_panels (int8_gemm.h's layout), 1 or 4.
+constexpr int64_t kPanelsPerBlock = 4;
+
 }  // namespace
 
 int64_t rows_per_task(int64_t width) { return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(width, 1)); }
@@ -281,6 +285,8 @@ void PackedLinear::pack_int8(const at::Tensor& weight, int64_t rows, bool fbgemm
   if (own) {
     TORCH_CHECK(own->zero_point == activation_zero_point(), "the ", own->isa, " int8 GEMM takes rows around ",
                 own->zero_point, ", the activations are around ", activation_zero_point());
+    TORCH_CHECK(kPanelsPerBlock % own->tile_panels == 0, "the ", own->isa, " int8 GEMM's tiles of ",
+                own->tile_panels, " panels do not divide the threads' blocks of ", kPanelsPerBlock);
     weight_ = at::empty({int8_packed_bytes(out_features_, in_features_, own->tile_panels)}, at::kChar);
     panel_offsets_ = at::empty({int8_panel_count(out_features_) * 16}, at::kInt);
     int8_pack_panels(quantized.contiguous().data_ptr<int8_t>(), out_features_, in_features_, own->zero_point,
@@ -360,14 +366,15 @@ at::Tensor PackedLinear::own_int8_linear(const at::Tensor& x, std::optional<Acti
   const int64_t rows = x.size(0);
   at::Tensor y = at::empty({rows, out_features_}, x.options());
   const bool relu = activation == Activation::kRelu;
-  // Tasks of units_per_task blocks of 4 panels (the AVX512-VNNI GEMM's tile).
-  const int64_t n_panels = int8_panel_count(out_features_), n_blocks = (n_panels + 3) / 4;
-  const int64_t blocks_per_task = units_per_task(rows, in_features_, 64, kInt8WeightBoundRows);
+  // Tasks of units_per_task blocks of panels.
+  const int64_t n_panels = int8_panel_count(out_features_);
+  const int64_t n_blocks = (n_panels + kPanelsPerBlock - 1) / kPanelsPerBlock;
+  const int64_t blocks_per_task = units_per_task(rows, in_features_, 16 * kPanelsPerBlock, kInt8WeightBoundRows);
   at::parallel_for(0, n_blocks, blocks_per_task, [&](int64_t first, int64_t end) {
     int8_gemm(*own_int8_gemm_, quantized.data_ptr<uint8_t>(), scales.data_ptr<float>(), rows, in_features_,
               weight_.data_ptr<int8_t>(), panel_offsets_.data_ptr<int32_t>(), weight_scales_.data_ptr<float>(),
-              bias_ ? bias_->data_ptr<float>() : nullptr, relu, out_features_, first * 4, std::min(end * 4, n_panels),
-              y.data_ptr<float>());
+              bias_ ? bias_->data_ptr<float>() : nullptr, relu, out_features_, first * kPanelsPerBlock,
+              std::min(end * kPanelsPerBlock, n_panels), y.data_ptr<float>());
   });
   return relu ? y : apply_activation(y, activation);
 }
@@ -466,10 +473,11 @@ PackedLinear::Summary PackedLinear::summarize(const at::Tensor& x, int64_t k, co
                       bias_ ? bias_->data_ptr<float>() : nullptr, out_features_, first_panel, end_panel, part);
   };
   Summary summary = make();
-  const int64_t n_panels = int8_panel_count(out_features_), n_blocks = (n_panels + 3) / 4;
+  const int64_t n_panels = int8_panel_count(out_features_);
+  const int64_t n_blocks = (n_panels + kPanelsPerBlock - 1) / kPanelsPerBlock;
   const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
   // Fewer rows than a tile a thread (one sentence's beams): the panels split across the threads instead, in blocks
-  // of 4, each part summarized over its panels, then merged in the order of the ids.
+  // of kPanelsPerBlock, each part summarized over its panels, then merged in the order of the ids.
   const int64_t tile_rows = own_int8_gemm_->tile_rows;
   const int64_t n_parts = rows < tile_rows * threads ? std::min(threads, n_blocks) : 1;
   if (n_parts > 1) {
@@ -478,8 +486,8 @@ PackedLinear::Summary PackedLinear::summarize(const at::Tensor& x, int64_t k, co
     for (int64_t p = 0; p < n_parts; ++p) parts[p] = make(), views[p] = view(parts[p], 0);
     at::parallel_for(0, n_parts, 1, [&](int64_t first, int64_t end) {
       for (int64_t p = first; p < end; ++p) {
-        summarize_part(0, rows, p * n_blocks / n_parts * 4, std::min(n_panels, (p + 1) * n_blocks / n_parts * 4),
-                       views[p]);
+        summarize_part(0, rows, p * n_blocks / n_parts * kPanelsPerBlock,
+                       std::min(n_panels, (p + 1) * n_blocks / n_parts * kPanelsPerBlock), views[p]);
       }
     });
     int8_merge_summaries(views.data(), static_cast<int>(n_parts), rows, view(summary, 0));
