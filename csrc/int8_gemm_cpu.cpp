@@ -184,6 +184,9 @@ void int8_gemm_summary(const Int8Gemm& gemm, const uint8_t* x_q, const float* x_
   const int64_t groups = int8_input_groups(in);
   std::vector<int8_tiles::RowSummary> summaries(rows);
   for (int8_tiles::RowSummary& row : summaries) {
+    // -inf and -1 past size: the AVX512-VNNI tile ranks an output among the first 16 at once (offer_tile).
+    std::fill(row.values, row.values + kInt8GemmMaxTopK, -inf);
+    std::fill(row.ids, row.ids + kInt8GemmMaxTopK, -1);
     row.size = 0;
     row.bar = -inf;
     std::fill(row.poison, row.poison + 16, 0.0f);

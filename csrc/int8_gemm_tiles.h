@@ -10,9 +10,10 @@
 namespace fastformer::int8_tiles {
 
 // A row's running summary (Int8RowSummary): its best outputs so far (ranked best first, ties to the lower id: the
-// panels come in order of their ids, so an output equal to one kept loses to it), NaN in `poison` where any output was
-// NaN or inf, each lane's highest output and sum of e^(output - that), and the picked output. The lanes are a
-// panel's 16 outputs. Plain arrays, not vectors: a std::vector's heap blocks are 16-byte aligned, not 64.
+// panels come in order of their ids, so an output equal to one kept loses to it; -inf and -1 past size), NaN in
+// `poison` where any output was NaN or inf, each lane's highest output and sum of e^(output - that), and the picked
+// output. The lanes are a panel's 16 outputs. Plain arrays, not vectors: a std::vector's heap blocks are 16-byte
+// aligned, not 64.
 struct RowSummary {
   float values[kInt8GemmMaxTopK];
   int64_t ids[kInt8GemmMaxTopK];

@@ -859,8 +859,10 @@ void test_int8_gemm(const fastformer::Int8Gemm& gemm, int rows, int out, int in,
   // Over all panels at once, and (split) over two halves of them merged by int8_merge_summaries, as threads split
   // the panels of a few rows.
   const std::vector<int64_t> barred{0, out - 1, 20};
-  for (auto [k, split] : {std::pair{0, false}, std::pair{1, false}, std::pair{5, false}, std::pair{0, true},
-                          std::pair{1, true}, std::pair{5, true}}) {
+  // k 16 and 17: the most the AVX512-VNNI tile ranks in vectors, and one more.
+  for (auto [k, split] : {std::pair{0, false}, std::pair{1, false}, std::pair{5, false}, std::pair{16, false},
+                          std::pair{17, false}, std::pair{0, true}, std::pair{1, true}, std::pair{5, true},
+                          std::pair{16, true}}) {
     if (split && half == 0) continue;
     struct Arrays {
       std::vector<float> values, tops, log_totals, picked;
