@@ -75,7 +75,7 @@ FASTFORMER_INLINE __m512 exp_nonpositive(__m512 x) {
 // first output on, a candidate a bit (bit i: output 16 * first_panel + i). Out of line: inlined, it made GCC keep
 // finish's sums and outputs on the stack. Where k <= 16 the best stay in three vectors while the candidates go in,
 // each by a compare, permutes and blends: with offer's loop of shifts and stores, and a branch a panel, the output
-// projection's top-10 summary took 6-7% longer than its top-1, now 3-3.5% (64 and 128 rows, one thread).
+// projection's top-10 summary took 5-6% longer than its top-1, now 3-4% (32 to 128 rows, one thread).
 __attribute__((noinline)) void offer_tile(RowSummary& row, int k, int64_t first_panel, const float* values,
                                           uint64_t candidates, int n_panels) {
   if (k > 16) {
