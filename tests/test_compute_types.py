@@ -423,12 +423,12 @@ def test_int8_greedy_search_without_scores_equals_the_one_with_scores_on_a_batch
 @pytest.mark.parametrize("k", [0, 1, 10, 16, 17, 64])  # 16: the most the AVX512-VNNI tile ranks in vectors
 def test_int8_summary_equals_a_stable_sort_and_the_log_softmax_of_the_outputs(k):
     """PackedLinear.summarize against the same layer's outputs written: its top-k against a stable descending sort
-    with the barred ids at -inf (the last panel in part, ids barred in several panels, ties to the lower id: two
+    with the barred ids at -inf (the last panel in part, ids barred in several panels, ties to the lower id: three
     equal weight rows, the highest outputs of every row); its log-softmax terms against float64's log_softmax; the
     picked outputs; finite False for the rows holding NaN or inf."""
     x, weight, bias = linear_inputs(rows=13, in_features=96, out_features=130)
-    weight[77] = weight[40]  # equal outputs at 40 and 77 ...
-    bias[77] = bias[40] = 50.0  # ... and the highest in every row
+    weight[41] = weight[77] = weight[40]  # equal outputs at 40 and 41 (one tile) and 77 (the next) ...
+    bias[41] = bias[77] = bias[40] = 50.0  # ... and the highest in every row
     linear = extension().PackedLinear(weight, bias, 16, "int8", **int8_route("own"))
     outputs = linear(x)
     picked_ids = torch.arange(13) * 11 % 130
@@ -452,8 +452,8 @@ def test_int8_summary_equals_a_stable_sort_and_the_log_softmax_of_the_outputs(k)
     assert summary["finite"].tolist() == [i not in (3, 8) for i in range(13)]
     if k > 0:
         assert (summary["ids"][[0, 1, 2, 4, 5, 6, 7], 0] == 40).all()
-    if k > 1:
-        assert (summary["ids"][[0, 1, 2, 4, 5, 6, 7], 1] == 77).all()
+    if k > 2:
+        assert (summary["ids"][[0, 1, 2, 4, 5, 6, 7], 1:3] == torch.tensor([41, 77])).all()
 
 
 def test_int8_summary_of_a_few_rows_split_across_threads_equals_the_one_of_one_thread():
