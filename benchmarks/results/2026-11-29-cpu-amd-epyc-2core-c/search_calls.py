@@ -10,21 +10,11 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/
 import cpu_decoding  # noqa: E402
 
-from fastformer import Transformer  # noqa: E402
-
 threads, sentences, calls, go = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-torch.set_num_threads(threads)
-torch.manual_seed(0)
-model = Transformer(cpu_decoding.shape_config("b", 37000)).eval()
-point = cpu_decoding.Point(threads, 4, 20, (sentences,))
-translate = cpu_decoding.fastformer_translator(model, "int8", point)
-src = cpu_decoding.sources(model.config, sentences, 20, 0)
-cpu_decoding.steady_call(translate, src)
+translate, src = cpu_decoding.steady_headline_search(threads, sentences, "int8")
 print("steady", flush=True)
 while not os.path.exists(go):
     time.sleep(0.05)
