@@ -247,6 +247,13 @@ TRANSLATE_SETTINGS = ("beam", "length_penalty", "length_penalty_form", "compute_
 
 def _run_translate(args: argparse.Namespace) -> None:
     device = _inference_device(args.device)
+    sampling = args.sampling_topk != 1
+    if args.beam is None:
+        args.beam = 1 if sampling else 4
+    elif sampling and args.beam != 1:
+        raise ValueError(f"--sampling-topk {args.sampling_topk} draws with --beam 1 (the default when sampling); "
+                         f"--beam {args.beam} would make it a stochastic beam search, which fastformer does not run "
+                         "(--n-best N gives N samples a line)")
     if args.n_best > 1 and args.output_format == "text":
         raise ValueError(f"--n-best {args.n_best} gives several translations per line: use --output-format jsonl")
     path = _newest_checkpoint(args)
@@ -404,9 +411,9 @@ def _add_model_options(parser: argparse.ArgumentParser, batch_help: str) -> None
                         "bfloat16 (float32 too), auto: the fastest this machine has (default: the checkpoint's dtype)")
 
 
-def _add_inference_options(parser: argparse.ArgumentParser) -> None:
+def _add_inference_options(parser: argparse.ArgumentParser, beam_help: str = "beam size (1: greedy)") -> None:
     _add_model_options(parser, "source tokens per translation batch")
-    parser.add_argument("--beam", type=int, default=4, help="beam size (1: greedy)")
+    parser.add_argument("--beam", type=int, default=4, help=beam_help)
     parser.add_argument("--length-penalty", type=float, default=0.6,
                         help="alpha of the length penalty (0: none)")
     parser.add_argument("--length-penalty-form", choices=LENGTH_PENALTY_FORMS, default="gnmt",
@@ -441,8 +448,8 @@ def _add_translate_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefix-file", help="a file with one target prefix per input line (an empty line: none), "
                         "forced before the search goes on")
     parser.add_argument("--sampling-topk", type=int, default=1,
-                        help="sample from the k most likely tokens (1: no sampling, 0: the whole vocabulary); "
-                        "needs --beam 1")
+                        help="sample from the k most likely tokens (1: no sampling, 0: the whole vocabulary), "
+                        "with --beam 1")
     parser.add_argument("--sampling-topp", type=float, default=1.0,
                         help="sample from the smallest set of most likely tokens whose probability reaches p")
     parser.add_argument("--sampling-temperature", type=float, default=1.0, help="divides the logits when sampling")
@@ -476,7 +483,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     translate = commands.add_parser("translate", help="translate lines from stdin (or --input) to stdout (or "
                                     "--output), chunk by chunk; an empty line gives an empty line", **HELP_FORMAT)
-    _add_inference_options(translate)
+    # Sampling draws with beam 1, so there --beam defaults to 1: `--sampling-topk 10` alone samples.
+    _add_inference_options(translate, "beam size (1: greedy; default: 4, or 1 when sampling)")
+    translate.set_defaults(beam=None)
     _add_streaming_options(translate, "a file of source sentences (default: stdin)",
                            "where to write translations (default: stdout)")
     _add_translate_options(translate)

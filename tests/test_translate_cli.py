@@ -17,7 +17,7 @@ from fastformer.__main__ import main
 from fastformer.data import BUNDLED_CORPUS, EOS_ID, read_lines, train_tokenizer
 from fastformer.decoding.alignment import hard_alignment
 from fastformer.translation import translator as translator_module
-from fastformer.translation.streaming import ChunkOutput, LineInput, progress_path, stream_chunks
+from fastformer.translation.streaming import ChunkOutput, LineInput, StreamSummary, progress_path, stream_chunks
 from fastformer.translation.translator import BLANK, TranslationResult
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -135,6 +135,9 @@ def test_text_with_n_best_and_a_resume_without_output_are_refused(tiny, tmp_path
         _translate(path, "--input", str(source), "--n-best", "2", "--beam", "2")
     with pytest.raises(SystemExit, match="--resume needs --output"):
         _translate(path, "--input", str(source), "--resume")
+    with pytest.raises(SystemExit, match=r"error: --sampling-topk 5 draws with --beam 1 \(the default when sampling\); "
+                                         r"--beam 4 would make it a stochastic beam search"):
+        _translate(path, "--input", str(source), "--sampling-topk", "5", "--beam", "4")
     with pytest.raises(SystemExit, match="--chunk-lines must be >= 1, got 0"):
         _translate(path, "--input", str(source), "--chunk-lines", "0")
     with pytest.raises(SystemExit, match=f"checkpoint not found: {tmp_path / 'absent.pt'}"):
@@ -314,6 +317,12 @@ def test_the_runner_holds_one_chunk_of_input_at_a_time(tmp_path):
     assert (summary.rows, summary.sentences, summary.resumed_after) == (1000, 1000, 0)
 
 
+def test_the_summary_counts_one_line_and_one_sentence_in_the_singular():
+    assert StreamSummary(1, 1, 9, 0.5, 0).line("score").startswith("fastformer score: 1 line (1 sentence) in 0.5s: ")
+    assert StreamSummary(2000, 1, 9, 0.5, 1).line("translate").startswith(
+        "fastformer translate: 2,000 lines (1 sentence, resumed after line 1) in ")
+
+
 def test_the_runner_names_an_input_that_ends_first(tmp_path):
     with pytest.raises(ValueError, match="^targets has 5 lines but sources has more: the inputs must be line-aligned"):
         stream_chunks([LineInput("sources", _CountedLines(8)), LineInput("targets", _CountedLines(5))],
@@ -335,8 +344,8 @@ def test_search_options_and_text_prefixes_reach_the_search(tiny, tmp_path, monke
     prefixes = ["Der alte", "", "Die"] + [""] * (len(LINES) - 3)
     source, prefix_file = _write(tmp_path / "in.en", LINES), _write(tmp_path / "prefixes.de", prefixes)
     _translate(path, "--input", str(source), "--output", str(tmp_path / "out.de"), "--chunk-lines", "4")
-    defaults = dict(sampling_topk=1, sampling_topp=1.0, sampling_temperature=1.0, seed=0, no_repeat_ngram_size=0,
-                    repetition_penalty=1.0, target_prefix=None, return_attention=False)
+    defaults = dict(beam_size=4, sampling_topk=1, sampling_topp=1.0, sampling_temperature=1.0, seed=0,
+                    no_repeat_ngram_size=0, repetition_penalty=1.0, target_prefix=None, return_attention=False)
     assert calls and all(options.items() >= defaults.items() for _, options in calls)
     calls.clear()
     _translate(path, "--input", str(source), "--output", str(tmp_path / "sampled.de"), "--beam", "1", "--n-best", "1",
@@ -354,14 +363,15 @@ def test_search_options_and_text_prefixes_reach_the_search(tiny, tmp_path, monke
 
 
 def test_sampled_n_best_is_the_same_in_any_chunks(tiny, tmp_path):
-    """--beam 1 --sampling-topk 5 --n-best 3: three samples per line, as Translator.translate gives them, whatever
-    the chunks the lines fall in (each sentence's samples depend on the seed and its tokens only)."""
+    """--sampling-topk 5 --n-best 3: three samples per line, as Translator.translate gives them, whatever the chunks
+    the lines fall in (each sentence's samples depend on the seed and its tokens only), with --beam 1 given or not
+    (its default when sampling)."""
     path, translator = tiny
     source = _write(tmp_path / "in.en", LINES)
-    sampling = ["--beam", "1", "--sampling-topk", "5", "--n-best", "3", "--seed", "7", "--output-format", "jsonl"]
-    for chunk_lines in ("2", "2000"):
+    sampling = ["--sampling-topk", "5", "--n-best", "3", "--seed", "7", "--output-format", "jsonl"]
+    for chunk_lines, beam in (("2", []), ("2000", ["--beam", "1"])):
         _translate(path, "--input", str(source), "--output", str(tmp_path / chunk_lines), "--chunk-lines", chunk_lines,
-                   *sampling)
+                   *sampling, *beam)
     assert _lines(tmp_path / "2") == _lines(tmp_path / "2000")
     expected = translator.translate(LINES, beam_size=1, sampling_topk=5, n_best=3, seed=7, return_scores=True)
     assert [json.loads(line)["text"] for line in _lines(tmp_path / "2")] == [

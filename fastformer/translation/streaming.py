@@ -69,9 +69,15 @@ class StreamSummary:
         """-> the summary line `fastformer <command>` prints."""
         seconds = max(self.seconds, 1e-9)
         resumed = f", resumed after line {self.resumed_after:,}" if self.resumed_after else ""
-        return (f"fastformer {command}: {self.rows:,} lines ({self.sentences:,} sentences{resumed}) in "
+        lines, sentences = counted(self.rows, "line"), counted(self.sentences, "sentence")
+        return (f"fastformer {command}: {lines} ({sentences}{resumed}) in "
                 f"{self.seconds:.1f}s: {self.sentences / seconds:,.1f} sentences/s, {self.tokens / seconds:,.0f} "
                 f"target tokens/s")
+
+
+def counted(n: int, noun: str) -> str:
+    """-> "1 line", "2,000 lines"."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
 def progress_path(output: Path) -> Path:
