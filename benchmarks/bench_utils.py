@@ -126,6 +126,24 @@ def time_calls(fn: Callable[[], object], device: torch.device, warmup: int, repe
     return times
 
 
+def calls_in_turn(runs: dict[str, Callable[[], object]], rounds: int,
+                  on_round: Callable[[int, dict[str, list[float]]], None] | None = None) -> dict[str, list[float]]:
+    """Each round calls every run once, the order rotated a place a round, so that calls compared within a round run
+    seconds apart and none always follows the same other -> each run's seconds, round by round (on the CPU: nothing
+    to drain); on_round(round index, the seconds so far) after each round."""
+    names = list(runs)
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(rounds):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = time.perf_counter()
+            runs[name]()
+            seconds[name].append(time.perf_counter() - start)
+        if on_round:
+            on_round(round_index, seconds)
+    return seconds
+
+
 def summary(samples: list[float]) -> dict:
     """Median and spread of repeated measurements (all samples kept for the JSON)."""
     ordered = sorted(samples)

@@ -192,14 +192,12 @@ def time_in_one_process(args: argparse.Namespace) -> dict:
     for system, run in runs.items():
         steady_call(lambda _: run(), src)
         print(f"{system}: steady", flush=True)
-    seconds: dict[str, list[float]] = {system: [] for system in systems}
-    for round_index in range(args.rounds):
-        for system in systems[round_index % len(systems):] + systems[:round_index % len(systems)]:
-            start = time.perf_counter()
-            runs[system]()
-            seconds[system].append(time.perf_counter() - start)
+
+    def report(round_index: int, seconds: dict[str, list[float]]) -> None:
         print(f"round {round_index + 1}/{args.rounds}: " +
               " ".join(f"{system} {seconds[system][-1]:.3f}s" for system in systems), flush=True)
+
+    seconds = bu.calls_in_turn(runs, args.rounds, report)
 
     def per_round(numerator: str, denominator: str) -> list[float]:
         return [a / b for a, b in zip(seconds[numerator], seconds[denominator])]
