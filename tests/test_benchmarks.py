@@ -129,6 +129,16 @@ def test_wmt_batches_respect_the_token_budget_and_the_wmt_length_distribution():
 
 
 @pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="reads the CPU's name from /proc/cpuinfo")
+def test_calls_in_turn_rotates_the_order_a_place_a_round():
+    order = []
+    runs = {name: (lambda name=name: order.append(name)) for name in "abc"}
+    rounds_seen = []
+    seconds = bench_utils.calls_in_turn(runs, 4, lambda index, so_far: rounds_seen.append((index, len(so_far["a"]))))
+    assert "".join(order) == "abc" + "bca" + "cab" + "abc"
+    assert rounds_seen == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    assert sorted(seconds) == ["a", "b", "c"] and all(len(v) == 4 and min(v) >= 0 for v in seconds.values())
+
+
 def test_cpu_records_name_the_cpus_model_and_its_instruction_sets():
     import cpu_info
 
