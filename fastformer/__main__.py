@@ -65,6 +65,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 HELP_FORMAT = dict(formatter_class=_HelpFormatter)
+BEAM = 4  # --beam's default (translate's when not sampling)
 
 
 def _add_train_options(parser: argparse.ArgumentParser, defaults: dict, flags: dict[str, str] | None = None,
@@ -249,7 +250,7 @@ def _run_translate(args: argparse.Namespace) -> None:
     device = _inference_device(args.device)
     sampling = args.sampling_topk != 1
     if args.beam is None:
-        args.beam = 1 if sampling else 4
+        args.beam = 1 if sampling else BEAM
     elif sampling and args.beam != 1:
         raise ValueError(f"--sampling-topk {args.sampling_topk} draws with --beam 1 (the default when sampling); "
                          f"--beam {args.beam} would make it a stochastic beam search, which fastformer does not run "
@@ -413,7 +414,7 @@ def _add_model_options(parser: argparse.ArgumentParser, batch_help: str) -> None
 
 def _add_inference_options(parser: argparse.ArgumentParser, beam_help: str = "beam size (1: greedy)") -> None:
     _add_model_options(parser, "source tokens per translation batch")
-    parser.add_argument("--beam", type=int, default=4, help=beam_help)
+    parser.add_argument("--beam", type=int, default=BEAM, help=beam_help)
     parser.add_argument("--length-penalty", type=float, default=0.6,
                         help="alpha of the length penalty (0: none)")
     parser.add_argument("--length-penalty-form", choices=LENGTH_PENALTY_FORMS, default="gnmt",
@@ -484,7 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
     translate = commands.add_parser("translate", help="translate lines from stdin (or --input) to stdout (or "
                                     "--output), chunk by chunk; an empty line gives an empty line", **HELP_FORMAT)
     # Sampling draws with beam 1, so there --beam defaults to 1: `--sampling-topk 10` alone samples.
-    _add_inference_options(translate, "beam size (1: greedy; default: 4, or 1 when sampling)")
+    _add_inference_options(translate, f"beam size (1: greedy; default: {BEAM}, or 1 when sampling)")
     translate.set_defaults(beam=None)
     _add_streaming_options(translate, "a file of source sentences (default: stdin)",
                            "where to write translations (default: stdout)")
