@@ -5,7 +5,8 @@ counted). Prints the best of 7 searches after 3 unTimed: ms a search, GB/s of ca
 
     PYTHONPATH=<a build's checkout> python attention_step_bench.py CACHE EVICT_MIB INDIRECTION
 
-CACHE: half (the int8 and bfloat16 searches'), float (float32's) or int8 (attention_int8_cache.patch's trial).
+CACHE: half (the int8 and bfloat16 searches'), float (float32's), int8 (attention_int8_cache.patch's trial) or
+bfloat16 (../2026-11-29-cpu-amd-epyc-2core-f/attention_bfloat16_caches.patch's).
 INDIRECTION: random (each row's position p from a random beam of its sentence), shared (every beam's history is
 beam 0's: its entries read 4 times), own (each row reads its own slot's entries only).
 """
@@ -19,7 +20,7 @@ from fastformer.decoding.compiled import extension
 
 torch.set_num_threads(1)
 cache, evict_mib, indirection_kind = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-dtype = {"half": torch.float16, "float": torch.float32, "int8": torch.int8}[cache]
+dtype = {"half": torch.float16, "bfloat16": torch.bfloat16, "float": torch.float32, "int8": torch.int8}[cache]
 SENTENCES, BEAM, HEADS, HEAD_DIM, CACHE_LEN, LAYERS, STEPS = 32, 4, 8, 64, 32, 6, 31
 slots = SENTENCES * BEAM
 extension()  # registers torch.ops.fastformer
