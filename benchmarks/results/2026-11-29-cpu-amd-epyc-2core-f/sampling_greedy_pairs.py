@@ -40,7 +40,8 @@ for round_index in range(rounds):
     else:
         g, s = greedy(), sampling()
     greedy_seconds.append(g), sampling_seconds.append(s), ratios.append(g / s)
-print(json.dumps({"threads": threads, "rounds": rounds, "greedy_over_sampling_median": round(statistics.median(ratios), 4),
+print(json.dumps({"threads": threads, "rounds": rounds,
+                  "greedy_over_sampling_median": round(statistics.median(ratios), 4),
                   "min": round(min(ratios), 4), "max": round(max(ratios), 4),
                   "sampling_faster_rounds": sum(r > 1 for r in ratios),
                   "greedy_median_s": round(statistics.median(greedy_seconds), 4),
