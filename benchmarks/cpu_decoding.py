@@ -27,17 +27,18 @@ the best before it by more than 3% (at least 2 calls, at most MAX_WARMUP_CALLS),
 
 Each fastformer row (in a sweep, at the headline shape only) also gives its share of the GEMM floor: the time of
 the same GEMMs (the encoder's, the cross-attention keys/values', and every step's decoder and output projection, at
-the rows the search has) run alone through the same converted linear layers, divided by the search's time. Where
-the search takes its candidates from the int8 output projection's summary (fastformer's own GEMM: no logits
-written), the floor times that projection as it runs there, summary and all. The two are timed side by side in the
-main process after the rounds, in turn FLOOR_PAIRS times once the search is steady, and the share is the floor's
-best over the search's best (search_seconds_beside_floor): runs before 2026-11-26's seventh took the floor's best
-of 5 against the rounds' median, minutes apart, which read it 1-5% low where the machine's speed moved.
-CTranslate2's GEMMs are its own. Beside it: the weights a decoding step reads (step_weight_mib, once per thread's
-group of sentences) and the rate the row read them at (weight_read_gb_s), against the copy bandwidth of the
-machine at that many threads (copy_bandwidth_gb_s in the JSON): a small batch whose rate nears that bandwidth is
-bound by reading its weights, which only fewer bytes (int8, a vocabulary shortlist) can speed up. The JSON ends
-with the point of the lowest ratio ("worst"), for the fastest modes and for float32.
+the rows the search has) run alone through the same converted linear layers, in the search's order and each layer
+with weights of its own (gemm_floor), divided by the search's time. Where the search takes its candidates from the
+int8 output projection's summary (fastformer's own GEMM: no logits written), the floor times that projection as it
+runs there, summary and all. The two are timed side by side in the main process after the rounds, in turn
+FLOOR_PAIRS times once the search is steady, and the share is the floor's best over the search's best
+(search_seconds_beside_floor): runs before 2026-11-26's seventh took the floor's best of 5 against the rounds'
+median, minutes apart, which read it 1-5% low where the machine's speed moved. CTranslate2's GEMMs are its own.
+Beside it: the weights a decoding step reads (step_weight_mib, once per thread's group of sentences) and the rate
+the row read them at (weight_read_gb_s), against the copy bandwidth of the machine at that many threads
+(copy_bandwidth_gb_s in the JSON): a small batch whose rate nears that bandwidth is bound by reading its weights,
+which only fewer bytes (int8, a vocabulary shortlist) can speed up. The JSON ends with the point of the lowest
+ratio ("worst"), for the fastest modes and for float32.
 
 --cap-isa avx2 runs an AVX-512 CPU as an AVX2 one as far as the libraries let it: oneDNN (ONEDNN_MAX_CPU_ISA),
 ATen's kernels (ATEN_CPU_CAPABILITY), FBGEMM, which runs fastformer's int8 GEMMs there
@@ -81,7 +82,7 @@ import bench_utils as bu
 from baselines import ctranslate2_engine, placeholder_vocabulary
 from cpu_info import cpu_description, cpu_name_and_flags
 from fastformer import Transformer, TransformerConfig
-from fastformer.decoding.compiled import compiled_model, extension
+from fastformer.decoding.compiled import DECODER_ROWS, ENCODER_ROWS, compiled_model, extension
 
 if TYPE_CHECKING:  # an annotation only: cpu_options.py's beam4-baseline imports this with packages that predate it
     from fastformer import Shortlist
@@ -197,73 +198,91 @@ def sentence_groups(threads: int, n_sentences: int) -> int:
 
 
 def gemm_floor(model: Transformer, compute_type: str, point: Point, n_sentences: int) -> Callable[[], float]:
-    """-> a call that times one search's GEMMs alone once (module docstring), each shape through a linear layer
-    converted as the search converts it. The encoder's run on every thread; the rest as the search runs them
-    (csrc/search.cpp): each thread decodes its own group of at least 4 sentences with single-threaded GEMMs, so
-    they are timed for one group on one thread, the floor were the groups not to slow each other down; its output
-    projection a block of sentences at a time, as the search runs it."""
+    """-> a call that times one search's GEMMs alone once (module docstring), in the search's order and each layer
+    with weights of its own, converted as the search converts them: the encoder's layers in turn on every thread;
+    then, as the search runs them (csrc/search.cpp), one group's: each thread decodes its own group of at least 4
+    sentences with single-threaded GEMMs, so they are timed for one group on one thread, the floor were the groups not
+    to slow each other down. The group's GEMMs: every decoder layer's cross-attention keys and values, then step by
+    step (the first decoding beam 0 of each sentence only) each layer's in turn and the output projection, a block of
+    sentences at a time as the search runs it. Before benchmarks/results/2026-11-29-cpu-amd-epyc-2core-g/, each
+    shape's calls ran back to back through one layer's weights, which then stay in the L2 between calls, as no search
+    can run them: that floor read 2-6% lower at the headline on the Zen 5 EPYC, under what the GEMMs take inside the
+    search."""
     config = model.config
     d, ff, vocab, k = config.d_model, config.d_ff, config.vocab_size, point.beam
     threads = point.threads
     groups = sentence_groups(threads, n_sentences)
     group_sentences = -(-n_sentences // groups)
-    source_len = point.source_tokens + 1
-    source_rows, group_source_rows = n_sentences * source_len, group_sentences * source_len
+    source_rows = n_sentences * (point.source_tokens + 1)
+    group_source_rows = group_sentences * (point.source_tokens + 1)
     step_rows = group_sentences * k
     # The search's output projection: with the int8 own GEMM, each row's best logits (1 for a greedy search without
     # scores, which the benchmark asks for; else 2 * beam with the log-softmax's terms and EOS's logit) over all of a
     # step's rows (csrc/search.cpp's best_logits_step); otherwise the logits, a block of sentences at a time
-    # (sentences_per_block): n_blocks calls of block_sentences each, the last block timed as full.
+    # (sentences_per_block).
     best_needed = 1 if k == 1 else 2 * k
     summarized = compute_type == "int8" and extension().int8_gemm_runs() and best_needed <= 64
     most = group_sentences if summarized else max(1, extension().logits_rows_per_block(vocab) // k)
     n_blocks = -(-group_sentences // most)
     block_sentences = -(-group_sentences // n_blocks)
-    # (out, in, rows, calls) of every GEMM of one search: the encoder's, then one group's, whose first step decodes
-    # beam 0 of each sentence only.
-    encoder = [(out, inp, source_rows, config.n_encoder_layers) for out, inp in ((3 * d, d), (d, d), (ff, d), (d, ff))]
-    per_step = [(3 * d, d, config.n_decoder_layers), (d, d, 3 * config.n_decoder_layers),
-                (ff, d, config.n_decoder_layers), (d, ff, config.n_decoder_layers)]
-    group = [(2 * d, d, group_source_rows, config.n_decoder_layers), (vocab, d, block_sentences, n_blocks),
-             (vocab, d, block_sentences * k, n_blocks * (point.target_tokens - 1))]
-    for out, inp, per_step_calls in per_step:
-        group += [(out, inp, group_sentences, per_step_calls),
-                  (out, inp, step_rows, per_step_calls * (point.target_tokens - 1))]
     generator = torch.Generator().manual_seed(0)
+    inputs: dict[tuple[int, int], torch.Tensor] = {}
 
-    def prepared(shapes: list[tuple[int, int, int, int]]) -> list:
-        timed = []
-        for out, inp, rows, calls in shapes:
-            weight = torch.randn(out, inp, generator=generator) * inp ** -0.5
-            fbgemm = out != vocab or extension().output_projection_takes_fbgemm()  # as the search's decoder
-            linear = extension().PackedLinear(weight, torch.zeros(out), rows, compute_type, fbgemm)
-            x = torch.randn(rows, inp, generator=generator)
-            if out == vocab and summarized:
-                barred = [config.pad_id, config.bos_id]
-                if k == 1:
-                    timed.append((functools.partial(linear.summarize, x, 1, barred), calls))
-                else:
-                    eos = torch.full((rows,), config.eos_id, dtype=torch.int64)
-                    timed.append((functools.partial(linear.summarize, x, best_needed, barred, log_totals=True,
-                                                    picked_ids=eos), calls))
-            else:
-                timed.append((functools.partial(linear, x), calls))
-        return timed
+    def x(rows: int, width: int) -> torch.Tensor:
+        if (rows, width) not in inputs:
+            inputs[rows, width] = torch.randn(rows, width, generator=generator)
+        return inputs[rows, width]
 
-    def seconds(timed: list, n_threads: int) -> float:
+    def linear(out: int, inp: int, rows: int):
+        weight = torch.randn(out, inp, generator=generator) * inp ** -0.5
+        fbgemm = out != vocab or extension().output_projection_takes_fbgemm()  # as the search's decoder
+        return extension().PackedLinear(weight, torch.zeros(out), rows, compute_type, fbgemm)
+
+    # (out, in) of a layer's GEMMs in the order its forward runs them.
+    encoder_shapes = [(3 * d, d), (d, d), (ff, d), (d, ff)]
+    decoder_shapes = [(3 * d, d), (d, d), (d, d), (d, d), (ff, d), (d, ff)]  # self-attention, cross-attention q / out
+    # Each converted for the rows the compiled model converts it for (fastformer/decoding/compiled.py, csrc/decoder.cpp:
+    # oneDNN picks its blocking from them).
+    encoder = [[linear(out, inp, ENCODER_ROWS) for out, inp in encoder_shapes] for _ in range(config.n_encoder_layers)]
+    cross_keys_values = [linear(2 * d, d, 8 * DECODER_ROWS) for _ in range(config.n_decoder_layers)]
+    decoder = [[linear(out, inp, DECODER_ROWS) for out, inp in decoder_shapes]
+               for _ in range(config.n_decoder_layers)]
+    projection = linear(vocab, d, DECODER_ROWS)
+    barred = [config.pad_id, config.bos_id]
+
+    def project(block_rows: int) -> list[Callable[[], object]]:
+        """A step's output projection over blocks of block_rows rows (the last block timed as full)."""
+        if summarized and k == 1:
+            call = functools.partial(projection.summarize, x(block_rows, d), 1, barred)
+        elif summarized:
+            eos = torch.full((block_rows,), config.eos_id, dtype=torch.int64)
+            call = functools.partial(projection.summarize, x(block_rows, d), best_needed, barred, log_totals=True,
+                                     picked_ids=eos)
+        else:
+            call = functools.partial(projection, x(block_rows, d))
+        return [call] * n_blocks
+
+    encoder_calls = [functools.partial(layer, x(source_rows, inp))
+                     for layers in encoder for layer, (_, inp) in zip(layers, encoder_shapes)]
+    group_calls = [functools.partial(layer, x(group_source_rows, d)) for layer in cross_keys_values]
+    for step in range(point.target_tokens):
+        rows = group_sentences if step == 0 else step_rows
+        group_calls += [functools.partial(layer, x(rows, inp))
+                        for layers in decoder for layer, (_, inp) in zip(layers, decoder_shapes)]
+        group_calls += project(block_sentences if step == 0 else block_sentences * k)
+
+    def seconds(calls: list[Callable[[], object]], n_threads: int) -> float:
         previous = torch.get_num_threads()
         torch.set_num_threads(n_threads)
         try:
             start = time.perf_counter()
-            for gemm, calls in timed:
-                for _ in range(calls):
-                    gemm()
+            for call in calls:
+                call()
             return time.perf_counter() - start
         finally:
             torch.set_num_threads(previous)
 
-    encoder_gemms, group_gemms = prepared(encoder), prepared(group)
-    return lambda: seconds(encoder_gemms, threads) + seconds(group_gemms, 1 if groups > 1 else threads)
+    return lambda: seconds(encoder_calls, threads) + seconds(group_calls, 1 if groups > 1 else threads)
 
 
 def share_of_gemm_floor(model: Transformer, compute_type: str, point: Point, n_sentences: int, seed: int,
