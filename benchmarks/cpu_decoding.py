@@ -206,7 +206,7 @@ def gemm_floor(model: Transformer, compute_type: str, point: Point, n_sentences:
     step (the first decoding beam 0 of each sentence only) each layer's in turn and the output projection, a block of
     sentences at a time as the search runs it. Before benchmarks/results/2026-11-29-cpu-amd-epyc-2core-g/, each
     shape's calls ran back to back through one layer's weights, which then stay in the L2 between calls, as no search
-    can run them: that floor read 2-6% lower at the headline on the Zen 5 EPYC, under what the GEMMs take inside the
+    can run them: that floor read 1-6% lower at the headline on the Zen 5 EPYC, under what the GEMMs take inside the
     search."""
     config = model.config
     d, ff, vocab, k = config.d_model, config.d_ff, config.vocab_size, point.beam
