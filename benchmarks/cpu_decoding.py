@@ -213,8 +213,8 @@ def gemm_floor(model: Transformer, compute_type: str, point: Point, n_sentences:
     threads = point.threads
     groups = sentence_groups(threads, n_sentences)
     group_sentences = -(-n_sentences // groups)
-    source_rows = n_sentences * (point.source_tokens + 1)
-    group_source_rows = group_sentences * (point.source_tokens + 1)
+    source_len = point.source_tokens + 1
+    source_rows, group_source_rows = n_sentences * source_len, group_sentences * source_len
     step_rows = group_sentences * k
     # The search's output projection: with the int8 own GEMM, each row's best logits (1 for a greedy search without
     # scores, which the benchmark asks for; else 2 * beam with the log-softmax's terms and EOS's logit) over all of a
@@ -265,11 +265,12 @@ def gemm_floor(model: Transformer, compute_type: str, point: Point, n_sentences:
     encoder_calls = [functools.partial(layer, x(source_rows, inp))
                      for layers in encoder for layer, (_, inp) in zip(layers, encoder_shapes)]
     group_calls = [functools.partial(layer, x(group_source_rows, d)) for layer in cross_keys_values]
+    first_projection, step_projection = project(block_sentences), project(block_sentences * k)
     for step in range(point.target_tokens):
         rows = group_sentences if step == 0 else step_rows
         group_calls += [functools.partial(layer, x(rows, inp))
                         for layers in decoder for layer, (_, inp) in zip(layers, decoder_shapes)]
-        group_calls += project(block_sentences if step == 0 else block_sentences * k)
+        group_calls += first_projection if step == 0 else step_projection
 
     def seconds(calls: list[Callable[[], object]], n_threads: int) -> float:
         previous = torch.get_num_threads()

@@ -5,12 +5,11 @@ the search is steady -> the best of each, and the search's share of each floor, 
 
     OMP_NUM_THREADS=2 PYTHONPATH=. python floors_side_by_side.py BEFORE THREADS COMPUTE_TYPE PAIRS
 """
-import importlib.util
 import json
 import subprocess
 import sys
-import tempfile
 import time
+import types
 from pathlib import Path
 
 import torch
@@ -22,12 +21,9 @@ import cpu_decoding as now  # noqa: E402
 before_commit, threads, compute_type, pairs = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 source = subprocess.run(["git", "show", f"{before_commit}:benchmarks/cpu_decoding.py"], cwd=benchmarks,
                         capture_output=True, text=True, check=True).stdout
-with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
-    f.write(source)
-spec = importlib.util.spec_from_file_location("cpu_decoding_before", f.name)
-before = importlib.util.module_from_spec(spec)
-sys.modules["cpu_decoding_before"] = before  # its dataclasses look their module up
-spec.loader.exec_module(before)
+before = types.ModuleType("cpu_decoding_before")
+sys.modules[before.__name__] = before  # its dataclasses look their module up
+exec(compile(source, f"{before_commit}:benchmarks/cpu_decoding.py", "exec"), before.__dict__)
 
 n_sentences = 64
 point = now.Point(threads, 4, 20, (n_sentences,))
