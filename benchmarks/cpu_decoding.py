@@ -14,7 +14,8 @@ CTranslate2 runs in both of its threading modes wherever there is more than one 
 against the better of them at that point: "intra" is one batch on intra-op threads (inter_threads=1,
 intra_threads=T); "inter" is its documented throughput mode, batches translated in parallel (inter_threads=T,
 intra_threads=1, max_batch_size=ceil(N / T)). fastformer has one mode: each thread searches its own group of
-sentences.
+sentences, or, where the groups would be too few rows for their GEMMs, one group's GEMMs split over the threads
+(csrc/search.cpp's cpu_sentence_groups).
 
 Each (system, mode, point) runs in a process of its own, as it would be deployed: CTranslate2 brings its own OpenMP
 runtime, and once it has run in a process, the short parallel regions of fastformer's one-sentence search there
@@ -191,18 +192,17 @@ def ctranslate2_translator(model: Transformer, compute_type: str, threading: str
     return translate
 
 
-def sentence_groups(threads: int, n_sentences: int) -> int:
-    """The groups of sentences the CPU search runs side by side (csrc/search.cpp's cpu_sentence_groups): one a
-    thread, each of at least 4 sentences."""
-    return max(1, min(threads, n_sentences // 4))
+def sentence_groups(point: Point, n_sentences: int, compute_type: str) -> int:
+    """The groups of sentences the CPU search runs side by side at a point (csrc/search.cpp's cpu_sentence_groups)."""
+    return extension().cpu_sentence_groups(n_sentences, n_sentences * point.beam, compute_type, point.threads)
 
 
 def gemm_floor(model: Transformer, compute_type: str, point: Point, n_sentences: int) -> Callable[[], float]:
     """-> a call that times one search's GEMMs alone once (module docstring), in the search's order and each layer
     with weights of its own, converted as the search converts them: the encoder's layers in turn on every thread;
-    then, as the search runs them (csrc/search.cpp), one group's: each thread decodes its own group of at least 4
-    sentences with single-threaded GEMMs, so they are timed for one group on one thread, the floor were the groups not
-    to slow each other down. The group's GEMMs: every decoder layer's cross-attention keys and values, then step by
+    then, as the search runs them (csrc/search.cpp), one group's: where each thread decodes its own group of sentences
+    with single-threaded GEMMs, they are timed for one group on one thread, the floor were the groups not to slow each
+    other down; where one group's GEMMs split over the threads, on every thread. The group's GEMMs: every decoder layer's cross-attention keys and values, then step by
     step (the first decoding beam 0 of each sentence only) each layer's in turn and the output projection, a block of
     sentences at a time as the search runs it. Before benchmarks/results/2026-11-29-cpu-amd-epyc-2core-g/, each
     shape's calls ran back to back through one layer's weights, which then stay in the L2 between calls, as no search
@@ -211,7 +211,7 @@ def gemm_floor(model: Transformer, compute_type: str, point: Point, n_sentences:
     config = model.config
     d, ff, vocab, k = config.d_model, config.d_ff, config.vocab_size, point.beam
     threads = point.threads
-    groups = sentence_groups(threads, n_sentences)
+    groups = sentence_groups(point, n_sentences, compute_type)
     group_sentences = -(-n_sentences // groups)
     source_len = point.source_tokens + 1
     source_rows, group_source_rows = n_sentences * source_len, group_sentences * source_len
@@ -546,7 +546,7 @@ def main() -> None:
                 model = Transformer(shape_config(args.shape, args.vocab)).eval()
             compute_type = system.split("-", 1)[1]
             floor, search = share_of_gemm_floor(model, compute_type, point, n, args.seed)
-            groups = sentence_groups(point.threads, n)
+            groups = sentence_groups(point, n, compute_type)
             step_bytes = step_weight_bytes(model.config, compute_type)
             row.update(gemm_floor_seconds=round(floor, 4), search_seconds_beside_floor=round(search, 4),
                        share_of_gemm_floor=round(floor / search, 3),

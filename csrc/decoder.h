@@ -321,8 +321,10 @@ class CachedDecoder {
   std::vector<at::Tensor> k_cache_, v_cache_;
 };
 
-// How many groups of sentences a CPU search (or scoring) runs side by side, one group per thread (search.cpp).
-int64_t cpu_sentence_groups(int64_t n_sentences);
+// How many groups of n_sentences a CPU search (or scoring) runs side by side on `threads` threads, one group a thread
+// (search.cpp); rows: the rows its GEMMs take at a step, all groups together (a search's sentences times its beams,
+// scoring's target tokens).
+int64_t cpu_sentence_groups(int64_t n_sentences, int64_t rows, ComputeType compute_type, int64_t threads);
 
 // The rows of logits ([rows, vocab] float32) a search (a block of its sentences) or scoring (a chunk of its
 // positions) makes and reads at a time: as many as stay within 30 MiB, under the 32 MiB past which glibc maps each

@@ -161,7 +161,10 @@ at::Tensor score_targets(const at::Tensor& memory, const at::Tensor& src_lengths
     score_sentences(memory_in, source_lengths, decoder_input, targets, target_lengths, weights, options, *linears,
                     activation, begin, end, scores);
   };
-  const int64_t n_groups = memory.is_cuda() ? 1 : cpu_sentence_groups(n_sentences);
+  const int64_t n_groups =
+      memory.is_cuda() ? 1
+                       : cpu_sentence_groups(n_sentences, target_lengths.sum().item<int64_t>(), linears->compute_type,
+                                             at::get_num_threads());
   if (n_groups == 1) {
     score(0, n_sentences);
     return scores;

@@ -804,11 +804,22 @@ int64_t logits_rows_per_block(int64_t vocab) {
   return std::max<int64_t>(1, kBlockBytes / (std::max<int64_t>(vocab, 1) * static_cast<int64_t>(sizeof(float))));
 }
 
-// One group per intra-op thread, each group at least kMinSentencesPerGroup sentences so that its GEMMs keep enough
-// rows.
-int64_t cpu_sentence_groups(int64_t n_sentences) {
-  constexpr int64_t kMinSentencesPerGroup = 4;
-  return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n_sentences / kMinSentencesPerGroup));
+// One group a thread where each group keeps kGroupRowsPerWeightByte rows for every byte of a weight; below that, one
+// group whose GEMMs split over the threads. Each group reads every weight at every step, and at few rows a step's
+// GEMMs are bound by those reads: one group reads them once. On the 2-core AVX-512 test CPU (base model, 37k
+// vocabulary, two threads; one group against two in turn in one process,
+// benchmarks/results/2026-11-29-cpu-amd-epyc-2core-i) one group took 0.79-0.96 of two groups' time in float32 at 8-32
+// rows a group, 0.78 in bfloat16 at 8 and 0.81 in int8 at 4. Two groups tied at the line and just under it (float32
+// at 64 rows 1.00-1.01, bfloat16 at 16 1.01, int8 at 8 0.96 and 1.04) and were faster past it (float32 at 128 rows
+// 1.04-1.06, bfloat16 at 32-128 1.03-1.13, int8 at 16-32 1.06-1.26). Capped to AVX2, whose GEMMs take longer for each
+// weight they read, one group was within 1.3% of two where this picks it, and 0.96 at 8 rows in float32.
+constexpr int64_t kGroupRowsPerWeightByte = 16;
+
+int64_t cpu_sentence_groups(int64_t n_sentences, int64_t rows, ComputeType compute_type, int64_t threads) {
+  const int64_t weight_bytes =
+      compute_type == ComputeType::kInt8 ? 1 : (compute_type == ComputeType::kBFloat16 ? 2 : 4);
+  const int64_t most = std::min(threads, n_sentences);
+  return std::max<int64_t>(1, std::min(most, rows / (kGroupRowsPerWeightByte * weight_bytes)));
 }
 
 std::vector<Hypotheses> beam_search(const at::Tensor& memory, const at::Tensor& src_lengths, DecoderWeights weights,
@@ -829,7 +840,9 @@ std::vector<Hypotheses> beam_search(const at::Tensor& memory, const at::Tensor& 
   std::optional<SearchStream> search_stream;
   if (memory.is_cuda()) search_stream.emplace(memory.device());
 #endif
-  const int64_t n_groups = memory.is_cuda() ? 1 : cpu_sentence_groups(n_sentences);
+  const ComputeType compute_type = linears ? linears->compute_type : ComputeType::kFloat32;  // DecoderLinears' default
+  const int64_t n_groups =
+      memory.is_cuda() ? 1 : cpu_sentence_groups(n_sentences, n_sentences * k, compute_type, at::get_num_threads());
   const int64_t rows_per_group = (n_sentences + n_groups - 1) / n_groups * k;
   check_decoder_weights(weights, decoder_options, memory.device());
   if (!linears) linears = std::make_shared<const DecoderLinears>(weights, rows_per_group);

@@ -7,6 +7,7 @@ import torch
 import fastformer
 from fastformer import Transformer
 from fastformer.decoding.alignment import hard_alignment
+from fastformer.decoding.compiled import extension
 from fastformer.reference.beam_search import Hypothesis, beam_search, last_cross_attention
 from test_beam_search import (MARIAN, SHRINKS, assert_same_hypotheses, batch_invariance_atol, make_model,
                               padded_sources)
@@ -132,9 +133,10 @@ def test_int8_attention_is_the_attention_of_its_own_hypotheses():
 
 def test_sentence_groups_on_several_threads_return_the_same_attention():
     model = peaked_model(vocab=37)
-    lengths = [7, 2, 5, 1, 4, 9, 3, 8, 6, 2, 5, 7, 1, 4]
+    lengths = [7, 2, 5, 1, 4, 9, 3, 8, 6, 2, 5, 7, 1, 4] * 5
     src = padded_sources(model, lengths, seed=3)
     search = dict(beam_size=3, n_best=3, return_attention=True, **SEARCH)
+    assert extension().cpu_sentence_groups(len(src), 3 * len(src), "float32", 3) == 3
     one_thread = model.translate(src, **search)
     torch.set_num_threads(3)
     try:

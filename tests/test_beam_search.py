@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 import fastformer
 from fastformer import Transformer, TransformerConfig
+from fastformer.decoding.compiled import extension
 from fastformer.reference.beam_search import Hypothesis, beam_search, length_penalty_divisor
 
 VOCAB = 24
@@ -89,7 +90,7 @@ def gemm_rows_depend_on_the_batch(model: Transformer, compute_type: str) -> bool
 
 @functools.lru_cache
 def _gemm_rows_depend_on_the_batch(shapes: tuple[tuple[int, int], ...], compute_type: str) -> bool:
-    from fastformer.decoding.compiled import DECODER_ROWS, ENCODER_ROWS, extension
+    from fastformer.decoding.compiled import DECODER_ROWS, ENCODER_ROWS
     generator = torch.Generator().manual_seed(0)
     for out_features, in_features in shapes:
         weight = torch.randn(out_features, in_features, generator=generator)
@@ -243,12 +244,28 @@ def test_translate_matches_reference_for_each_model_option(norm_first, options, 
     assert_same_hypotheses(model.translate(src, shrink=shrink, **search), beam_search(model, src, **search))
 
 
+def test_sentence_groups_keep_enough_rows_for_their_gemms():
+    """csrc/search.cpp's rule: one group a thread where each keeps 16 rows for every byte of a weight (int8 16,
+    bfloat16 32, float32 64), else one group; never more groups than threads or sentences."""
+    groups = extension().cpu_sentence_groups
+    assert groups(64, 256, "float32", 2) == 2  # beam 4 of 64 sentences: 128 rows a group
+    assert groups(64, 64, "float32", 2) == 1  # greedy search: 32 rows a group would be too few
+    assert groups(32, 127, "float32", 2) == 1 and groups(32, 128, "float32", 2) == 2
+    assert groups(16, 63, "bfloat16", 2) == 1 and groups(16, 64, "bfloat16", 2) == 2
+    assert groups(8, 31, "int8", 2) == 1 and groups(8, 32, "int8", 2) == 2
+    assert groups(70, 210, "float32", 3) == 3 and groups(64, 4096, "int8", 16) == 16
+    assert groups(2, 400, "float32", 3) == 2  # scoring: many target tokens, two sentences
+    assert groups(64, 256, "int8", 1) == 1 and groups(0, 0, "int8", 2) == 1
+
+
 def test_translate_splits_sentences_across_threads_without_changing_results():
-    """With several intra-op threads the CPU search runs groups of sentences side by side (at least 4 sentences a
-    group): 14 sentences on 3 threads are 3 groups of different lengths. A vocabulary of 37 leaves a partial vector."""
+    """With several intra-op threads the CPU search runs groups of sentences side by side (float32: each of at least
+    64 rows, a sentence's beams): 70 sentences of beam 3 on 3 threads are 3 groups of different lengths. A vocabulary
+    of 37 leaves a partial vector."""
     model = make_model(vocab=37, eos_scale=8.0)
-    src = padded_sources(model, [7, 2, 5, 1, 4, 9, 3, 8, 6, 2, 5, 7, 1, 4], seed=3)
+    src = padded_sources(model, [7, 2, 5, 1, 4, 9, 3, 8, 6, 2, 5, 7, 1, 4] * 5, seed=3)
     search = dict(beam_size=3, n_best=3, min_len=1, max_len_a=1.0, max_len_b=5)
+    assert extension().cpu_sentence_groups(len(src), 3 * len(src), "float32", 3) == 3
     one_thread = model.translate(src, **search)
     torch.set_num_threads(3)
     try:

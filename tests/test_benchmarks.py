@@ -15,6 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import fastformer
 from fastformer import Transformer, TransformerConfig
 from fastformer.data.batching import DEFAULT_MAX_BUCKETS
+from fastformer.decoding.compiled import extension
 from fastformer.reference.beam_search import beam_search
 from tolerances import FP32
 
@@ -276,7 +277,8 @@ def test_cpu_decoding_smoke_run(tmp_path):
             # Within the roundings of the seconds (4 decimals) and the share (3).
             share = row["share_of_gemm_floor"]
             assert (floor - 5e-5) / (search + 5e-5) - 5e-4 <= share <= (floor + 5e-5) / (search - 5e-5) + 5e-4
-            groups = max(1, min(row["threads"], row["sentences"] // 4))
+            groups = extension().cpu_sentence_groups(row["sentences"], row["sentences"] * row["beam"],
+                                                     row["system"].split("-", 1)[1], row["threads"])
             # Within the roundings of seconds (4 decimals), step_weight_mib and the rate itself (1 decimal each).
             read_gb = groups * (row["step_weight_mib"] + 0.05) * 2 ** 20 * 10 / 1e9
             low_gb = groups * (row["step_weight_mib"] - 0.05) * 2 ** 20 * 10 / 1e9

@@ -98,11 +98,13 @@ def test_score_projects_a_chunk_of_rows_at_a_time():
 
 
 def test_score_splits_sentences_across_threads_without_changing_results():
-    """With several intra-op threads the CPU scorer runs groups of sentences side by side (at least 4 sentences a
-    group): 14 sentences on 3 threads are 3 groups."""
+    """With several intra-op threads the CPU scorer runs groups of sentences side by side (float32: each of at least
+    64 rows, a target position each): 42 sentences of 228 positions (EOS's included) on 3 threads are 3
+    groups."""
     model = make_model(vocab=37)
-    src = padded_sources(model, [7, 2, 5, 1, 4, 9, 3, 8, 6, 2, 5, 7, 1, 4], seed=3)
-    targets = random_targets(model, [3, 8, 1, 5, 2, 6, 4, 7, 2, 9, 1, 3, 5, 6])
+    src = padded_sources(model, [7, 2, 5, 1, 4, 9, 3, 8, 6, 2, 5, 7, 1, 4] * 3, seed=3)
+    targets = random_targets(model, [3, 8, 1, 5, 2, 6, 4, 7, 2, 9, 1, 3, 5, 6] * 3)
+    assert extension().cpu_sentence_groups(len(src), 186 + len(src), "float32", 3) == 3
     one_thread = model.score(src, targets)
     torch.set_num_threads(3)
     try:

@@ -12,6 +12,7 @@ import fastformer
 from fastformer import Shortlist, build_shortlist
 from fastformer.__main__ import main
 from fastformer.data import BUNDLED_CORPUS, read_lines
+from fastformer.decoding.compiled import extension
 from fastformer.decoding.shortlist import FORMAT
 from fastformer.reference.beam_search import beam_search
 from test_beam_search import assert_same_hypotheses, make_model, padded_sources, real_token_ids
@@ -123,7 +124,8 @@ def test_translate_with_a_shortlist_equals_the_reference_with_the_other_logits_m
 
 def test_the_groups_of_a_two_thread_search_share_the_shortlist():
     model = make_model(eos_scale=1.5, output_bias=True)
-    src = padded_sources(model, LENGTHS * 2)
+    src = padded_sources(model, LENGTHS * 6)
+    assert extension().cpu_sentence_groups(len(src), 4 * len(src), "float32", 2) == 2
     shortlist = small_shortlist(model)
     ids = shortlist.vocabulary(src, model.lengths(src, "src_tokens"))
     torch.set_num_threads(2)  # the module's one_thread fixture restores it
