@@ -78,7 +78,23 @@ cudaError_t launch_cuda(const BeamStepArgs& args, DType dtype, cudaStream_t stre
 }
 #endif
 
-void run_cpu(const SelfAttentionArgs& args) { self_attention_step_cpu(args); }
+// The rows split across threads where there are enough of them (inside the search's threads this runs inline): a
+// task of at least 2^17 multiply-adds. A row reads only positions before `step` and writes only its own slot's entry
+// at `step`, so the rows are independent and the result is the same however they are split. One group of sentences
+// on several threads (search.cpp's cpu_sentence_groups) had run them all on one thread.
+void run_cpu(const SelfAttentionArgs& args) {
+  const int64_t d_model = static_cast<int64_t>(args.heads) * args.head_dim;
+  const int64_t row_work = std::max<int64_t>(1, 2 * d_model * (*args.step + 1));
+  at::parallel_for(0, args.n_rows, std::max<int64_t>(1, (int64_t{1} << 17) / row_work),
+                   [&](int64_t first, int64_t end) {
+                     SelfAttentionArgs part = args;
+                     part.qkv = static_cast<const float*>(args.qkv) + first * 3 * d_model;
+                     part.row_slots = args.row_slots + first;
+                     part.out = static_cast<float*>(args.out) + first * d_model;
+                     part.n_rows = static_cast<int>(end - first);
+                     self_attention_step_cpu(part);
+                   });
+}
 // The rows split across threads where there are enough of them (inside the search's threads this runs inline): a
 // task of at least 2^17 multiply-adds, its ends moved to where a sentence's rows begin, so that a sentence's rows
 // attend in the same groups whatever the batch and the threads.

@@ -82,6 +82,34 @@ def test_self_attention_op_matches_the_reference():
         torch.testing.assert_close(v_cache[slot, :, step], qkv[row, 2 * d:].view(HEADS, HEAD_DIM), rtol=0, atol=0)
 
 
+def test_self_attention_op_splits_its_rows_across_threads_without_changing_results():
+    """Enough rows at a late enough step that two threads each take a part of them (a task of at least 2^17
+    multiply-adds, csrc/decoder.cpp): the outputs and the appended entries are one thread's bitwise, and the
+    reference's within fp32."""
+    generator = torch.Generator().manual_seed(3)
+    n_slots, beam, step, n_rows = 256, 4, 40, 128
+    k_cache = torch.randn(n_slots, HEADS, step + 1, HEAD_DIM, generator=generator)
+    v_cache = torch.randn(n_slots, HEADS, step + 1, HEAD_DIM, generator=generator)
+    indirection = torch.randint(0, beam, (n_slots, step + 1), generator=generator, dtype=torch.int32)
+    row_slots = torch.randperm(n_slots, generator=generator)[:n_rows].to(torch.int32)
+    qkv = torch.randn(n_rows, 3 * HEADS * HEAD_DIM, generator=generator)
+    assert n_rows >= 2 * (2 ** 17 // (2 * HEADS * HEAD_DIM * (step + 1)))  # two tasks or more
+
+    def on_threads(threads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        k, v = k_cache.clone(), v_cache.clone()
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return torch.ops.fastformer.self_attention_step(qkv, k, v, indirection, row_slots, beam, step), k, v
+        finally:
+            torch.set_num_threads(previous)
+
+    one, two = on_threads(1), on_threads(2)
+    assert all(torch.equal(a, b) for a, b in zip(one, two))
+    expected = self_attention_expected(qkv, k_cache, v_cache, indirection, row_slots, beam, step)
+    torch.testing.assert_close(two[0], expected, **FP32)
+
+
 def test_cross_attention_op_matches_the_reference():
     problem = cross_attention_problem()
     out = torch.ops.fastformer.cross_attention(*problem)
