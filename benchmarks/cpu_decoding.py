@@ -202,12 +202,12 @@ def gemm_floor(model: Transformer, compute_type: str, point: Point, n_sentences:
     with weights of its own, converted as the search converts them: the encoder's layers in turn on every thread;
     then, as the search runs them (csrc/search.cpp), one group's: where each thread decodes its own group of sentences
     with single-threaded GEMMs, they are timed for one group on one thread, the floor were the groups not to slow each
-    other down; where one group's GEMMs split over the threads, on every thread. The group's GEMMs: every decoder layer's cross-attention keys and values, then step by
-    step (the first decoding beam 0 of each sentence only) each layer's in turn and the output projection, a block of
-    sentences at a time as the search runs it. Before benchmarks/results/2026-11-29-cpu-amd-epyc-2core-g/, each
-    shape's calls ran back to back through one layer's weights, which then stay in the L2 between calls, as no search
-    can run them: that floor read 1-6% lower at the headline on the Zen 5 EPYC, under what the GEMMs take inside the
-    search."""
+    other down; where one group's GEMMs split over the threads, on every thread. The group's GEMMs: every decoder
+    layer's cross-attention keys and values, then step by step (the first decoding beam 0 of each sentence only) each
+    layer's in turn and the output projection, a block of sentences at a time as the search runs it. Before
+    benchmarks/results/2026-11-29-cpu-amd-epyc-2core-g/, each shape's calls ran back to back through one layer's
+    weights, which then stay in the L2 between calls, as no search can run them: that floor read 1-6% lower at the
+    headline on the Zen 5 EPYC, under what the GEMMs take inside the search."""
     config = model.config
     d, ff, vocab, k = config.d_model, config.d_ff, config.vocab_size, point.beam
     threads = point.threads

@@ -80,8 +80,8 @@ cudaError_t launch_cuda(const BeamStepArgs& args, DType dtype, cudaStream_t stre
 
 // The rows split across threads where there are enough of them (inside the search's threads this runs inline): a
 // task of at least 2^17 multiply-adds. A row reads only positions before `step` and writes only its own slot's entry
-// at `step`, so the rows are independent and the result is the same however they are split. One group of sentences
-// on several threads (search.cpp's cpu_sentence_groups) had run them all on one thread.
+// at `step`, so the rows are independent and the result is the same however they are split; one group of sentences
+// on several threads (search.cpp's cpu_sentence_groups) no longer runs them all on one thread.
 void run_cpu(const SelfAttentionArgs& args) {
   const int64_t d_model = static_cast<int64_t>(args.heads) * args.head_dim;
   const int64_t row_work = std::max<int64_t>(1, 2 * d_model * (*args.step + 1));
