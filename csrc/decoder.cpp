@@ -78,14 +78,20 @@ cudaError_t launch_cuda(const BeamStepArgs& args, DType dtype, cudaStream_t stre
 }
 #endif
 
-// The rows split across threads where there are enough of them (inside the search's threads this runs inline): a
-// task of at least 2^17 multiply-adds. A row reads only positions before `step` and writes only its own slot's entry
-// at `step`, so the rows are independent and the result is the same however they are split; one group of sentences
-// on several threads (search.cpp's cpu_sentence_groups) no longer runs them all on one thread.
+// The units (rows or sentences) of an attention op's task on a thread, each unit_work multiply-adds: a task of at
+// least 2^17 of them, where fewer cost more in fork/join than they gain. Inside the search's or the scorer's threads
+// the ops run inline.
+int64_t attention_units_per_task(int64_t unit_work) {
+  return std::max<int64_t>(1, (int64_t{1} << 17) / std::max<int64_t>(1, unit_work));
+}
+
+// The rows split across threads where there are enough of them (attention_units_per_task). A row reads only
+// positions before `step` and writes only its own slot's entry at `step`, so the rows are independent and the result
+// is the same however they are split; one group of sentences on several threads (search.cpp's cpu_sentence_groups)
+// no longer runs them all on one thread.
 void run_cpu(const SelfAttentionArgs& args) {
   const int64_t d_model = static_cast<int64_t>(args.heads) * args.head_dim;
-  const int64_t row_work = std::max<int64_t>(1, 2 * d_model * (*args.step + 1));
-  at::parallel_for(0, args.n_rows, std::max<int64_t>(1, (int64_t{1} << 17) / row_work),
+  at::parallel_for(0, args.n_rows, attention_units_per_task(2 * d_model * (*args.step + 1)),
                    [&](int64_t first, int64_t end) {
                      SelfAttentionArgs part = args;
                      part.qkv = static_cast<const float*>(args.qkv) + first * 3 * d_model;
@@ -95,18 +101,18 @@ void run_cpu(const SelfAttentionArgs& args) {
                      self_attention_step_cpu(part);
                    });
 }
-// The rows split across threads where there are enough of them (inside the search's threads this runs inline): a
-// task of at least 2^17 multiply-adds, its ends moved to where a sentence's rows begin, so that a sentence's rows
-// attend in the same groups whatever the batch and the threads.
+
+// The rows split across threads where there are enough of them (attention_units_per_task), a task's ends moved to
+// where a sentence's rows begin, so that a sentence's rows attend in the same groups whatever the batch and the
+// threads.
 void run_cpu(const CrossAttentionArgs& args) {
   const int64_t d_model = static_cast<int64_t>(args.heads) * args.head_dim;
-  const int64_t row_work = std::max<int64_t>(1, 2 * d_model * args.src_len);
   auto sentence_of = [&](int64_t row) { return args.row_slots[row] / args.beam_size; };
   auto sentence_start = [&](int64_t row) {  // the first row at or after `row` that begins a sentence's rows
     while (row > 0 && row < args.n_rows && sentence_of(row) == sentence_of(row - 1)) ++row;
     return row;
   };
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 17) / row_work);
+  const int64_t grain = attention_units_per_task(2 * d_model * args.src_len);
   at::parallel_for(0, args.n_rows, grain, [&](int64_t first, int64_t end) {
     first = sentence_start(first);
     end = sentence_start(end);
@@ -357,9 +363,7 @@ at::Tensor block_attention(const at::Tensor& q, const at::Tensor& k, const at::T
                                 static_cast<int>(q_len), static_cast<int>(k_len), static_cast<int>(heads),
                                 static_cast<int>(head_dim), q.stride(0), k.stride(0), k.stride(1), k.stride(2),
                                 causal ? 1 : 0};
-  // A task of at least 2^17 multiply-adds, as run_cpu's for cross_attention; inside the scorer's threads, inline.
-  const int64_t sentence_work = std::max<int64_t>(1, 2 * q_len * k_len * d_model);
-  at::parallel_for(0, n_sentences, std::max<int64_t>(1, (int64_t{1} << 17) / sentence_work),
+  at::parallel_for(0, n_sentences, attention_units_per_task(2 * q_len * k_len * d_model),
                    [&](int64_t first, int64_t end) {
                      BlockAttentionArgs part = args;
                      part.q = args.q + first * q_len * args.q_row_stride;
