@@ -87,8 +87,8 @@ int64_t attention_units_per_task(int64_t unit_work) {
 
 // The rows split across threads where there are enough of them (attention_units_per_task). A row reads only
 // positions before `step` and writes only its own slot's entry at `step`, so the rows are independent and the result
-// is the same however they are split; one group of sentences on several threads (search.cpp's cpu_sentence_groups)
-// no longer runs them all on one thread.
+// is the same however they are split: one group of sentences on several threads (search.cpp's cpu_sentence_groups)
+// spreads them over all of its threads.
 void run_cpu(const SelfAttentionArgs& args) {
   const int64_t d_model = static_cast<int64_t>(args.heads) * args.head_dim;
   at::parallel_for(0, args.n_rows, attention_units_per_task(2 * d_model * (*args.step + 1)),
