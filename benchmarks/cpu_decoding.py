@@ -26,20 +26,20 @@ the best before it by more than 3% (at least 2 calls, at most MAX_WARMUP_CALLS),
 (warmup_calls): fastformer's first calls convert the weights and grow glibc's arenas. A system that cannot run
 (CTranslate2 refuses bfloat16 on a CPU without its instructions) is a row with status "error" and its reason.
 
-Each fastformer row (in a sweep, at the headline shape only) also gives its share of the GEMM floor: the time of
-the same GEMMs (the encoder's, the cross-attention keys/values', and every step's decoder and output projection, at
-the rows the search has) run alone through the same converted linear layers, in the search's order and each layer
-with weights of its own (gemm_floor), divided by the search's time. Where the search takes its candidates from the
-int8 output projection's summary (fastformer's own GEMM: no logits written), the floor times that projection as it
-runs there, summary and all. The two are timed side by side in the main process after the rounds, in turn
-FLOOR_PAIRS times once the search is steady, and the share is the floor's best over the search's best
+Each fastformer row (in a sweep, at the headline shape only) also gives its share of the GEMM floor: the time of the
+same GEMMs (the encoder's, the cross-attention keys/values', and every step's decoder and output projection, at the
+rows the search has) run alone through the same converted linear layers, in the search's order and each layer with
+weights of its own (gemm_floor), divided by the search's time. Where the search takes its candidates from the output
+projection's summary (fastformer's own int8 GEMMs and its AVX-512 float32 one: no logits written), the floor times
+that projection as it runs there, summary and all. The two are timed side by side in the main process after the
+rounds, in turn FLOOR_PAIRS times once the search is steady, and the share is the floor's best over the search's best
 (search_seconds_beside_floor): runs before 2026-11-26's seventh took the floor's best of 5 against the rounds'
 median, minutes apart, which read it 1-5% low where the machine's speed moved. CTranslate2's GEMMs are its own.
-Beside it: the weights a decoding step reads (step_weight_mib, once per thread's group of sentences) and the rate
-the row read them at (weight_read_gb_s), against the copy bandwidth of the machine at that many threads
+Beside it: the weights a decoding step reads (step_weight_mib, once per thread's group of sentences) and the rate the
+row read them at (weight_read_gb_s), against the copy bandwidth of the machine at that many threads
 (copy_bandwidth_gb_s in the JSON): a small batch whose rate nears that bandwidth is bound by reading its weights,
-which only fewer bytes (int8, a vocabulary shortlist) can speed up. The JSON ends with the point of the lowest
-ratio ("worst"), for the fastest modes and for float32.
+which only fewer bytes (int8, a vocabulary shortlist) can speed up. The JSON ends with the point of the lowest ratio
+("worst"), for the fastest modes and for float32.
 
 --cap-isa avx2 runs an AVX-512 CPU as an AVX2 one as far as the libraries let it: oneDNN (ONEDNN_MAX_CPU_ISA),
 ATen's kernels (ATEN_CPU_CAPABILITY), FBGEMM, which runs fastformer's int8 GEMMs there
@@ -216,15 +216,6 @@ def gemm_floor(model: Transformer, compute_type: str, point: Point, n_sentences:
     source_len = point.source_tokens + 1
     source_rows, group_source_rows = n_sentences * source_len, group_sentences * source_len
     step_rows = group_sentences * k
-    # The search's output projection: with the int8 own GEMM, each row's best logits (1 for a greedy search without
-    # scores, which the benchmark asks for; else 2 * beam with the log-softmax's terms and EOS's logit) over all of a
-    # step's rows (csrc/search.cpp's best_logits_step); otherwise the logits, a block of sentences at a time
-    # (sentences_per_block).
-    best_needed = 1 if k == 1 else 2 * k
-    summarized = compute_type == "int8" and extension().int8_gemm_runs() and best_needed <= 64
-    most = group_sentences if summarized else max(1, extension().logits_rows_per_block(vocab) // k)
-    n_blocks = -(-group_sentences // most)
-    block_sentences = -(-group_sentences // n_blocks)
     generator = torch.Generator().manual_seed(0)
     inputs: dict[tuple[int, int], torch.Tensor] = {}
 
@@ -249,6 +240,15 @@ def gemm_floor(model: Transformer, compute_type: str, point: Point, n_sentences:
                for _ in range(config.n_decoder_layers)]
     projection = linear(vocab, d, DECODER_ROWS)
     barred = [config.pad_id, config.bos_id]
+    # The search's output projection: on a GEMM with a summary, each row's best logits (1 for a greedy search without
+    # scores, which the benchmark asks for; else 2 * beam with the log-softmax's terms and EOS's logit) over all of a
+    # step's rows (csrc/search.cpp's best_logits_step); otherwise the logits, a block of sentences at a time
+    # (sentences_per_block).
+    best_needed = 1 if k == 1 else 2 * k
+    summarized = projection.has_summary and best_needed <= 64
+    most = group_sentences if summarized else max(1, extension().logits_rows_per_block(vocab) // k)
+    n_blocks = -(-group_sentences // most)
+    block_sentences = -(-group_sentences // n_blocks)
 
     def project(block_rows: int) -> list[Callable[[], object]]:
         """A step's output projection over blocks of block_rows rows (the last block timed as full)."""

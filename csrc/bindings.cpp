@@ -152,8 +152,9 @@ void bind_compiled(pybind11::module_& m) {
            py::arg("picked_ids") = std::nullopt,
            "x [rows, in] float32 -> dict of values/ids [rows, k] (each row's k best outputs outside barred), finite, "
            "tops and log_totals (log_softmax = (y - top) - log_total), picked (the output at picked_ids), [rows] "
-           "each (None where not asked); the outputs never written (own int8 routes only: vnni-int8, avxvnni-int8, "
-           "avx2-int8; linear.h)")
+           "each (None where not asked); the outputs never written (where has_summary: the own int8 routes and "
+           "avx512-float32; linear.h)")
+      .def_property_readonly("has_summary", &PackedLinear::has_summary)
       .def_property_readonly("route", &PackedLinear::route)
       .def_property_readonly("nbytes", &PackedLinear::nbytes)
       .def_property_readonly("int8_weight_max", &PackedLinear::int8_weight_max);

@@ -681,7 +681,8 @@ bool CachedDecoder::has_summary() const { return !linears_->output_ids && linear
 
 PackedLinear::Summary CachedDecoder::summarize(const at::Tensor& hidden, int64_t k, const std::vector<int64_t>& barred,
                                                bool with_log_totals, const at::Tensor& picked_ids) const {
-  TORCH_CHECK(has_summary(), "summarize needs an int8 output projection on fastformer's own GEMM and no shortlist");
+  TORCH_CHECK(has_summary(), "summarize needs an output projection on a GEMM of fastformer's that summarizes (own "
+              "int8, avx512-float32) and no shortlist");
   c10::InferenceMode inference;
   return linears_->output.summarize(hidden, k, barred, with_log_totals, picked_ids);
 }

@@ -285,8 +285,8 @@ class CachedDecoder {
   at::Tensor hidden(const at::Tensor& tokens, const at::Tensor& row_slots, const at::Tensor& indirection,
                     const at::Tensor& step, at::Tensor* cross_attention = nullptr);
   at::Tensor logits(const at::Tensor& hidden) const;
-  // Whether summarize runs: an output projection on an own int8 route (vnni-int8, avxvnni-int8, avx2-int8:
-  // linear.h) without a shortlist.
+  // Whether summarize runs: an output projection on an own int8 route (vnni-int8, avxvnni-int8, avx2-int8) or
+  // avx512-float32 (linear.h), without a shortlist.
   bool has_summary() const;
   // hidden [n_rows, d_model] -> its logits' summary (PackedLinear::summarize: each row's k highest logits among the
   // ids not in barred, whether they are finite, and where asked the log-softmax's terms and the logit at picked_ids),

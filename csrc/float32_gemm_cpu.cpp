@@ -1,11 +1,13 @@
-// float32_gemm.h's GEMM in AVX2 and FMA intrinsics: a tile of up to 6 rows by one panel (16 outputs) sums in 12
-// vector registers over the whole input, so that each sum is written once.
+// float32_gemm.h's packing and choice of GEMM, and its AVX2 GEMM in AVX2 and FMA intrinsics: a tile of up to 6 rows
+// by one panel (16 outputs) sums in 12 vector registers over the whole input, so that each sum is written once.
 #include "float32_gemm.h"
+
+#include "beam_ops.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <stdexcept>
+#include <string>
 
 #if __has_include(<unistd.h>)
 #include <unistd.h>  // sysconf: the L2's size
@@ -41,16 +43,32 @@ int64_t float32_chunk_tiles(int64_t in) {
   return std::max<int64_t>(1, chunk_bytes / (in * 6 * static_cast<int64_t>(sizeof(float))));
 }
 
-namespace {
+// Defined in float32_gemm_avx512.cpp and below: null where the build or the CPU lacks the instruction set.
+const Float32Gemm* avx512_float32_gemm();
+const Float32Gemm* avx2_float32_gemm();
 
-// Tile t holds rows [t * rows / tiles, (t + 1) * rows / tiles).
-int64_t tile_start(int64_t tile, int64_t rows) { return tile * rows / float32_row_tiles(rows); }
+std::vector<const Float32Gemm*> float32_gemms() {
+  std::vector<const Float32Gemm*> gemms;
+  for (const Float32Gemm* gemm : {avx512_float32_gemm(), avx2_float32_gemm()}) {
+    if (gemm) gemms.push_back(gemm);
+  }
+  return gemms;
+}
 
-}  // namespace
+const Float32Gemm* float32_gemm_here() {
+  static const Float32Gemm* const chosen = [] () -> const Float32Gemm* {
+    const std::string isa = cpu_loops().isa;
+    for (const Float32Gemm* gemm : float32_gemms()) {
+      if (isa == gemm->isa) return gemm;
+    }
+    return nullptr;
+  }();
+  return chosen;
+}
 
 void float32_pack_rows(const float* x, int64_t rows, int64_t in, float* packed_rows) {
   for (int64_t tile = 0; tile < float32_row_tiles(rows); ++tile) {
-    const int64_t first = tile_start(tile, rows), n_rows = tile_start(tile + 1, rows) - first;
+    const int64_t first = float32_tile_start(tile, rows), n_rows = float32_tile_start(tile + 1, rows) - first;
     const float* tile_x = x + first * in;
     float* packed = packed_rows + tile * in * 6;
     // Lanes past the tile's rows are left as they are: no tile reads them.
@@ -61,11 +79,6 @@ void float32_pack_rows(const float* x, int64_t rows, int64_t in, float* packed_r
 }
 
 #ifdef FASTFORMER_FLOAT32_GEMM
-
-bool float32_gemm_runs() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
@@ -150,18 +163,16 @@ using TileFunction = void (*)(const Tile&);
 constexpr TileFunction kTiles[kTileRows + 1] = {nullptr,         run_tile<1>, run_tile<2>, run_tile<3>,
                                                 run_tile<4>,     run_tile<5>, run_tile<6>};
 
-}  // namespace
-
-void float32_gemm(const float* packed_rows, int64_t rows, int64_t in, const float* panels, const float* bias,
-                  bool relu, int64_t out, int64_t first_panel, int64_t end_panel, float* y) {
+void gemm(const float* packed_rows, int64_t rows, int64_t in, const float* panels, const float* bias, bool relu,
+          int64_t out, int64_t first_panel, int64_t end_panel, float* y) {
   const int64_t n_tiles = float32_row_tiles(rows);
-  const int64_t chunk_tiles = float32_chunk_tiles(in);
+  const int64_t chunk_tiles = float32_balanced_chunk_tiles(in, n_tiles);
   for (int64_t chunk = 0; chunk < n_tiles; chunk += chunk_tiles) {
     const int64_t chunk_end = std::min(n_tiles, chunk + chunk_tiles);
     for (int64_t panel = first_panel; panel < end_panel; ++panel) {
       const float* panel_data = panels + panel * in * 16;
       for (int64_t tile = chunk; tile < chunk_end; ++tile) {
-        const int64_t row = tile_start(tile, rows);
+        const int64_t row = float32_tile_start(tile, rows);
         const Tile t{packed_rows + tile * in * 6,
                      in,
                      panel_data,
@@ -171,22 +182,27 @@ void float32_gemm(const float* packed_rows, int64_t rows, int64_t in, const floa
                      out - panel * 16,
                      y + row * out + panel * 16,
                      out};
-        kTiles[tile_start(tile + 1, rows) - row](t);
+        kTiles[float32_tile_start(tile + 1, rows) - row](t);
       }
     }
   }
 }
 
+constexpr Float32Gemm kAvx2Gemm{"avx2", "avx2-float32", 1, gemm, nullptr};
+
+}  // namespace
+
 #pragma GCC pop_options
+
+const Float32Gemm* avx2_float32_gemm() {
+  __builtin_cpu_init();
+  static const bool runs = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return runs ? &kAvx2Gemm : nullptr;
+}
 
 #else  // no x86-64 GCC build: float32 runs oneDNN's GEMM (linear.cpp)
 
-bool float32_gemm_runs() { return false; }
-
-void float32_gemm(const float*, int64_t, int64_t, const float*, const float*, bool, int64_t, int64_t, int64_t,
-                  float*) {
-  throw std::logic_error("float32_gemm is not in this build");
-}
+const Float32Gemm* avx2_float32_gemm() { return nullptr; }
 
 #endif
 

@@ -23,34 +23,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "gemm_summary.h"
+
 namespace fastformer {
-
-// The largest k int8_gemm_summary keeps.
-constexpr int kInt8GemmMaxTopK = 64;
-
-// What int8_gemm_summary keeps of each of `rows` rows of outputs y (as int8_gemm computes them without ReLU, over
-// the panels it is given), which it never writes: a search step's or a scorer's view of its logits. The
-// optional parts are null where not wanted.
-struct Int8RowSummary {
-  // The k (0..kInt8GemmMaxTopK) highest outputs of each row whose ids are not in barred ([n_barred]), best first,
-  // ties to the lower id: values [rows, k] and ids [rows, k], -inf and -1 past a row's finite allowed outputs (a
-  // greedy search's argmax, sampling's top-k, a beam search's candidates).
-  int k = 0;
-  const int64_t* barred = nullptr;
-  int n_barred = 0;
-  float* values = nullptr;
-  int64_t* ids = nullptr;
-  // [rows]: 0 where a row's outputs hold NaN or inf (the barred too), else 1.
-  int32_t* finite = nullptr;
-  // [rows] or null: each row's highest output (all ids) and log(sum over all ids of e^(y - top)), so that
-  // log_softmax(y)[i] = (y[i] - top) - log_total. Summed as the panels pass, rescaled where the top rises.
-  float* tops = nullptr;
-  float* log_totals = nullptr;
-  // [rows] or null: an id of each row in [0, out), and that row's output there (a scored target, or EOS); -inf
-  // where the id is outside the panels summarized.
-  const int64_t* picked_ids = nullptr;
-  float* picked = nullptr;
-};
 
 namespace int8_tiles {
 struct Tile;  // int8_gemm_tiles.h
@@ -110,17 +85,11 @@ void int8_gemm(const Int8Gemm& gemm, const uint8_t* x_q, const float* x_scales, 
                const int8_t* panels, const int32_t* offsets, const float* w_scales, const float* bias, bool relu,
                int64_t out, int64_t first_panel, int64_t end_panel, float* y);
 
-// The summary of y's rows over panels [first_panel, end_panel) into `summary`'s arrays (Int8RowSummary), y never
+// The summary of y's rows over panels [first_panel, end_panel) into `summary`'s arrays (GemmSummary), y never
 // written. Arguments as int8_gemm's. Single-threaded: the caller splits the rows, or the panels (then
-// int8_merge_summaries), across threads.
+// merge_gemm_summaries), across threads.
 void int8_gemm_summary(const Int8Gemm& gemm, const uint8_t* x_q, const float* x_scales, int64_t rows, int64_t in,
                        const int8_t* panels, const int32_t* offsets, const float* w_scales, const float* bias,
-                       int64_t out, int64_t first_panel, int64_t end_panel, const Int8RowSummary& summary);
-
-// The summaries of the same rows over consecutive panel ranges (parts [n_parts], in the order of the ranges, each
-// with into's k and optional parts) as one over all of them, into `into`: the best merged (ties to the lower id, so
-// to the earlier part), the log-softmax's terms combined, finite where every part is, picked from the part that holds
-// the id.
-void int8_merge_summaries(const Int8RowSummary* parts, int n_parts, int64_t rows, const Int8RowSummary& into);
+                       int64_t out, int64_t first_panel, int64_t end_panel, const GemmSummary& summary);
 
 }  // namespace fastformer

@@ -131,7 +131,7 @@ void scale_rows(at::Tensor& y, int64_t rows, const at::Tensor& scales, const std
   });
 }
 
-// [n] float32 -> [n rounded up to 16], zeros past n (the own int8 routes' scales and bias, the avx2-float32 route's
+// [n] float32 -> [n rounded up to 16], zeros past n (the own int8 routes' scales and bias, the own float32 routes'
 // bias: whole panels of 16 outputs).
 at::Tensor padded_to_panels(const at::Tensor& values) {
   at::Tensor padded = at::zeros({(values.size(0) + 15) / 16 * 16}, values.options());
@@ -174,9 +174,12 @@ int64_t units_per_task(int64_t rows, int64_t in, int64_t outputs_per_unit, int64
 // (benchmarks/results/2026-11-29-cpu-amd-epyc-2core-c).
 constexpr int64_t kInt8WeightBoundRows = 14;
 
-// The own int8 GEMMs' panels split among threads in blocks of 4 (the AVX512-VNNI GEMM's tile): a part must start at a
-// multiple of its GEMM's tile_panels (int8_gemm.h's layout), 1 or 4.
+// A summary's panels split among threads in blocks of 4 (the AVX-512 GEMMs' tiles): a part must start at a multiple
+// of its GEMM's tile_panels (int8_gemm.h's layout, float32_gemm.h's tiles), 1 or 4.
 constexpr int64_t kPanelsPerBlock = 4;
+
+// The float32 GEMMs' tile rows (float32_gemm.h's row tiles).
+constexpr int64_t kFloat32TileRows = 6;
 
 }  // namespace
 
@@ -236,13 +239,13 @@ PackedLinear::PackedLinear(const at::Tensor& weight, const std::optional<at::Ten
   const at::ScalarType dtype = compute_type == ComputeType::kBFloat16 ? at::kBFloat16 : at::kFloat;
   weight_ = weight.to(dtype).contiguous();
   if (bias_) bias_ = bias_->to(dtype).contiguous();
-  if (compute_type == ComputeType::kFloat32 && own_gemm && float32_gemm_runs() &&
-      std::string(cpu_loops().isa) == "avx2") {
+  if (compute_type == ComputeType::kFloat32 && own_gemm && float32_gemm_here()) {
     const at::Tensor panels = at::empty({float32_panel_count(out_features_) * in_features_ * 16}, at::kFloat);
     float32_pack_panels(weight_.data_ptr<float>(), out_features_, in_features_, panels.data_ptr<float>());
     weight_ = panels;
     if (bias_) bias_ = padded_to_panels(*bias_);
-    route_ = Route::kAvx2Float32;
+    own_float32_gemm_ = float32_gemm_here();
+    route_ = Route::kOwnFloat32;
     return;
   }
   if (!ops.reorder_weight || !ops.linear) return;
@@ -258,7 +261,7 @@ at::Tensor PackedLinear::operator()(const at::Tensor& x, std::optional<Activatio
   TORCH_CHECK(x.dim() == 2, "a linear layer takes [rows, in] rows, got ", x.sizes());
   if (x.size(0) == 0) return at::empty({0, out_features_}, x.options());
   if (route_ == Route::kOwnInt8) return own_int8_linear(x, activation);
-  if (route_ == Route::kAvx2Float32) return avx2_float32_linear(x, activation);
+  if (route_ == Route::kOwnFloat32) return own_float32_linear(x, activation);
   if (route_ == Route::kFbgemmInt8 || route_ == Route::kOneDnnInt8) {
     return apply_activation(int8_linear(x), activation);
   }
@@ -379,32 +382,34 @@ at::Tensor PackedLinear::own_int8_linear(const at::Tensor& x, std::optional<Acti
   return relu ? y : apply_activation(y, activation);
 }
 
-// The rows a thread must get before avx2_float32_linear splits a call's rows, not its panels, across threads.
+// Rows [first, end) of x [rows, in] float32, contiguous -> float32_pack_rows' packing of them.
+at::Tensor float32_packed_rows(const at::Tensor& x, int64_t first, int64_t end) {
+  const int64_t in = x.size(1);
+  at::Tensor packed = at::empty({float32_row_tiles(end - first) * in * 6}, x.options());
+  float32_pack_rows(x.data_ptr<float>() + first * in, end - first, in, packed.data_ptr<float>());
+  return packed;
+}
+
+// The rows a thread must get before own_float32_linear splits a call's rows, not its panels, across threads.
 constexpr int64_t kFloat32RowsToSplit = 96;
 
-// The own float32 GEMM's weight_bound_rows (units_per_task): capped to AVX2 on the AVX-512 test CPU, one thread, it
-// multiply-adds at ~62 G/s and reads weights from memory at ~34 GB/s, four bytes a weight: 7 rows.
+// The own float32 GEMMs' weight_bound_rows (units_per_task): capped to AVX2 on the AVX-512 test CPU, one thread, the
+// AVX2 one multiply-adds at ~62 G/s and reads weights from memory at ~34 GB/s, four bytes a weight: 7 rows.
 constexpr int64_t kFloat32WeightBoundRows = 7;
 
-at::Tensor PackedLinear::avx2_float32_linear(const at::Tensor& x, std::optional<Activation> activation) const {
+at::Tensor PackedLinear::own_float32_linear(const at::Tensor& x, std::optional<Activation> activation) const {
   TORCH_CHECK(x.scalar_type() == at::kFloat, "a float32 linear layer takes float32 rows, got ", x.scalar_type());
   TORCH_CHECK(x.size(1) == in_features_, "a linear layer of ", in_features_, " inputs got rows of ", x.size(1));
   const at::Tensor input = x.contiguous();
   const int64_t rows = x.size(0), n_panels = float32_panel_count(out_features_);
   at::Tensor y = at::empty({rows, out_features_}, x.options());
   const bool relu = activation == Activation::kRelu;
-  // rows [first, end) -> float32_pack_rows' packing of them
-  auto packed = [&](int64_t first, int64_t end) {
-    at::Tensor rows_packed = at::empty({float32_row_tiles(end - first) * in_features_ * 6}, x.options());
-    float32_pack_rows(input.data_ptr<float>() + first * in_features_, end - first, in_features_,
-                      rows_packed.data_ptr<float>());
-    return rows_packed;
-  };
+  auto packed = [&](int64_t first, int64_t end) { return float32_packed_rows(input, first, end); };
   // rows [first, end), packed, over panels [first_panel, end_panel)
   auto run = [&](const at::Tensor& rows_packed, int64_t first, int64_t end, int64_t first_panel, int64_t end_panel) {
-    float32_gemm(rows_packed.data_ptr<float>(), end - first, in_features_, weight_.data_ptr<float>(),
-                 bias_ ? bias_->data_ptr<float>() : nullptr, relu, out_features_, first_panel, end_panel,
-                 y.data_ptr<float>() + first * out_features_);
+    own_float32_gemm_->gemm(rows_packed.data_ptr<float>(), end - first, in_features_, weight_.data_ptr<float>(),
+                            bias_ ? bias_->data_ptr<float>() : nullptr, relu, out_features_, first_panel, end_panel,
+                            y.data_ptr<float>() + first * out_features_);
   };
   const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
   if (rows >= kFloat32RowsToSplit * threads) {
@@ -414,20 +419,23 @@ at::Tensor PackedLinear::avx2_float32_linear(const at::Tensor& x, std::optional<
     at::parallel_for(0, rows, kFloat32RowsToSplit,
                      [&](int64_t first, int64_t end) { run(packed(first, end), first, end, 0, n_panels); });
   } else {
-    // The rows packed once; tasks of units_per_task whole panels.
+    // The rows packed once; tasks of units_per_task whole tiles' panels.
     const at::Tensor all_rows = packed(0, rows);
-    at::parallel_for(0, n_panels, units_per_task(rows, in_features_, 16, kFloat32WeightBoundRows),
-                     [&](int64_t first, int64_t end) { run(all_rows, 0, rows, first, end); });
+    const int64_t tile_panels = own_float32_gemm_->tile_panels, n_blocks = (n_panels + tile_panels - 1) / tile_panels;
+    at::parallel_for(0, n_blocks, units_per_task(rows, in_features_, 16 * tile_panels, kFloat32WeightBoundRows),
+                     [&](int64_t first, int64_t end) {
+                       run(all_rows, 0, rows, first * tile_panels, std::min(n_panels, end * tile_panels));
+                     });
   }
   return relu ? y : apply_activation(y, activation);
 }
 
 PackedLinear::Summary PackedLinear::summarize(const at::Tensor& x, int64_t k, const std::vector<int64_t>& barred,
                                               bool with_log_totals, const at::Tensor& picked_ids) const {
-  TORCH_CHECK(has_summary(), "summarize runs on the own int8 routes only (vnni-int8, avxvnni-int8, avx2-int8), this "
-              "layer's is ", route());
+  TORCH_CHECK(has_summary(), "summarize runs on the own int8 routes (vnni-int8, avxvnni-int8, avx2-int8) and "
+              "avx512-float32 only, this layer's is ", route());
   TORCH_CHECK(x.dim() == 2, "a linear layer takes [rows, in] rows, got ", x.sizes());
-  TORCH_CHECK(k >= 0 && k <= kInt8GemmMaxTopK, "summarize keeps k in [0, ", kInt8GemmMaxTopK, "] outputs, got ", k);
+  TORCH_CHECK(k >= 0 && k <= kGemmMaxTopK, "summarize keeps k in [0, ", kGemmMaxTopK, "] outputs, got ", k);
   const int64_t rows = x.size(0);
   at::Tensor picked_in;
   if (picked_ids.defined()) {
@@ -437,8 +445,15 @@ PackedLinear::Summary PackedLinear::summarize(const at::Tensor& x, int64_t k, co
     TORCH_CHECK(rows == 0 || (picked_in.min().item<int64_t>() >= 0 && picked_in.max().item<int64_t>() < out_features_),
                 "picked_ids must be in [0, ", out_features_, ")");
   }
-  const auto [quantized, scales] = own_quantized(x);
-  const int64_t row_bytes = quantized.size(1);
+  // int8: the rows quantized; float32: packed, all of them where the panels split across threads (below).
+  at::Tensor quantized, scales, input, all_packed;
+  if (route_ == Route::kOwnInt8) {
+    std::tie(quantized, scales) = own_quantized(x);
+  } else {
+    TORCH_CHECK(x.scalar_type() == at::kFloat, "a float32 linear layer takes float32 rows, got ", x.scalar_type());
+    TORCH_CHECK(x.size(1) == in_features_, "a linear layer of ", in_features_, " inputs got rows of ", x.size(1));
+    input = x.contiguous();
+  }
   const at::TensorOptions floats = x.options();
   auto make = [&] {
     Summary made{at::empty({rows, k}, floats), at::empty({rows, k}, floats.dtype(at::kLong)),
@@ -452,7 +467,7 @@ PackedLinear::Summary PackedLinear::summarize(const at::Tensor& x, int64_t k, co
     auto at_row = [&](const at::Tensor& t, int64_t width) -> float* {
       return t.defined() ? t.data_ptr<float>() + first_row * width : nullptr;
     };
-    Int8RowSummary part;
+    GemmSummary part;
     part.k = static_cast<int>(k);
     part.barred = barred.data();
     part.n_barred = static_cast<int>(barred.size());
@@ -466,11 +481,18 @@ PackedLinear::Summary PackedLinear::summarize(const at::Tensor& x, int64_t k, co
     return part;
   };
   auto summarize_part = [&](int64_t first_row, int64_t end_row, int64_t first_panel, int64_t end_panel,
-                            const Int8RowSummary& part) {
-    int8_gemm_summary(*own_int8_gemm_, quantized.data_ptr<uint8_t>() + first_row * row_bytes,
-                      scales.data_ptr<float>() + first_row, end_row - first_row, in_features_,
-                      weight_.data_ptr<int8_t>(), panel_offsets_.data_ptr<int32_t>(), weight_scales_.data_ptr<float>(),
-                      bias_ ? bias_->data_ptr<float>() : nullptr, out_features_, first_panel, end_panel, part);
+                            const GemmSummary& part) {
+    const float* bias = bias_ ? bias_->data_ptr<float>() : nullptr;
+    if (route_ == Route::kOwnInt8) {
+      int8_gemm_summary(*own_int8_gemm_, quantized.data_ptr<uint8_t>() + first_row * quantized.size(1),
+                        scales.data_ptr<float>() + first_row, end_row - first_row, in_features_,
+                        weight_.data_ptr<int8_t>(), panel_offsets_.data_ptr<int32_t>(),
+                        weight_scales_.data_ptr<float>(), bias, out_features_, first_panel, end_panel, part);
+      return;
+    }
+    const at::Tensor packed = all_packed.defined() ? all_packed : float32_packed_rows(input, first_row, end_row);
+    own_float32_gemm_->gemm_summary(packed.data_ptr<float>(), end_row - first_row, in_features_,
+                                    weight_.data_ptr<float>(), bias, out_features_, first_panel, end_panel, part);
   };
   Summary summary = make();
   const int64_t n_panels = int8_panel_count(out_features_);
@@ -478,11 +500,12 @@ PackedLinear::Summary PackedLinear::summarize(const at::Tensor& x, int64_t k, co
   const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
   // Fewer rows than a tile a thread (one sentence's beams): the panels split across the threads instead, in blocks
   // of kPanelsPerBlock, each part summarized over its panels, then merged in the order of the ids.
-  const int64_t tile_rows = own_int8_gemm_->tile_rows;
+  const int64_t tile_rows = route_ == Route::kOwnInt8 ? own_int8_gemm_->tile_rows : kFloat32TileRows;
   const int64_t n_parts = rows < tile_rows * threads ? std::min(threads, n_blocks) : 1;
   if (n_parts > 1) {
+    if (input.defined()) all_packed = float32_packed_rows(input, 0, rows);
     std::vector<Summary> parts(n_parts);
-    std::vector<Int8RowSummary> views(n_parts);
+    std::vector<GemmSummary> views(n_parts);
     for (int64_t p = 0; p < n_parts; ++p) parts[p] = make(), views[p] = view(parts[p], 0);
     at::parallel_for(0, n_parts, 1, [&](int64_t first, int64_t end) {
       for (int64_t p = first; p < end; ++p) {
@@ -490,7 +513,7 @@ PackedLinear::Summary PackedLinear::summarize(const at::Tensor& x, int64_t k, co
                        std::min(n_panels, (p + 1) * n_blocks / n_parts * kPanelsPerBlock), views[p]);
       }
     });
-    int8_merge_summaries(views.data(), static_cast<int>(n_parts), rows, view(summary, 0));
+    merge_gemm_summaries(views.data(), static_cast<int>(n_parts), rows, view(summary, 0));
   } else {
     // Rows split across threads: each row's summary is over every panel, in order.
     at::parallel_for(0, rows, tile_rows, [&](int64_t first_row, int64_t end_row) {
@@ -505,7 +528,7 @@ const char* PackedLinear::route() const {
   switch (route_) {
     case Route::kOneDnn: return "onednn";
     case Route::kOwnInt8: return own_int8_gemm_->route;
-    case Route::kAvx2Float32: return "avx2-float32";
+    case Route::kOwnFloat32: return own_float32_gemm_->route;
     case Route::kFbgemmInt8: return "fbgemm-int8";
     case Route::kOneDnnInt8: return "onednn-int8";
     case Route::kAten: return "aten";

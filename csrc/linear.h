@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "float32_gemm.h"
 #include "int8_gemm.h"
 
 namespace fastformer {
@@ -50,10 +51,11 @@ int64_t rows_per_task(int64_t width);
 float int8_activation_max();
 
 // y = activation(x W^T + b) with W converted once, at construction, for its compute type:
-// - float32: fastformer's own GEMM (float32_gemm.h) where the CPU loops are AVX2's (an AVX2 CPU, or
-//   FASTFORMER_CPU_ISA=avx2): W in panels of 16 outputs, the bias and ReLU applied as the sums leave the registers.
-//   Elsewhere, where torch has oneDNN (its mkldnn ops), W reordered into oneDNN's blocked layout with the bias added
-//   inside the GEMM (~10% less CPU time than at::linear's MKL at the base model's shapes); else at::linear.
+// - float32: fastformer's own GEMM (float32_gemm.h) where the CPU loops are AVX-512's ("avx512-float32") or AVX2's
+//   ("avx2-float32": an AVX2 CPU, or FASTFORMER_CPU_ISA=avx2): W in panels of 16 outputs, the bias and ReLU applied
+//   as the sums leave the registers. Elsewhere, where torch has oneDNN (its mkldnn ops), W reordered into oneDNN's
+//   blocked layout with the bias added inside the GEMM (~10% less CPU time than at::linear's MKL at the base model's
+//   shapes); else at::linear.
 // - bfloat16: W in bfloat16, reordered for oneDNN where the CPU has the instructions oneDNN's bfloat16 GEMM needs
 //   (AVX512-BF16, AMX or AVX-NE-CONVERT); elsewhere at::linear in bfloat16, correct but several times slower than
 //   float32 (route() says which). x is rounded to bfloat16 and y widened back.
@@ -84,23 +86,26 @@ class PackedLinear {
   // x: [rows, in] float32 (or the weight's dtype on CUDA) -> [rows, out] in x's dtype
   at::Tensor operator()(const at::Tensor& x, std::optional<Activation> activation = std::nullopt) const;
 
-  // Whether summarize runs: fastformer's own int8 GEMMs' (vnni-int8, avxvnni-int8, avx2-int8).
-  bool has_summary() const { return route_ == Route::kOwnInt8; }
-  // What summarize keeps of each row's outputs, which it never writes (int8_gemm.h's Int8RowSummary).
+  // Whether summarize runs: fastformer's own int8 GEMMs' (vnni-int8, avxvnni-int8, avx2-int8) and AVX-512 float32
+  // GEMM's (avx512-float32).
+  bool has_summary() const {
+    return route_ == Route::kOwnInt8 || (route_ == Route::kOwnFloat32 && own_float32_gemm_->gemm_summary);
+  }
+  // What summarize keeps of each row's outputs, which it never writes (gemm_summary.h's GemmSummary).
   struct Summary {
     at::Tensor values, ids;       // [rows, k] float32, int64: the k highest outputs outside barred, best first
     at::Tensor finite;            // [rows] bool: whether the row's outputs are all finite
     at::Tensor tops, log_totals;  // [rows] float32, where asked: log_softmax(y)[i] = (y[i] - top) - log_total
     at::Tensor picked;            // [rows] float32, where picked_ids were given: the output at each row's id
   };
-  // x: [rows, in] float32 -> its outputs' Summary: the k (0..kInt8GemmMaxTopK) highest among the ids not in barred
+  // x: [rows, in] float32 -> its outputs' Summary: the k (0..kGemmMaxTopK) highest among the ids not in barred
   // (ties to the lower id; -inf and -1 past a row's finite ones), with_log_totals: each row's top and log_total,
   // picked_ids ([rows] int64 in [0, out), or undefined): the output at each. Where has_summary().
   Summary summarize(const at::Tensor& x, int64_t k, const std::vector<int64_t>& barred, bool with_log_totals = false,
                     const at::Tensor& picked_ids = {}) const;
 
-  // "avx2-float32", "onednn", "vnni-int8", "avxvnni-int8", "avx2-int8", "fbgemm-int8", "onednn-int8" or "aten": the
-  // GEMM the layer runs.
+  // "avx512-float32", "avx2-float32", "onednn", "vnni-int8", "avxvnni-int8", "avx2-int8", "fbgemm-int8",
+  // "onednn-int8" or "aten": the GEMM the layer runs.
   const char* route() const;
   // The bytes of the converted weight, bias and scales.
   int64_t nbytes() const;
@@ -108,22 +113,23 @@ class PackedLinear {
   int int8_weight_max() const;
 
  private:
-  enum class Route { kAten, kOneDnn, kAvx2Float32, kOwnInt8, kFbgemmInt8, kOneDnnInt8 };
+  enum class Route { kAten, kOneDnn, kOwnFloat32, kOwnInt8, kFbgemmInt8, kOneDnnInt8 };
   void pack_int8(const at::Tensor& weight, int64_t rows, bool fbgemm, bool own_gemm);
   at::Tensor int8_linear(const at::Tensor& x) const;
   at::Tensor own_int8_linear(const at::Tensor& x, std::optional<Activation> activation) const;
-  at::Tensor avx2_float32_linear(const at::Tensor& x, std::optional<Activation> activation) const;
+  at::Tensor own_float32_linear(const at::Tensor& x, std::optional<Activation> activation) const;
   // x [rows, in] float32 -> (its rows quantized [rows, input_groups * 4] uint8, their scales [rows]): int8_gemm.h's.
   std::pair<at::Tensor, at::Tensor> own_quantized(const at::Tensor& x) const;
 
   Route route_ = Route::kAten;
   const Int8Gemm* own_int8_gemm_ = nullptr;  // the own int8 routes' GEMM
+  const Float32Gemm* own_float32_gemm_ = nullptr;  // the own float32 routes' GEMM
   // [out, in]: as given, cast, reordered for oneDNN, or int8 packed by oneDNN; own int8: int8_gemm.h's panels;
-  // avx2-float32: float32_gemm.h's
+  // own float32: float32_gemm.h's
   at::Tensor weight_;
   c10::IValue fbgemm_weight_;  // the int8 weight packed by FBGEMM (a LinearPackedParamsBase)
   int64_t fbgemm_weight_bytes_ = 0;
-  // [out]: float32 for int8, else the weight's dtype; own int8 and avx2-float32: [panels * 16], zeros past out
+  // [out]: float32 for int8, else the weight's dtype; own int8 and float32: [panels * 16], zeros past out
   std::optional<at::Tensor> bias_;
   at::Tensor weight_scales_;       // int8: [out] float32; own int8: [panels * 16], zeros past out
   at::Tensor weight_zero_points_;  // oneDNN int8: [out] int64 zeros (symmetric)

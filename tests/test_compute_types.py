@@ -87,16 +87,33 @@ def int8_route_name(name: str) -> str:
     return f"{name}-int8"
 
 
-# The float32 GEMMs (linear.h): fastformer's own where the CPU loops are AVX2's, else oneDNN's.
+# The float32 GEMMs (linear.h): fastformer's own where the CPU loops are AVX-512's or AVX2's, else oneDNN's.
 FLOAT32_ROUTES = {"own": dict(), "onednn": dict(own_gemm=False)}
 
 
 def float32_linear(weight: torch.Tensor, bias: torch.Tensor, route: str):
     """A float32 PackedLinear on a route; skips the test where fastformer's own GEMM does not run here."""
     linear = extension().PackedLinear(weight, bias, 16, "float32", **FLOAT32_ROUTES[route])
-    if route == "own" and linear.route != "avx2-float32":
-        pytest.skip("fastformer's own float32 GEMM runs where the CPU loops are AVX2's (FASTFORMER_CPU_ISA=avx2)")
+    if route == "own" and linear.route not in ("avx512-float32", "avx2-float32"):
+        pytest.skip("fastformer's own float32 GEMMs run where the CPU loops are AVX-512's or AVX2's")
     return linear
+
+
+def summarizing_linear(weight: torch.Tensor, bias: torch.Tensor, rows: int, compute_type: str):
+    """A PackedLinear whose GEMM summarizes its outputs (own int8, avx512-float32); skips the test where none runs
+    here."""
+    if compute_type == "int8":
+        return extension().PackedLinear(weight, bias, rows, "int8", **int8_route("own"))
+    linear = extension().PackedLinear(weight, bias, rows, "float32")
+    if linear.route != "avx512-float32":
+        pytest.skip("the float32 summary is the AVX-512 GEMM's (the CPU loops AVX-512's)")
+    return linear
+
+
+def skip_without_float32_summary(compute_type: str) -> None:
+    """Skips a float32 test of the output projection's summary where the AVX-512 GEMM does not run."""
+    if compute_type == "float32" and extension().cpu_isa() != "avx512":
+        pytest.skip("the float32 summary is the AVX-512 GEMM's (the CPU loops AVX-512's)")
 
 
 @pytest.mark.parametrize("route", FLOAT32_ROUTES)
@@ -360,35 +377,42 @@ def test_int8_beam_1_is_greedy_decoding(min_len, return_scores):
     assert len(tokens) < 3 if min_len == 0 else len(tokens) >= min_len
 
 
+@pytest.mark.parametrize("compute_type", ["int8", "float32"])
 @pytest.mark.parametrize("topk,topp", [(10, 1.0), (5, 0.8), (64, 1.0)])
-def test_int8_sampling_without_scores_draws_as_the_one_with_scores(topk, topp):
-    """Without scores, where the own int8 GEMM runs, sampling's top-k is found as the output projection makes the
-    logits (PackedLinear.summarize); with scores, from the logits written (the one-pass scan): the same candidates and
-    uniforms, so the same samples, with EOS barred before min_len as well."""
+def test_sampling_without_scores_draws_as_the_one_with_scores(topk, topp, compute_type):
+    """Without scores, where an own GEMM that summarizes runs (int8, AVX-512 float32), sampling's top-k is found as
+    the output projection makes the logits (PackedLinear.summarize); with scores, from the logits written (the
+    one-pass scan): the same candidates and uniforms, so the same samples, with EOS barred before min_len as well."""
+    skip_without_float32_summary(compute_type)
     model = make_model(vocab=130, eos_scale=8.0)
     src = padded_sources(model, [7, 2, 5, 1, 4, 9, 3, 8], seed=3)
     drawn = set()
     for seed in range(4):  # n_best > 1 asks for scores: one sample a sentence and call
-        search = dict(beam_size=1, max_len_a=1.0, max_len_b=5, min_len=2, compute_type="int8", sampling_topk=topk,
-                      sampling_topp=topp, sampling_temperature=0.7, seed=seed)
+        search = dict(beam_size=1, max_len_a=1.0, max_len_b=5, min_len=2, compute_type=compute_type,
+                      sampling_topk=topk, sampling_topp=topp, sampling_temperature=0.7, seed=seed)
         with_scores = [s[0].tokens for s in model.translate(src, return_scores=True, **search)]
         assert [s[0].tokens for s in model.translate(src, return_scores=False, **search)] == with_scores
         drawn.update(tuple(tokens) for tokens in with_scores)
     assert len(drawn) > 16
 
 
+@pytest.mark.parametrize("compute_type", ["int8", "float32"])
 @pytest.mark.parametrize("beam_size", [1, 4])
-def test_int8_search_from_the_best_logits_equals_the_one_from_the_logits(beam_size):
-    """Where the own int8 GEMM runs, a search with scores takes each row's 2 * beam_size best logits, its top,
-    log-sum-exp and EOS's logit from the output projection (PackedLinear.summarize); with a shortlist of the whole
-    vocabulary it reads the same logits written: the same hypotheses, the scores to rounding (the log-sum-exp is
-    summed in another order), sentences finishing at different steps, EOS barred before min_len."""
-    int8_route("own")
+def test_search_from_the_best_logits_equals_the_one_from_the_logits(beam_size, compute_type):
+    """Where an own GEMM that summarizes runs (int8, AVX-512 float32), a search with scores takes each row's
+    2 * beam_size best logits, its top, log-sum-exp and EOS's logit from the output projection
+    (PackedLinear.summarize); with a shortlist of the whole vocabulary it reads the same logits written: the same
+    hypotheses, the scores to rounding (the log-sum-exp is summed in another order), sentences finishing at different
+    steps, EOS barred before min_len."""
+    if compute_type == "int8":
+        int8_route("own")
+    skip_without_float32_summary(compute_type)
     model = make_model(vocab=37, eos_scale=8.0)
     src = padded_sources(model, [7, 2, 5, 1, 4, 9, 3, 8], seed=3)
     vocab = model.config.vocab_size
     whole = Shortlist(candidates=torch.full((vocab, 1), -1), always=torch.arange(vocab))
-    search = dict(beam_size=beam_size, n_best=beam_size, max_len_a=1.0, max_len_b=5, min_len=2, compute_type="int8")
+    search = dict(beam_size=beam_size, n_best=beam_size, max_len_a=1.0, max_len_b=5, min_len=2,
+                  compute_type=compute_type)
     from_best = model.translate(src, **search)
     assert_same_hypotheses(from_best, model.translate(src, shortlist=whole, **search), atol=1e-5)
     assert len({len(h[0].tokens) for h in from_best}) > 1
@@ -397,8 +421,9 @@ def test_int8_search_from_the_best_logits_equals_the_one_from_the_logits(beam_si
 @pytest.mark.parametrize("compute_type", ["int8", "float32"])
 def test_scores_of_every_next_token_sum_to_one(compute_type):
     """Teacher-forced scoring of one source and prefix followed by each id of the vocabulary: the rows of that
-    position are the same, so the probabilities scored there sum to 1 (int8 with the own GEMM takes each target's
-    logit and the log-softmax's terms from the output projection's summary; float32 reads the logits written)."""
+    position are the same, so the probabilities scored there sum to 1 (the own int8 GEMM and the AVX-512 float32 one
+    give each target's logit and the log-softmax's terms from the output projection's summary; elsewhere the logits
+    are written)."""
     model = make_model(vocab=37, eos_scale=8.0)
     vocab = model.config.vocab_size
     src = padded_sources(model, [6], seed=2).expand(vocab, -1)
@@ -420,8 +445,9 @@ def test_int8_greedy_search_without_scores_equals_the_one_with_scores_on_a_batch
     assert len({len(h[0].tokens) for h in with_scores}) > 1
 
 
-@pytest.mark.parametrize("k", [0, 1, 10, 16, 17, 64])  # 16: the most the AVX512-VNNI tile ranks in vectors
-def test_int8_summary_equals_a_stable_sort_and_the_log_softmax_of_the_outputs(k):
+@pytest.mark.parametrize("compute_type", ["int8", "float32"])
+@pytest.mark.parametrize("k", [0, 1, 10, 16, 17, 64])  # 16: the most the AVX-512 tiles rank in vectors
+def test_summary_equals_a_stable_sort_and_the_log_softmax_of_the_outputs(k, compute_type):
     """PackedLinear.summarize against the same layer's outputs written: its top-k against a stable descending sort
     with the barred ids at -inf (the last panel in part, ids barred in several panels, ties to the lower id: three
     equal weight rows, the highest outputs of every row); its log-softmax terms against float64's log_softmax; the
@@ -429,7 +455,7 @@ def test_int8_summary_equals_a_stable_sort_and_the_log_softmax_of_the_outputs(k)
     x, weight, bias = linear_inputs(rows=13, in_features=96, out_features=130)
     weight[41] = weight[77] = weight[40]  # equal outputs at 40 and 41 (one tile) and 77 (the next) ...
     bias[41] = bias[77] = bias[40] = 50.0  # ... and the highest in every row
-    linear = extension().PackedLinear(weight, bias, 16, "int8", **int8_route("own"))
+    linear = summarizing_linear(weight, bias, 16, compute_type)
     outputs = linear(x)
     picked_ids = torch.arange(13) * 11 % 130
     for barred in ([], [0, 1, 2], [40, 129]):
@@ -456,13 +482,13 @@ def test_int8_summary_equals_a_stable_sort_and_the_log_softmax_of_the_outputs(k)
         assert (summary["ids"][[0, 1, 2, 4, 5, 6, 7], 1:3] == torch.tensor([41, 77])).all()
 
 
-def test_int8_summary_of_a_few_rows_split_across_threads_equals_the_one_of_one_thread():
+@pytest.mark.parametrize("compute_type", ["int8", "float32"])
+def test_summary_of_a_few_rows_split_across_threads_equals_the_one_of_one_thread(compute_type):
     """Fewer rows than a tile a thread (a sentence's beams): two threads split the panels and merge their parts;
     the same best and picked outputs, the same log-softmax terms to rounding."""
-    int8_route("own")
     x, weight, bias = linear_inputs(rows=6, in_features=96, out_features=1030)
     x = x[:4]
-    linear = extension().PackedLinear(weight, bias, 4, "int8")
+    linear = summarizing_linear(weight, bias, 4, compute_type)
     picked_ids = torch.tensor([0, 1029, 500, 77])
     one = linear.summarize(x, 8, [3, 900], log_totals=True, picked_ids=picked_ids)
     with threads(2):

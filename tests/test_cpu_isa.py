@@ -46,6 +46,10 @@ def test_the_widest_instruction_set_is_chosen_and_the_baseline_is_always_there()
     assert extension().cpu_isa() == os.environ.get("FASTFORMER_CPU_ISA", ISAS[0])
 
 
+# The float32 route (PackedLinear.route) of the CPU loops that have an own float32 GEMM.
+OWN_FLOAT32_ROUTES = {"avx512": "avx512-float32", "avx2": "avx2-float32"}
+
+
 @pytest.mark.parametrize("isa", ISAS)
 def test_fastformer_cpu_isa_picks_the_loops_caps_vnni_and_picks_the_gemms(isa):
     done = run_python(ROUTES_CODE, isa)
@@ -54,8 +58,9 @@ def test_fastformer_cpu_isa_picks_the_loops_caps_vnni_and_picks_the_gemms(isa):
     assert chosen == isa
     if isa == "baseline":  # VNNI belongs to the instruction sets above the cap: 7-bit activations
         assert float(activation_max) == 63.0
-    # fastformer's own float32 GEMM is AVX2's: oneDNN's AVX-512 GEMM was as fast where that runs (float32_gemm.h)
-    assert (float32_route == "avx2-float32") == (isa == "avx2")
+    # fastformer's own float32 GEMMs in the AVX-512 and AVX2 loops, oneDNN's (or at::linear) in the baseline's
+    assert float32_route == OWN_FLOAT32_ROUTES[isa] if isa in OWN_FLOAT32_ROUTES else float32_route in ("onednn",
+                                                                                                        "aten")
     # Its own int8 GEMMs: with 8-bit rows AVX512-VNNI's in the AVX-512 loops and AVX-VNNI's in the AVX2 ones (a CPU
     # with AVX-VNNI under an avx2 cap), with 7-bit ones AVX2's; FBGEMM's in the baseline's loops.
     if isa == "baseline":
@@ -72,7 +77,7 @@ def test_fastformer_cpu_vnni_0_runs_the_int8_path_of_a_cpu_without_vnni(isa):
     assert done.returncode == 0, done.stderr
     chosen, activation_max, float32_route, int8_route = done.stdout.split()
     assert (chosen, float(activation_max), int8_route) == (isa, 63.0, "avx2-int8")
-    assert (float32_route == "avx2-float32") == (isa == "avx2")  # the float32 GEMM does not depend on VNNI
+    assert float32_route == OWN_FLOAT32_ROUTES[isa]  # the float32 GEMM does not depend on VNNI
 
 
 def test_a_fastformer_cpu_vnni_other_than_0_or_1_is_a_one_line_error_naming_it():

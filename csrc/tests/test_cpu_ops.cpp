@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
@@ -722,9 +723,90 @@ void test_top_k_row() {
 
 }  // namespace
 
-// float32_gemm.h against a double product: rows and out around the tile (6 rows, a panel of 16), a row holding NaN;
-// with and without bias and ReLU. Each row alone equals its row in the batch, bitwise (one chain of sums per output).
-void test_float32_gemm(int rows, int out, int in, bool with_bias, bool relu) {
+// A GEMM's summaries (gemm_summary.h) of its outputs y [rows, out] (as it computes them, without ReLU; checked
+// against brute force by the caller), made by summarize(first_panel, end_panel, summary); finite_rows: the rows
+// whose outputs are all finite.
+void check_gemm_summaries(
+    const std::vector<float>& y, int rows, int out, int64_t half, const std::vector<bool>& finite_rows,
+    const std::function<void(int64_t, int64_t, const fastformer::GemmSummary&)>& summarize) {
+  const int64_t n_panels = (out + 15) / 16;
+  // Each row's k highest outputs of y outside barred, best first, ties to the
+  // lower id, -inf and -1 past the allowed ones; its top and log-sum-exp over every output (barred ones too) against
+  // double sums; the output at a picked id of each row; the NaN row not finite.
+  // Over all panels at once, and (split) over two halves of them merged by merge_gemm_summaries, as threads split
+  // the panels of a few rows.
+  const std::vector<int64_t> barred{0, out - 1, 20};
+  // k 16 and 17: the most the AVX-512 tiles rank in vectors, and one more.
+  for (auto [k, split] : {std::pair{0, false}, std::pair{1, false}, std::pair{5, false}, std::pair{16, false},
+                          std::pair{17, false}, std::pair{0, true}, std::pair{1, true}, std::pair{5, true},
+                          std::pair{16, true}}) {
+    if (split && half == 0) continue;
+    struct Arrays {
+      std::vector<float> values, tops, log_totals, picked;
+      std::vector<int64_t> ids;
+      std::vector<int32_t> finite;
+    };
+    std::vector<int64_t> picked_ids(rows);
+    for (int r = 0; r < rows; ++r) picked_ids[r] = (7 * r + k) % out;
+    auto summary_of = [&](Arrays& a) {
+      a = {std::vector<float>(rows * k), std::vector<float>(rows), std::vector<float>(rows), std::vector<float>(rows),
+           std::vector<int64_t>(rows * k), std::vector<int32_t>(rows)};
+      fastformer::GemmSummary summary;
+      summary.k = k;
+      summary.barred = barred.data();
+      summary.n_barred = static_cast<int>(barred.size());
+      summary.values = a.values.data();
+      summary.ids = a.ids.data();
+      summary.finite = a.finite.data();
+      if (k != 1) {  // k 1 as a greedy search asks: best and finite only
+        summary.tops = a.tops.data();
+        summary.log_totals = a.log_totals.data();
+        summary.picked_ids = picked_ids.data();
+        summary.picked = a.picked.data();
+      }
+      return summary;
+    };
+    Arrays whole, halves[2];
+    const fastformer::GemmSummary summary = summary_of(whole);
+    if (split) {
+      const fastformer::GemmSummary parts[2] = {summary_of(halves[0]), summary_of(halves[1])};
+      summarize(0, half, parts[0]);
+      summarize(half, n_panels, parts[1]);
+      fastformer::merge_gemm_summaries(parts, 2, rows, summary);
+    } else {
+      summarize(0, n_panels, summary);
+    }
+    const auto& [values, tops, log_totals, picked, ids, finite] = whole;
+    for (int r = 0; r < rows; ++r) {
+      EXPECT(finite[r] == finite_rows[r]);
+      if (!finite[r]) continue;
+      const float* row_y = y.data() + r * out;
+      std::vector<int64_t> expected;
+      for (int o = 0; o < out; ++o) {
+        if (std::find(barred.begin(), barred.end(), o) == barred.end()) expected.push_back(o);
+      }
+      std::stable_sort(expected.begin(), expected.end(), [&](int64_t a, int64_t b) { return row_y[a] > row_y[b]; });
+      for (int i = 0; i < k; ++i) {
+        const bool kept = i < static_cast<int>(expected.size());
+        EXPECT(ids[r * k + i] == (kept ? expected[i] : -1));
+        EXPECT(values[r * k + i] == (kept ? row_y[expected[i]] : -std::numeric_limits<float>::infinity()));
+      }
+      if (k == 1) continue;
+      const float top = *std::max_element(row_y, row_y + out);
+      double total = 0.0;
+      for (int o = 0; o < out; ++o) total += std::exp(double(row_y[o]) - top);
+      EXPECT(tops[r] == top);
+      EXPECT(std::fabs(log_totals[r] - std::log(total)) < 1e-5 * (1.0 + std::log(total)));
+      EXPECT(picked[r] == row_y[picked_ids[r]]);
+    }
+  }
+}
+
+// float32_gemm.h's GEMMs against a double product: rows and out around the tiles (6 rows by a panel of 16, or by 4),
+// a row holding NaN; with and without bias and ReLU. Each row alone equals its row in the batch, and every GEMM's
+// outputs equal the first's, bitwise: one chain of sums per output. The summaries of those that have them.
+void test_float32_gemms(const std::vector<const fastformer::Float32Gemm*>& gemms, int rows, int out, int in,
+                        bool with_bias, bool relu) {
   std::vector<float> x = random_floats(rows * in), weight = random_floats(out * in), bias = random_floats(out);
   if (rows > 2) x[in] = std::numeric_limits<float>::quiet_NaN();  // row 1
   const int64_t n_panels = fastformer::float32_panel_count(out);
@@ -738,37 +820,49 @@ void test_float32_gemm(int rows, int out, int in, bool with_bias, bool relu) {
     fastformer::float32_pack_rows(first_row, n_rows, in, packed_rows.data());
     return packed_rows;
   };
-  // Two calls over the panels, as two threads would split them.
-  std::vector<float> y(rows * out, -1.0f);
+  auto same_bits = [](float a, float b) { return std::isnan(a) ? std::isnan(b) : a == b; };
   const std::vector<float> packed_rows = packed(x.data(), rows);
-  const int64_t half = n_panels / 2;
-  for (auto [first, end] : {std::pair{int64_t{0}, half}, std::pair{half, n_panels}}) {
-    fastformer::float32_gemm(packed_rows.data(), rows, in, panels.data(), b, relu, out, first, end, y.data());
-  }
-  for (int r = 0; r < rows; ++r) {
-    std::vector<float> alone(out, -1.0f);
-    fastformer::float32_gemm(packed(x.data() + r * in, 1).data(), 1, in, panels.data(), b, relu, out, 0, n_panels,
-                             alone.data());
-    bool same = true;
-    for (int o = 0; o < out; ++o) {
-      const float got = y[r * out + o];
-      same = same && (std::isnan(got) ? std::isnan(alone[o]) : got == alone[o]);
-      double expected = with_bias ? bias[o] : 0.0, magnitude = std::fabs(expected);
-      for (int i = 0; i < in; ++i) {
-        expected += double(x[r * in + i]) * weight[o * in + i];
-        magnitude += std::fabs(double(x[r * in + i]) * weight[o * in + i]);
-      }
-      if (relu) expected = std::max(expected, 0.0);
-      if (rows > 2 && r == 1) {
-        EXPECT(std::isnan(got));
-      } else if (std::fabs(got - expected) > 1e-6 * (1.0 + magnitude)) {
-        std::fprintf(stderr, "float32_gemm rows=%d out=%d in=%d: y[%d, %d] = %g, expected %g\n", rows, out, in, r, o,
-                     got, expected);
-        EXPECT(false);
-        return;
-      }
+  std::vector<float> first_y;
+  for (const fastformer::Float32Gemm* gemm : gemms) {
+    // Two calls over the panels, as two threads would split them (at a multiple of the tile's panels).
+    std::vector<float> y(rows * out, -1.0f);
+    const int64_t half = n_panels / 2 / gemm->tile_panels * gemm->tile_panels;
+    for (auto [first, end] : {std::pair{int64_t{0}, half}, std::pair{half, n_panels}}) {
+      gemm->gemm(packed_rows.data(), rows, in, panels.data(), b, relu, out, first, end, y.data());
     }
-    EXPECT(same);
+    if (first_y.empty()) first_y = y;
+    for (int r = 0; r < rows; ++r) {
+      std::vector<float> alone(out, -1.0f);
+      gemm->gemm(packed(x.data() + r * in, 1).data(), 1, in, panels.data(), b, relu, out, 0, n_panels, alone.data());
+      bool same = true;
+      for (int o = 0; o < out; ++o) {
+        const float got = y[r * out + o];
+        same = same && same_bits(got, alone[o]) && same_bits(got, first_y[r * out + o]);
+        double expected = with_bias ? bias[o] : 0.0, magnitude = std::fabs(expected);
+        for (int i = 0; i < in; ++i) {
+          expected += double(x[r * in + i]) * weight[o * in + i];
+          magnitude += std::fabs(double(x[r * in + i]) * weight[o * in + i]);
+        }
+        if (relu) expected = std::max(expected, 0.0);
+        if (rows > 2 && r == 1) {
+          EXPECT(std::isnan(got));
+        } else if (std::fabs(got - expected) > 1e-6 * (1.0 + magnitude)) {
+          std::fprintf(stderr, "%s float32 GEMM rows=%d out=%d in=%d: y[%d, %d] = %g, expected %g\n", gemm->isa,
+                       rows, out, in, r, o, got, expected);
+          EXPECT(false);
+          return;
+        }
+      }
+      EXPECT(same);
+    }
+    if (relu || !gemm->gemm_summary) continue;  // a summary is of the outputs before any activation
+    std::vector<bool> finite_rows(rows, true);
+    if (rows > 2) finite_rows[1] = false;
+    check_gemm_summaries(y, rows, out, half, finite_rows,
+                         [&](int64_t first_panel, int64_t end_panel, const fastformer::GemmSummary& summary) {
+                           gemm->gemm_summary(packed_rows.data(), rows, in, panels.data(), b, out, first_panel,
+                                              end_panel, summary);
+                         });
   }
 }
 
@@ -853,96 +947,32 @@ void test_int8_gemm(const fastformer::Int8Gemm& gemm, int rows, int out, int in,
     }
   }
   if (relu) return;  // gemm_summary summarizes the outputs before any activation
-  // gemm_summary: each row's k highest outputs of y (checked above) outside barred, best first, ties to the
-  // lower id, -inf and -1 past the allowed ones; its top and log-sum-exp over every output (barred ones too) against
-  // double sums; the output at a picked id of each row; the NaN row not finite.
-  // Over all panels at once, and (split) over two halves of them merged by int8_merge_summaries, as threads split
-  // the panels of a few rows.
-  const std::vector<int64_t> barred{0, out - 1, 20};
-  // k 16 and 17: the most the AVX512-VNNI tile ranks in vectors, and one more.
-  for (auto [k, split] : {std::pair{0, false}, std::pair{1, false}, std::pair{5, false}, std::pair{16, false},
-                          std::pair{17, false}, std::pair{0, true}, std::pair{1, true}, std::pair{5, true},
-                          std::pair{16, true}}) {
-    if (split && half == 0) continue;
-    struct Arrays {
-      std::vector<float> values, tops, log_totals, picked;
-      std::vector<int64_t> ids;
-      std::vector<int32_t> finite;
-    };
-    std::vector<int64_t> picked_ids(rows);
-    for (int r = 0; r < rows; ++r) picked_ids[r] = (7 * r + k) % out;
-    auto summary_of = [&](Arrays& a) {
-      a = {std::vector<float>(rows * k), std::vector<float>(rows), std::vector<float>(rows), std::vector<float>(rows),
-           std::vector<int64_t>(rows * k), std::vector<int32_t>(rows)};
-      fastformer::Int8RowSummary summary;
-      summary.k = k;
-      summary.barred = barred.data();
-      summary.n_barred = static_cast<int>(barred.size());
-      summary.values = a.values.data();
-      summary.ids = a.ids.data();
-      summary.finite = a.finite.data();
-      if (k != 1) {  // k 1 as a greedy search asks: best and finite only
-        summary.tops = a.tops.data();
-        summary.log_totals = a.log_totals.data();
-        summary.picked_ids = picked_ids.data();
-        summary.picked = a.picked.data();
-      }
-      return summary;
-    };
-    auto summarize = [&](int64_t first_panel, int64_t end_panel, const fastformer::Int8RowSummary& summary) {
-      fastformer::int8_gemm_summary(gemm, x_q.data(), x_scales.data(), rows, in, panels.data(), offsets.data(),
-                                    padded_scales.data(), with_bias ? padded_bias.data() : nullptr, out, first_panel,
-                                    end_panel, summary);
-    };
-    Arrays whole, halves[2];
-    const fastformer::Int8RowSummary summary = summary_of(whole);
-    if (split) {
-      const fastformer::Int8RowSummary parts[2] = {summary_of(halves[0]), summary_of(halves[1])};
-      summarize(0, half, parts[0]);
-      summarize(half, n_panels, parts[1]);
-      fastformer::int8_merge_summaries(parts, 2, rows, summary);
-    } else {
-      summarize(0, n_panels, summary);
-    }
-    const auto& [values, tops, log_totals, picked, ids, finite] = whole;
-    for (int r = 0; r < rows; ++r) {
-      EXPECT(finite[r] == !std::isnan(x_scales[r]));
-      if (!finite[r]) continue;
-      const float* row_y = y.data() + r * out;
-      std::vector<int64_t> expected;
-      for (int o = 0; o < out; ++o) {
-        if (std::find(barred.begin(), barred.end(), o) == barred.end()) expected.push_back(o);
-      }
-      std::stable_sort(expected.begin(), expected.end(), [&](int64_t a, int64_t b) { return row_y[a] > row_y[b]; });
-      for (int i = 0; i < k; ++i) {
-        const bool kept = i < static_cast<int>(expected.size());
-        EXPECT(ids[r * k + i] == (kept ? expected[i] : -1));
-        EXPECT(values[r * k + i] == (kept ? row_y[expected[i]] : -std::numeric_limits<float>::infinity()));
-      }
-      if (k == 1) continue;
-      const float top = *std::max_element(row_y, row_y + out);
-      double total = 0.0;
-      for (int o = 0; o < out; ++o) total += std::exp(double(row_y[o]) - top);
-      EXPECT(tops[r] == top);
-      EXPECT(std::fabs(log_totals[r] - std::log(total)) < 1e-5 * (1.0 + std::log(total)));
-      EXPECT(picked[r] == row_y[picked_ids[r]]);
-    }
-  }
+  std::vector<bool> finite_rows(rows);
+  for (int r = 0; r < rows; ++r) finite_rows[r] = !std::isnan(x_scales[r]);
+  check_gemm_summaries(y, rows, out, half, finite_rows,
+                       [&](int64_t first_panel, int64_t end_panel, const fastformer::GemmSummary& summary) {
+                         fastformer::int8_gemm_summary(gemm, x_q.data(), x_scales.data(), rows, in, panels.data(),
+                                                       offsets.data(), padded_scales.data(),
+                                                       with_bias ? padded_bias.data() : nullptr, out, first_panel,
+                                                       end_panel, summary);
+                       });
 }
 
 int main() {
-  if (fastformer::float32_gemm_runs()) {
+  // Every float32 GEMM this CPU runs, whatever FASTFORMER_CPU_ISA says.
+  const std::vector<const fastformer::Float32Gemm*> float32_gemms = fastformer::float32_gemms();
+  if (!float32_gemms.empty()) {
     for (int rows : {1, 2, 5, 6, 7, 13, 32}) {  // tiles of every size from 1 to 6 rows
-      for (int out : {1, 8, 9, 16, 17, 130}) {
-        for (int in : {1, 7, 64}) test_float32_gemm(rows, out, in, /*with_bias=*/out % 2 == 0, /*relu=*/in == 7);
+      for (int out : {1, 8, 9, 16, 17, 40, 70, 130}) {  // 1, 2, 3, 5 and 9 panels
+        for (int in : {1, 7, 64}) test_float32_gemms(float32_gemms, rows, out, in, out % 2 == 0, /*relu=*/in == 7);
       }
     }
     // 2048 inputs, the rows' tiles in two chunks (a full one and one tile)
-    test_float32_gemm(static_cast<int>(6 * (fastformer::float32_chunk_tiles(2048) + 1)), 17, 2048, true, false);
-    std::printf("float32_gemm checked (AVX2 and FMA)\n");
-  } else {
-    std::printf("float32_gemm not checked: this CPU has no AVX2 and FMA\n");
+    test_float32_gemms(float32_gemms, static_cast<int>(6 * (fastformer::float32_chunk_tiles(2048) + 1)), 17, 2048,
+                       true, false);
+    for (const fastformer::Float32Gemm* gemm : float32_gemms) std::printf("%s float32 GEMM checked\n", gemm->isa);
   }
+  if (float32_gemms.empty()) std::printf("no float32 GEMM checked: this CPU has no AVX2 and FMA\n");
   // Every int8 GEMM this CPU runs, whatever FASTFORMER_CPU_ISA says (it picks the one linear layers take).
   std::string int8_checked;
   for (const fastformer::Int8Gemm* gemm : fastformer::int8_gemms()) {
