@@ -93,8 +93,8 @@ void score_sentences(const at::Tensor& memory, const at::Tensor& src_lengths, co
     const at::Tensor chunk_hidden = real_hidden.narrow(0, first, rows);
     const at::Tensor chunk_targets = real_targets.narrow(0, first, rows).contiguous();
     if (chunk_hidden.is_cpu() && !linears.output_ids && linears.output.has_summary()) {
-      // The int8 output projection's summary: each row's target logit and log-softmax terms, the logits never
-      // written (a chunk's are 9.5 MB at 37k words).
+      // The output projection's summary (the own int8 and AVX-512 float32 GEMMs): each row's target logit and
+      // log-softmax terms, the logits never written (a chunk's are 9.5 MB at 37k words).
       const PackedLinear::Summary summary =
           linears.output.summarize(chunk_hidden, 0, {}, /*with_log_totals=*/true, chunk_targets);
       log_probs.narrow(0, first, rows)
