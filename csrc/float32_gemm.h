@@ -31,7 +31,8 @@ void float32_pack_panels(const float* weight, int64_t out, int64_t in, float* pa
 // The rows go in tiles of up to 6, of as equal sizes as can be (32 rows: 6 tiles of 5 or 6, not 5 of 6 and one of 2,
 // whose 4 chains of sums would wait on the multiply-adds' latency), each tile's rows interleaved, [in, 6] (nothing past
 // its rows): a tile reads one stream of rows, not 6 (2-8% faster at 32 to 1344 rows in a first probe, not kept).
-inline int64_t float32_row_tiles(int64_t rows) { return (rows + 5) / 6; }
+constexpr int64_t kFloat32TileRows = 6;
+inline int64_t float32_row_tiles(int64_t rows) { return (rows + kFloat32TileRows - 1) / kFloat32TileRows; }
 
 // Row tile t holds rows [float32_tile_start(t, rows), float32_tile_start(t + 1, rows)).
 inline int64_t float32_tile_start(int64_t tile, int64_t rows) { return tile * rows / float32_row_tiles(rows); }

@@ -29,7 +29,8 @@ namespace fastformer {
 
 namespace {
 
-constexpr int kTileRows = 6;    // 6 x 4 sums, 4 panel vectors and a broadcast row: 29 of the 32 vector registers
+// Tiles of kFloat32TileRows (6) rows by 4 panels: 6 x 4 sums, 4 panel vectors and a broadcast row, 29 of the 32
+// vector registers.
 constexpr int kTilePanels = 4;
 
 struct Tile {
@@ -56,12 +57,7 @@ void run_tile(const Tile& t) {
   for (int r = 0; r < kRows; ++r) {
     for (int p = 0; p < kPanels; ++p) sums[r][p] = _mm512_setzero_ps();
   }
-  // The outputs' lines, asked for with the intent to write while the sums are made (int8_gemm_vnni.cpp's run_tile).
-  if (t.y) {
-    for (int r = 0; r < kRows; ++r) {
-      for (int p = 0; p < kPanels; ++p) __builtin_prefetch(t.y + r * t.y_stride + p * 16, /*rw=*/1, /*locality=*/3);
-    }
-  }
+  if (t.y) prefetch_outputs<kRows, kPanels>(t.y, t.y_stride);
   const int64_t panel_floats = t.in * 16;
   int64_t next = t.first_next, progress = 0;
   for (int64_t i = 0; i < t.in; ++i) {

@@ -76,15 +76,7 @@ void run_tile(const Tile& t) {
   for (int r = 0; r < kRows; ++r) {
     for (int p = 0; p < kPanels; ++p) sums[r][p] = _mm512_setzero_si512();
   }
-  // The outputs' cache lines, asked for with the intent to write while the sums are made: stored at the end without
-  // them, each waited for its line to be read in first. 1344 rows (the encoder's at 64 sentences), 2048 outputs: 176
-  // -> 193 G multiply-adds/s on one thread on the AVX-512 test CPU; 128 rows, whose outputs are still in cache,
-  // unchanged (benchmarks/results/2026-11-27-cpu-amd-epyc-2core-b).
-  if (t.y) {
-    for (int r = 0; r < kRows; ++r) {
-      for (int p = 0; p < kPanels; ++p) __builtin_prefetch(t.y + r * t.out + p * 16, /*rw=*/1, /*locality=*/3);
-    }
-  }
+  if (t.y) prefetch_outputs<kRows, kPanels>(t.y, t.out);
   // The tile's share of the next block, a group (kTilePanels lines) at a time spread over prefetch_span groups:
   // group j at the first g with g * prefetch_groups >= j * prefetch_span.
   int64_t next_group = 0, progress = 0, due = 0;

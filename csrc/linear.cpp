@@ -178,9 +178,6 @@ constexpr int64_t kInt8WeightBoundRows = 14;
 // of its GEMM's tile_panels (int8_gemm.h's layout, float32_gemm.h's tiles), 1 or 4.
 constexpr int64_t kPanelsPerBlock = 4;
 
-// The float32 GEMMs' tile rows (float32_gemm.h's row tiles).
-constexpr int64_t kFloat32TileRows = 6;
-
 }  // namespace
 
 int64_t rows_per_task(int64_t width) { return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(width, 1)); }
@@ -239,12 +236,13 @@ PackedLinear::PackedLinear(const at::Tensor& weight, const std::optional<at::Ten
   const at::ScalarType dtype = compute_type == ComputeType::kBFloat16 ? at::kBFloat16 : at::kFloat;
   weight_ = weight.to(dtype).contiguous();
   if (bias_) bias_ = bias_->to(dtype).contiguous();
-  if (compute_type == ComputeType::kFloat32 && own_gemm && float32_gemm_here()) {
+  const Float32Gemm* own_float32 = own_gemm ? float32_gemm_here() : nullptr;
+  if (compute_type == ComputeType::kFloat32 && own_float32) {
     const at::Tensor panels = at::empty({float32_panel_count(out_features_) * in_features_ * 16}, at::kFloat);
     float32_pack_panels(weight_.data_ptr<float>(), out_features_, in_features_, panels.data_ptr<float>());
     weight_ = panels;
     if (bias_) bias_ = padded_to_panels(*bias_);
-    own_float32_gemm_ = float32_gemm_here();
+    own_float32_gemm_ = own_float32;
     route_ = Route::kOwnFloat32;
     return;
   }
@@ -382,13 +380,17 @@ at::Tensor PackedLinear::own_int8_linear(const at::Tensor& x, std::optional<Acti
   return relu ? y : apply_activation(y, activation);
 }
 
+namespace {
+
 // Rows [first, end) of x [rows, in] float32, contiguous -> float32_pack_rows' packing of them.
 at::Tensor float32_packed_rows(const at::Tensor& x, int64_t first, int64_t end) {
   const int64_t in = x.size(1);
-  at::Tensor packed = at::empty({float32_row_tiles(end - first) * in * 6}, x.options());
+  at::Tensor packed = at::empty({float32_row_tiles(end - first) * in * kFloat32TileRows}, x.options());
   float32_pack_rows(x.data_ptr<float>() + first * in, end - first, in, packed.data_ptr<float>());
   return packed;
 }
+
+}  // namespace
 
 // The rows a thread must get before own_float32_linear splits a call's rows, not its panels, across threads.
 constexpr int64_t kFloat32RowsToSplit = 96;
@@ -397,10 +399,14 @@ constexpr int64_t kFloat32RowsToSplit = 96;
 // AVX2 one multiply-adds at ~62 G/s and reads weights from memory at ~34 GB/s, four bytes a weight: 7 rows.
 constexpr int64_t kFloat32WeightBoundRows = 7;
 
-at::Tensor PackedLinear::own_float32_linear(const at::Tensor& x, std::optional<Activation> activation) const {
+at::Tensor PackedLinear::own_float32_input(const at::Tensor& x) const {
   TORCH_CHECK(x.scalar_type() == at::kFloat, "a float32 linear layer takes float32 rows, got ", x.scalar_type());
   TORCH_CHECK(x.size(1) == in_features_, "a linear layer of ", in_features_, " inputs got rows of ", x.size(1));
-  const at::Tensor input = x.contiguous();
+  return x.contiguous();
+}
+
+at::Tensor PackedLinear::own_float32_linear(const at::Tensor& x, std::optional<Activation> activation) const {
+  const at::Tensor input = own_float32_input(x);
   const int64_t rows = x.size(0), n_panels = float32_panel_count(out_features_);
   at::Tensor y = at::empty({rows, out_features_}, x.options());
   const bool relu = activation == Activation::kRelu;
@@ -450,9 +456,7 @@ PackedLinear::Summary PackedLinear::summarize(const at::Tensor& x, int64_t k, co
   if (route_ == Route::kOwnInt8) {
     std::tie(quantized, scales) = own_quantized(x);
   } else {
-    TORCH_CHECK(x.scalar_type() == at::kFloat, "a float32 linear layer takes float32 rows, got ", x.scalar_type());
-    TORCH_CHECK(x.size(1) == in_features_, "a linear layer of ", in_features_, " inputs got rows of ", x.size(1));
-    input = x.contiguous();
+    input = own_float32_input(x);
   }
   const at::TensorOptions floats = x.options();
   auto make = [&] {

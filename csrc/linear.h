@@ -118,6 +118,8 @@ class PackedLinear {
   at::Tensor int8_linear(const at::Tensor& x) const;
   at::Tensor own_int8_linear(const at::Tensor& x, std::optional<Activation> activation) const;
   at::Tensor own_float32_linear(const at::Tensor& x, std::optional<Activation> activation) const;
+  // x [rows, in] float32, its type and width checked -> contiguous, as the own float32 GEMMs' packing takes it.
+  at::Tensor own_float32_input(const at::Tensor& x) const;
   // x [rows, in] float32 -> (its rows quantized [rows, input_groups * 4] uint8, their scales [rows]): int8_gemm.h's.
   std::pair<at::Tensor, at::Tensor> own_quantized(const at::Tensor& x) const;
 
