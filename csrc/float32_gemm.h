@@ -22,9 +22,6 @@
 
 namespace fastformer {
 
-// The panels of 16 outputs that hold `out` outputs.
-inline int64_t float32_panel_count(int64_t out) { return (out + 15) / 16; }
-
 // weight [out, in] float32 -> panels [panel_count, in, 16] (zeros past out).
 void float32_pack_panels(const float* weight, int64_t out, int64_t in, float* panels);
 

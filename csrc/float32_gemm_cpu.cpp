@@ -21,7 +21,7 @@
 namespace fastformer {
 
 void float32_pack_panels(const float* weight, int64_t out, int64_t in, float* panels) {
-  std::memset(panels, 0, sizeof(float) * float32_panel_count(out) * in * 16);
+  std::memset(panels, 0, sizeof(float) * gemm_panel_count(out) * in * 16);
   for (int64_t o = 0; o < out; ++o) {
     float* panel = panels + (o / 16) * in * 16 + o % 16;
     for (int64_t i = 0; i < in; ++i) panel[i * 16] = weight[o * in + i];

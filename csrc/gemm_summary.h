@@ -11,6 +11,10 @@ namespace fastformer {
 // The largest k a summary keeps.
 constexpr int kGemmMaxTopK = 64;
 
+// The panels of 16 outputs that hold `out` outputs: fastformer's own GEMMs (int8_gemm.h, float32_gemm.h) hold their
+// weights in such panels, and a summary's lanes are a panel's outputs.
+inline int64_t gemm_panel_count(int64_t out) { return (out + 15) / 16; }
+
 // What a summary keeps of each of `rows` rows of outputs y (as the GEMM computes them without ReLU, over the panels
 // it is given), which it never writes. The optional parts are null where not wanted.
 struct GemmSummary {

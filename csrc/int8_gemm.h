@@ -61,13 +61,12 @@ const Int8Gemm* int8_gemm_here();
 // Whether int8 layers run one of fastformer's own GEMMs here.
 inline bool int8_gemm_runs() { return int8_gemm_here() != nullptr; }
 
-// The panels of 16 outputs that hold `out` outputs, and the groups of 4 inputs that hold `in` inputs.
-inline int64_t int8_panel_count(int64_t out) { return (out + 15) / 16; }
+// The groups of 4 inputs that hold `in` inputs (the panels: gemm_summary.h's gemm_panel_count).
 inline int64_t int8_input_groups(int64_t in) { return (in + 3) / 4; }
 
 // The bytes of `out` outputs' panels of `in` inputs in blocks of block_panels (whole blocks).
 inline int64_t int8_packed_bytes(int64_t out, int64_t in, int block_panels) {
-  return (int8_panel_count(out) + block_panels - 1) / block_panels * block_panels * int8_input_groups(in) * 64;
+  return (gemm_panel_count(out) + block_panels - 1) / block_panels * block_panels * int8_input_groups(in) * 64;
 }
 
 // weight [out, in] int8 -> panels [int8_packed_bytes(out, in, block_panels)] in blocks of block_panels panels, each

@@ -44,7 +44,7 @@ const Int8Gemm* int8_gemm_here() {
 
 void int8_pack_panels(const int8_t* weight, int64_t out, int64_t in, int zero_point, int block_panels,
                       int8_t* panels, int32_t* offsets) {
-  const int64_t n_panels = int8_panel_count(out), groups = int8_input_groups(in);
+  const int64_t n_panels = gemm_panel_count(out), groups = int8_input_groups(in);
   std::memset(panels, 0, int8_packed_bytes(out, in, block_panels));
   std::fill(offsets, offsets + n_panels * 16, 0);
   const int64_t group_bytes = block_panels * 64;  // a block's 64-byte vectors of one group

@@ -238,7 +238,7 @@ PackedLinear::PackedLinear(const at::Tensor& weight, const std::optional<at::Ten
   if (bias_) bias_ = bias_->to(dtype).contiguous();
   const Float32Gemm* own_float32 = own_gemm ? float32_gemm_here() : nullptr;
   if (compute_type == ComputeType::kFloat32 && own_float32) {
-    const at::Tensor panels = at::empty({float32_panel_count(out_features_) * in_features_ * 16}, at::kFloat);
+    const at::Tensor panels = at::empty({gemm_panel_count(out_features_) * in_features_ * 16}, at::kFloat);
     float32_pack_panels(weight_.data_ptr<float>(), out_features_, in_features_, panels.data_ptr<float>());
     weight_ = panels;
     if (bias_) bias_ = padded_to_panels(*bias_);
@@ -289,7 +289,7 @@ void PackedLinear::pack_int8(const at::Tensor& weight, int64_t rows, bool fbgemm
     TORCH_CHECK(kPanelsPerBlock % own->tile_panels == 0, "the ", own->isa, " int8 GEMM's tiles of ",
                 own->tile_panels, " panels do not divide the threads' blocks of ", kPanelsPerBlock);
     weight_ = at::empty({int8_packed_bytes(out_features_, in_features_, own->tile_panels)}, at::kChar);
-    panel_offsets_ = at::empty({int8_panel_count(out_features_) * 16}, at::kInt);
+    panel_offsets_ = at::empty({gemm_panel_count(out_features_) * 16}, at::kInt);
     int8_pack_panels(quantized.contiguous().data_ptr<int8_t>(), out_features_, in_features_, own->zero_point,
                      own->tile_panels, weight_.data_ptr<int8_t>(), panel_offsets_.data_ptr<int32_t>());
     weight_scales_ = padded_to_panels(weight_scales_);
@@ -368,7 +368,7 @@ at::Tensor PackedLinear::own_int8_linear(const at::Tensor& x, std::optional<Acti
   at::Tensor y = at::empty({rows, out_features_}, x.options());
   const bool relu = activation == Activation::kRelu;
   // Tasks of units_per_task blocks of panels.
-  const int64_t n_panels = int8_panel_count(out_features_);
+  const int64_t n_panels = gemm_panel_count(out_features_);
   const int64_t n_blocks = (n_panels + kPanelsPerBlock - 1) / kPanelsPerBlock;
   const int64_t blocks_per_task = units_per_task(rows, in_features_, 16 * kPanelsPerBlock, kInt8WeightBoundRows);
   at::parallel_for(0, n_blocks, blocks_per_task, [&](int64_t first, int64_t end) {
@@ -407,7 +407,7 @@ at::Tensor PackedLinear::own_float32_input(const at::Tensor& x) const {
 
 at::Tensor PackedLinear::own_float32_linear(const at::Tensor& x, std::optional<Activation> activation) const {
   const at::Tensor input = own_float32_input(x);
-  const int64_t rows = x.size(0), n_panels = float32_panel_count(out_features_);
+  const int64_t rows = x.size(0), n_panels = gemm_panel_count(out_features_);
   at::Tensor y = at::empty({rows, out_features_}, x.options());
   const bool relu = activation == Activation::kRelu;
   auto packed = [&](int64_t first, int64_t end) { return float32_packed_rows(input, first, end); };
@@ -499,7 +499,7 @@ PackedLinear::Summary PackedLinear::summarize(const at::Tensor& x, int64_t k, co
                                     weight_.data_ptr<float>(), bias, out_features_, first_panel, end_panel, part);
   };
   Summary summary = make();
-  const int64_t n_panels = int8_panel_count(out_features_);
+  const int64_t n_panels = gemm_panel_count(out_features_);
   const int64_t n_blocks = (n_panels + kPanelsPerBlock - 1) / kPanelsPerBlock;
   const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
   // Fewer rows than a tile a thread (one sentence's beams): the panels split across the threads instead, in blocks

@@ -99,21 +99,20 @@ def float32_linear(weight: torch.Tensor, bias: torch.Tensor, route: str):
     return linear
 
 
-def summarizing_linear(weight: torch.Tensor, bias: torch.Tensor, rows: int, compute_type: str):
-    """A PackedLinear whose GEMM summarizes its outputs (own int8, avx512-float32); skips the test where none runs
-    here."""
-    if compute_type == "int8":
-        return extension().PackedLinear(weight, bias, rows, "int8", **int8_route("own"))
-    linear = extension().PackedLinear(weight, bias, rows, "float32")
-    if linear.route != "avx512-float32":
-        pytest.skip("the float32 summary is the AVX-512 GEMM's (the CPU loops AVX-512's)")
-    return linear
-
-
 def skip_without_float32_summary(compute_type: str) -> None:
     """Skips a float32 test of the output projection's summary where the AVX-512 GEMM does not run."""
     if compute_type == "float32" and extension().cpu_isa() != "avx512":
         pytest.skip("the float32 summary is the AVX-512 GEMM's (the CPU loops AVX-512's)")
+
+
+def summarizing_linear(weight: torch.Tensor, bias: torch.Tensor, rows: int, compute_type: str):
+    """A PackedLinear whose GEMM summarizes its outputs (own int8, avx512-float32); skips the test where none runs
+    here."""
+    skip_without_float32_summary(compute_type)
+    route = int8_route("own") if compute_type == "int8" else {}
+    linear = extension().PackedLinear(weight, bias, rows, compute_type, **route)
+    assert linear.has_summary, linear.route
+    return linear
 
 
 @pytest.mark.parametrize("route", FLOAT32_ROUTES)

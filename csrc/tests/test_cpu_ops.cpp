@@ -809,7 +809,7 @@ void test_float32_gemms(const std::vector<const fastformer::Float32Gemm*>& gemms
                         bool with_bias, bool relu) {
   std::vector<float> x = random_floats(rows * in), weight = random_floats(out * in), bias = random_floats(out);
   if (rows > 2) x[in] = std::numeric_limits<float>::quiet_NaN();  // row 1
-  const int64_t n_panels = fastformer::float32_panel_count(out);
+  const int64_t n_panels = fastformer::gemm_panel_count(out);
   std::vector<float> panels(n_panels * in * 16);
   fastformer::float32_pack_panels(weight.data(), out, in, panels.data());
   std::vector<float> padded_bias(n_panels * 16, 0.0f);
@@ -885,7 +885,7 @@ void test_int8_gemm(const fastformer::Int8Gemm& gemm, int rows, int out, int in,
     x[in] = std::numeric_limits<float>::quiet_NaN();  // row 1
     std::fill(x.begin() + 2 * in, x.begin() + 3 * in, 0.0f);  // row 2
   }
-  const int64_t n_panels = fastformer::int8_panel_count(out), row_bytes = fastformer::int8_input_groups(in) * 4;
+  const int64_t n_panels = fastformer::gemm_panel_count(out), row_bytes = fastformer::int8_input_groups(in) * 4;
   std::vector<int8_t> panels(fastformer::int8_packed_bytes(out, in, gemm.tile_panels));
   std::vector<int32_t> offsets(n_panels * 16);
   fastformer::int8_pack_panels(weight.data(), out, in, gemm.zero_point, gemm.tile_panels, panels.data(),
