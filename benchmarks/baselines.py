@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cpu_info import first_core_fields
 from fastformer import Transformer, TransformerConfig
 from fastformer.model import sinusoidal_positions
 from fastformer.reference.beam_search import (Hypothesis, check_search_arguments, length_penalty_divisor,
@@ -286,6 +287,35 @@ def placeholder_vocabulary(config: TransformerConfig) -> list[str]:
         tokens[config.bos_id] = "<s>"
     tokens[next(i for i in range(config.vocab_size) if i not in (config.pad_id, config.bos_id, config.eos_id))] = "<unk>"
     return tokens
+
+
+@dataclass(frozen=True)
+class Ctranslate2Mode:
+    """A way to run CTranslate2: its threading ("intra": one batch on intra-op threads;
+    "inter": its throughput mode, batches translated in parallel, inter_threads = threads, max_batch_size =
+    ceil(sentences / threads)) and the instruction set its own kernels run at (isa: CT2_FORCE_CPU_ISA's value, or
+    None for its own pick)."""
+    threading: str
+    isa: str | None = None
+
+    @property
+    def name(self) -> str:
+        """"intra", "inter", "intra AVX512", ...: how rows and processes name it (threading, a space, isa)."""
+        return " ".join(part for part in (self.threading, self.isa) if part)
+
+
+def ctranslate2_modes(threads: int, isa_capped: bool) -> list[Ctranslate2Mode]:
+    """The modes a benchmark times CTranslate2 in, so that its ratios are against CTranslate2 at its best: both
+    threadings where threads > 1; and on an AVX-512 CPU not made by Intel, unless the run caps the instruction set,
+    each also with CT2_FORCE_CPU_ISA=AVX512. CTranslate2 runs its own kernels (softmax, layer norm, the int8
+    quantization of activations; its GEMMs are oneDNN's or MKL's, which pick their own) at AVX-512 only on Intel
+    CPUs, AVX2 elsewhere; forced to AVX-512 on the Zen 4 EPYC, its int8 search ran 4-11% faster and float32 alike
+    (results/2026-11-30-cpu-amd-epyc-2core-d)."""
+    threadings = ("intra", "inter") if threads > 1 else ("intra",)
+    fields = first_core_fields()
+    avx512 = {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= set(fields.get("flags", "").split())
+    isas = (None, "AVX512") if avx512 and fields.get("vendor_id") != "GenuineIntel" and not isa_capped else (None,)
+    return [Ctranslate2Mode(threading, isa) for isa in isas for threading in threadings]
 
 
 def ctranslate2_engine(model: Transformer, vocabulary: list[str], quantization: str,

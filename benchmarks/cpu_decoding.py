@@ -11,9 +11,12 @@ so that every system does the same work. --sweep times the points around the hea
 20 tokens) on 1 and 2 threads: 1, 8, 64 and 256 sentences; beams 1 and 5; sources of 10 and 50 tokens.
 
 CTranslate2 runs in both of its threading modes wherever there is more than one thread, and every ratio is taken
-against the better of them at that point: "intra" is one batch on intra-op threads (inter_threads=1,
+against the best of its modes at that point: "intra" is one batch on intra-op threads (inter_threads=1,
 intra_threads=T); "inter" is its documented throughput mode, batches translated in parallel (inter_threads=T,
-intra_threads=1, max_batch_size=ceil(N / T)). fastformer has one mode: each thread searches its own group of
+intra_threads=1, max_batch_size=ceil(N / T)). On an AVX-512 CPU not made by Intel, where CTranslate2 runs its own
+kernels at AVX2, each mode runs again with them forced to AVX-512 (CT2_FORCE_CPU_ISA=AVX512; rows'
+ctranslate2_isa), which ran its int8 search up to 11% faster on the Zen 4 EPYC (baselines.ctranslate2_modes); runs
+before 2026-11-30's fourth took CTranslate2's own pick alone. fastformer has one mode: each thread searches its own group of
 sentences, or, where the groups would be too few rows for their GEMMs, one group's GEMMs split over the threads
 (csrc/search.cpp's cpu_sentence_groups).
 
@@ -80,7 +83,7 @@ from typing import TYPE_CHECKING
 import torch
 
 import bench_utils as bu
-from baselines import ctranslate2_engine, placeholder_vocabulary
+from baselines import Ctranslate2Mode, ctranslate2_engine, ctranslate2_modes, placeholder_vocabulary
 from cpu_info import cpu_description, cpu_name_and_flags
 from fastformer import Transformer, TransformerConfig
 from fastformer.decoding.compiled import DECODER_ROWS, ENCODER_ROWS, compiled_model, extension
@@ -398,10 +401,12 @@ def run_worker(system: str, threading: str, point: Point, args: argparse.Namespa
     print(json.dumps(timings))
 
 
-def runs(systems: list[str], points: list[Point]) -> list[tuple[str, str, Point]]:
-    """(system, threading, point) of every process a round starts: CTranslate2 in both modes where threads > 1."""
-    return [(system, threading, point) for point in points for system in systems
-            for threading in (THREADINGS if system.startswith("ctranslate2") and point.threads > 1 else ("intra",))]
+def runs(systems: list[str], points: list[Point],
+         isa_capped: bool) -> list[tuple[str, Ctranslate2Mode | None, Point]]:
+    """(system, mode, point) of every process a round starts: CTranslate2 in each of its modes (ctranslate2_modes),
+    fastformer (mode None) in its one."""
+    return [(system, mode, point) for point in points for system in systems
+            for mode in (ctranslate2_modes(point.threads, isa_capped) if system.startswith("ctranslate2") else [None])]
 
 
 def _worker_command(system: str, threading: str, point: Point, args: argparse.Namespace) -> list[str]:
@@ -411,20 +416,23 @@ def _worker_command(system: str, threading: str, point: Point, args: argparse.Na
             "--sentences", *map(str, point.sentences)]
 
 
-Key = tuple[str, str, Point, int]  # system, threading, point, sentences
+Key = tuple[str, Ctranslate2Mode | None, Point, int]  # system, CTranslate2's mode (fastformer: None), point, sentences
 
 
 def time_in_rounds(args: argparse.Namespace, points: list[Point]) -> tuple[dict[Key, list], dict[str, str]]:
-    """-> ((system, threading, point, sentences) -> [seconds of each round, checksum, warm-up calls of each round],
+    """-> ((system, mode, point, sentences) -> [seconds of each round, checksum, warm-up calls of each round],
     system -> why it could not run). A system that fails (CTranslate2 refusing a compute type this CPU lacks) is not
     run again."""
     timed: dict[Key, list] = {}
     failed: dict[str, str] = {}
     for round_index in range(args.rounds):
-        for system, threading, point in runs(args.systems, points):
+        for system, mode, point in runs(args.systems, points, bool(args.cap_isa)):
             if system in failed:
                 continue
             env = {**os.environ, "OMP_NUM_THREADS": str(point.threads)}
+            if mode and mode.isa:
+                env["CT2_FORCE_CPU_ISA"] = mode.isa
+            threading = mode.threading if mode else "intra"
             done = subprocess.run(_worker_command(system, threading, point, args), capture_output=True, text=True,
                                   env=env)
             if done.returncode != 0:
@@ -432,11 +440,11 @@ def time_in_rounds(args: argparse.Namespace, points: list[Point]) -> tuple[dict[
                 print(f"{system} failed: {failed[system]}", flush=True)
                 continue
             for n, (seconds, checksum, warmup_calls) in json.loads(done.stdout.splitlines()[-1]).items():
-                samples = timed.setdefault((system, threading, point, int(n)), [[], checksum, []])
+                samples = timed.setdefault((system, mode, point, int(n)), [[], checksum, []])
                 samples[0].append(seconds)
                 samples[2].append(warmup_calls)
-            print(f"round {round_index + 1}/{args.rounds}: {system} ({threading}) {point.threads} threads, beam "
-                  f"{point.beam}, {point.source_tokens} tokens done", flush=True)
+            print(f"round {round_index + 1}/{args.rounds}: {system} ({mode.name if mode else threading}) "
+                  f"{point.threads} threads, beam {point.beam}, {point.source_tokens} tokens done", flush=True)
     return {key: value for key, value in timed.items() if key[0] not in failed}, failed
 
 
@@ -485,6 +493,8 @@ def worst_points(table: list[dict]) -> dict:
 
 def _label(row: dict) -> str:
     mode = f" {row['threading']}" if row["system"].startswith("ctranslate2") and row["threads"] > 1 else ""
+    if row.get("ctranslate2_isa", "its own pick") != "its own pick":
+        mode += f" {row['ctranslate2_isa']}"
     return f"{row['system']}{mode} {row['tokens_per_s']} tok/s"
 
 
@@ -531,15 +541,18 @@ def main() -> None:
     rows = []
     model = None
     timed, failed = time_in_rounds(args, points)
-    for (system, threading, point, n), (samples, checksum, warmup_calls) in timed.items():
+    for (system, mode, point, n), (samples, checksum, warmup_calls) in timed.items():
         seconds = statistics.median(samples)
         tokens = n * point.target_tokens
-        row = {"system": system, "threading": threading, "status": "ok", "threads": point.threads,
+        row = {"system": system, "threading": mode.threading if mode else "intra", "status": "ok",
+               "threads": point.threads,
                "beam": point.beam, "source_tokens": point.source_tokens, "target_tokens": point.target_tokens,
                "sentences": n, "seconds": round(seconds, 4), "tokens_per_s": round(tokens / seconds, 1),
                "min_tokens_per_s": round(tokens / max(samples), 1),
                "max_tokens_per_s": round(tokens / min(samples), 1), "warmup_calls": warmup_calls,
                "checksum": checksum}
+        if mode:
+            row["ctranslate2_isa"] = mode.isa or "its own pick"
         if system.startswith("fastformer") and (not args.sweep or is_headline(point, n)):
             if model is None:
                 torch.manual_seed(args.seed)

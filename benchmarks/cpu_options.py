@@ -18,8 +18,10 @@ cpu_decoding.py reaches it):
   (repetition_penalty 1.2), beam4-attention (return_attention): each option's cost over beam4;
 - greedy (beam 1), sampling (beam 1, top-k 10), ctranslate2-sampling (the same options);
 - score (Transformer.score) and ctranslate2-score (score_batch), and their ratio to beam4's time on the same sources.
-CTranslate2 runs in both threading modes where there is more than one thread ("intra": one batch on intra-op
-threads; "inter": inter_threads = threads, max_batch_size = ceil(sentences / threads)); ratios take its better one.
+CTranslate2 runs in each of its modes (baselines.ctranslate2_modes): both threadings where there is more than one
+thread ("intra": one batch on intra-op threads; "inter": inter_threads = threads, max_batch_size = ceil(sentences /
+threads)), and on an AVX-512 CPU not made by Intel each also with its own kernels forced to AVX-512; ratios take its
+best one.
 Each ratio is also taken round by round under "paired" (beam4 against beam4-baseline, sampling against greedy and
 against CTranslate2's sampling, scoring against score_batch and against beam4): the two processes of a round run
 minutes apart at most, so a ratio within a round feels less of the machine's drift over the run than the rows'
@@ -141,13 +143,20 @@ def run_worker(args: argparse.Namespace) -> None:
     print(json.dumps({"seconds": seconds, "tokens": tokens, "warmup_calls": warmup_calls}))
 
 
+def ctranslate2_mode_names(threads: int) -> list[str]:
+    """The names of CTranslate2's modes on `threads` threads (baselines.Ctranslate2Mode.name)."""
+    from baselines import ctranslate2_modes
+
+    return [mode.name for mode in ctranslate2_modes(threads, isa_capped=False)]
+
+
 def processes(args: argparse.Namespace) -> list[tuple[str, str]]:
-    """(system, threading) of every process a round starts."""
+    """(system, mode) of every process a round starts: CTranslate2's modes' names, "intra" for fastformer."""
     runs = []
     for system in args.systems:
         if system == "beam4-baseline" and not args.baseline_path:
             continue
-        modes = ("intra", "inter") if system.startswith("ctranslate2") and args.threads > 1 else ("intra",)
+        modes = ctranslate2_mode_names(args.threads) if system.startswith("ctranslate2") else ["intra"]
         runs += [(system, mode) for mode in modes]
     return runs
 
@@ -156,10 +165,13 @@ def time_in_rounds(args: argparse.Namespace) -> tuple[dict[tuple[str, str], list
     timed: dict[tuple[str, str], list[dict]] = {}
     failed: dict[str, str] = {}
     for round_index in range(args.rounds):
-        for system, threading in processes(args):
+        for system, mode in processes(args):
             if system in failed:
                 continue
+            threading, _, isa = mode.partition(" ")
             env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+            if isa:
+                env["CT2_FORCE_CPU_ISA"] = isa
             if system == "beam4-baseline":
                 env["PYTHONPATH"] = os.pathsep.join([str(args.baseline_path), env.get("PYTHONPATH", "")])
             command = [sys.executable, __file__, "--worker", system, "--threading", threading, "--threads",
@@ -170,8 +182,8 @@ def time_in_rounds(args: argparse.Namespace) -> tuple[dict[tuple[str, str], list
                 failed[system] = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
                 print(f"{system} failed: {failed[system]}", flush=True)
                 continue
-            timed.setdefault((system, threading), []).append(json.loads(done.stdout.splitlines()[-1]))
-            print(f"round {round_index + 1}/{args.rounds}: {system} ({threading}) done", flush=True)
+            timed.setdefault((system, mode), []).append(json.loads(done.stdout.splitlines()[-1]))
+            print(f"round {round_index + 1}/{args.rounds}: {system} ({mode}) done", flush=True)
     return timed, failed
 
 
@@ -293,8 +305,9 @@ def main() -> None:
         return
     timed, failed = time_in_rounds(args)
     rows = {}
-    for (system, threading), samples in timed.items():
-        name = f"{system} {threading}" if system.startswith("ctranslate2") and args.threads > 1 else system
+    several_modes = len(ctranslate2_mode_names(args.threads)) > 1
+    for (system, mode), samples in timed.items():
+        name = f"{system} {mode}" if system.startswith("ctranslate2") and several_modes else system
         seconds = statistics.median(sample["seconds"] for sample in samples)
         tokens = samples[0]["tokens"]
         rows[name] = {"seconds": round(seconds, 4), "seconds_inverse": 1.0 / seconds, "tokens": tokens,

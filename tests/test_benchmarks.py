@@ -24,7 +24,8 @@ sys.path.insert(0, str(BENCHMARKS))
 
 import bench_utils  # noqa: E402
 import cpu_options  # noqa: E402
-from baselines import CachedDecoder, TorchTransformer, cached_beam_search  # noqa: E402
+import baselines  # noqa: E402
+from baselines import CachedDecoder, TorchTransformer, cached_beam_search, ctranslate2_modes  # noqa: E402
 from throughput import training_flops  # noqa: E402
 
 VOCAB = 23
@@ -261,11 +262,13 @@ def test_cpu_decoding_smoke_run(tmp_path):
     results = _run_cpu_benchmark(tmp_path, "cpu_decoding.py", "--sentences", "8", "1", "--threads", "1", "2",
                                  "--beam", "2", "--source-tokens", "6", "--systems", *systems)
     rows = results["rows"]
-    expected = [(system, threading, threads, n) for system in systems for threads in (1, 2) for n in (8, 1)
-                for threading in (("intra", "inter") if system.startswith("ctranslate2") and threads == 2
-                                  else ("intra",))]
-    assert sorted((row["system"], row["threading"], row["threads"], row["sentences"]) for row in rows) == sorted(
-        expected)
+    expected = [(system, mode.threading, mode.isa or "its own pick", threads, n) for system in systems
+                for threads in (1, 2) for n in (8, 1) if system.startswith("ctranslate2")
+                for mode in ctranslate2_modes(threads, isa_capped=False)]
+    expected += [(system, "intra", None, threads, n) for system in systems for threads in (1, 2) for n in (8, 1)
+                 if system.startswith("fastformer")]
+    assert sorted(((row["system"], row["threading"], row.get("ctranslate2_isa"), row["threads"], row["sentences"])
+                   for row in rows), key=str) == sorted(expected, key=str)
     for row in rows:
         assert row["tokens_per_s"] > 0 and len(row["checksum"]) == 8 and 2 <= row["warmup_calls"][0] <= 8
         assert (row["beam"], row["source_tokens"], row["target_tokens"]) == (2, 6, 10)
@@ -415,7 +418,8 @@ def test_cpu_options_smoke_run(tmp_path):
                                  "--baseline-path", str(Path(fastformer.__file__).resolve().parent.parent))
     rows = results["rows"]
     expected = {name for system in systems
-                for name in ((f"{system} intra", f"{system} inter") if system.startswith("ctranslate2") else (system,))}
+                for name in ([f"{system} {mode.name}" for mode in ctranslate2_modes(2, isa_capped=False)]
+                             if system.startswith("ctranslate2") else [system])}
     assert set(rows) == expected and not results["failed"]
     for row in rows.values():
         assert row["tokens"] == 64 * 31  # every system decodes (or scores) 31 target tokens of 64 sentences
@@ -434,9 +438,25 @@ def test_cpu_options_smoke_run(tmp_path):
     for name in paired:
         assert paired[name]["median"] == pytest.approx(ratios[name], rel=1e-2)
     if "ctranslate2-score" in systems:
-        best = max(rows["ctranslate2-score intra"]["tokens_per_s"], rows["ctranslate2-score inter"]["tokens_per_s"])
+        best = max(row["tokens_per_s"] for name, row in rows.items() if name.startswith("ctranslate2-score "))
         assert ratios["score / CTranslate2 score_batch at its best"] == pytest.approx(
             rows["score"]["tokens_per_s"] / best, rel=1e-2)
+
+
+@pytest.mark.parametrize("vendor, flags, capped, isas", [
+    ("AuthenticAMD", "avx2 avx512f avx512bw avx512dq avx512vl", False, [None, "AVX512"]),
+    ("AuthenticAMD", "avx2 avx512f avx512bw avx512dq avx512vl", True, [None]),
+    ("GenuineIntel", "avx2 avx512f avx512bw avx512dq avx512vl", False, [None]),
+    ("AuthenticAMD", "avx2 avx512f", False, [None]),
+    ("AuthenticAMD", "avx2", False, [None])])
+def test_ctranslate2_modes_add_forced_avx512_where_it_would_not_pick_it(monkeypatch, vendor, flags, capped, isas):
+    """CTranslate2 is timed in both threadings on several threads, and on a non-Intel CPU with the AVX-512 it needs
+    (F, BW, DQ, VL) also with its own kernels forced to AVX-512, unless the run caps the instruction set."""
+    monkeypatch.setattr(baselines, "first_core_fields", lambda: {"vendor_id": vendor, "flags": flags})
+    for threads, threadings in ((1, ["intra"]), (2, ["intra", "inter"])):
+        modes = ctranslate2_modes(threads, isa_capped=capped)
+        assert [(mode.threading, mode.isa) for mode in modes] == [(t, isa) for isa in isas for t in threadings]
+        assert [mode.name for mode in modes] == [f"{t} {isa}" if isa else t for isa in isas for t in threadings]
 
 
 def test_cpu_options_pairs_systems_round_by_round():
