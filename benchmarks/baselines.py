@@ -306,15 +306,14 @@ class Ctranslate2Mode:
 
 def ctranslate2_modes(threads: int, isa_capped: bool) -> list[Ctranslate2Mode]:
     """The modes a benchmark times CTranslate2 in, so that its ratios are against CTranslate2 at its best: both
-    threadings where threads > 1; and on an AVX-512 CPU not made by Intel, unless the run caps the instruction set,
-    each also with CT2_FORCE_CPU_ISA=AVX512. CTranslate2 runs its own kernels (softmax, layer norm, the int8
-    quantization of activations; its GEMMs are oneDNN's or MKL's, which pick their own) at AVX-512 only on Intel
-    CPUs, AVX2 elsewhere; forced to AVX-512 on the Zen 4 EPYC, its int8 search ran 4-11% faster and float32 alike
-    (results/2026-11-30-cpu-amd-epyc-2core-d)."""
+    threadings where threads > 1; and on an AVX-512 CPU, unless the run caps the instruction set, each also with
+    CT2_FORCE_CPU_ISA=AVX512. CTranslate2 runs its own kernels (softmax, layer norm, the int8 quantization of
+    activations; its GEMMs are oneDNN's or MKL's, which pick their own) at AVX2 unless that variable asks for AVX-512
+    (its cpu_isa.cc: "AVX512 can only be enabled with the environment variable"); forced to AVX-512 on the Zen 4
+    EPYC, its int8 search ran 4-11% faster and float32 alike (results/2026-11-30-cpu-amd-epyc-2core-d)."""
     threadings = ("intra", "inter") if threads > 1 else ("intra",)
-    fields = first_core_fields()
-    avx512 = {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= set(fields.get("flags", "").split())
-    isas = (None, "AVX512") if avx512 and fields.get("vendor_id") != "GenuineIntel" and not isa_capped else (None,)
+    avx512 = {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= set(first_core_fields().get("flags", "").split())
+    isas = (None, "AVX512") if avx512 and not isa_capped else (None,)
     return [Ctranslate2Mode(threading, isa) for isa in isas for threading in threadings]
 
 

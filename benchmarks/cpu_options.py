@@ -20,8 +20,8 @@ cpu_decoding.py reaches it):
 - score (Transformer.score) and ctranslate2-score (score_batch), and their ratio to beam4's time on the same sources.
 CTranslate2 runs in each of its modes (baselines.ctranslate2_modes): both threadings where there is more than one
 thread ("intra": one batch on intra-op threads; "inter": inter_threads = threads, max_batch_size = ceil(sentences /
-threads)), and on an AVX-512 CPU not made by Intel each also with its own kernels forced to AVX-512; ratios take its
-best one.
+threads)), and on an AVX-512 CPU each also with its own kernels forced to AVX-512 (it picks AVX2 for them itself);
+ratios take its best one.
 Each ratio is also taken round by round under "paired" (beam4 against beam4-baseline, sampling against greedy and
 against CTranslate2's sampling, scoring against score_batch and against beam4): the two processes of a round run
 minutes apart at most, so a ratio within a round feels less of the machine's drift over the run than the rows'
