@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cpu_info import first_core_fields
+from cpu_info import cpu_name_and_flags
 from fastformer import Transformer, TransformerConfig
 from fastformer.model import sinusoidal_positions
 from fastformer.reference.beam_search import (Hypothesis, check_search_arguments, length_penalty_divisor,
@@ -291,10 +291,9 @@ def placeholder_vocabulary(config: TransformerConfig) -> list[str]:
 
 @dataclass(frozen=True)
 class Ctranslate2Mode:
-    """A way to run CTranslate2: its threading ("intra": one batch on intra-op threads;
-    "inter": its throughput mode, batches translated in parallel, inter_threads = threads, max_batch_size =
-    ceil(sentences / threads)) and the instruction set its own kernels run at (isa: CT2_FORCE_CPU_ISA's value, or
-    None for its own pick)."""
+    """A way to run CTranslate2: its threading ("intra": one batch on intra-op threads; "inter": its throughput
+    mode, batches translated in parallel, inter_threads = threads, max_batch_size = ceil(sentences / threads)) and the
+    instruction set its own kernels run at (isa: CT2_FORCE_CPU_ISA's value, or None for its own pick)."""
     threading: str
     isa: str | None = None
 
@@ -302,6 +301,10 @@ class Ctranslate2Mode:
     def name(self) -> str:
         """"intra", "inter", "intra AVX512", ...: how rows and processes name it (threading, a space, isa)."""
         return " ".join(part for part in (self.threading, self.isa) if part)
+
+    def environment(self) -> dict[str, str]:
+        """The variables a process running CTranslate2 in this mode needs set before it loads CTranslate2."""
+        return {"CT2_FORCE_CPU_ISA": self.isa} if self.isa else {}
 
 
 def ctranslate2_modes(threads: int, isa_capped: bool) -> list[Ctranslate2Mode]:
@@ -312,7 +315,7 @@ def ctranslate2_modes(threads: int, isa_capped: bool) -> list[Ctranslate2Mode]:
     (its cpu_isa.cc: "AVX512 can only be enabled with the environment variable"); forced to AVX-512 on the Zen 4
     EPYC, its int8 search ran 4-11% faster and float32 alike (results/2026-11-30-cpu-amd-epyc-2core-d)."""
     threadings = ("intra", "inter") if threads > 1 else ("intra",)
-    avx512 = {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= set(first_core_fields().get("flags", "").split())
+    avx512 = {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= cpu_name_and_flags()[1]
     isas = (None, "AVX512") if avx512 and not isa_capped else (None,)
     return [Ctranslate2Mode(threading, isa) for isa in isas for threading in threadings]
 

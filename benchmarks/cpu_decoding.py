@@ -429,9 +429,7 @@ def time_in_rounds(args: argparse.Namespace, points: list[Point]) -> tuple[dict[
         for system, mode, point in runs(args.systems, points, bool(args.cap_isa)):
             if system in failed:
                 continue
-            env = {**os.environ, "OMP_NUM_THREADS": str(point.threads)}
-            if mode and mode.isa:
-                env["CT2_FORCE_CPU_ISA"] = mode.isa
+            env = {**os.environ, "OMP_NUM_THREADS": str(point.threads), **(mode.environment() if mode else {})}
             threading = mode.threading if mode else "intra"
             done = subprocess.run(_worker_command(system, threading, point, args), capture_output=True, text=True,
                                   env=env)

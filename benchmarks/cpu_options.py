@@ -52,6 +52,7 @@ from pathlib import Path
 import torch
 
 import bench_utils as bu
+from baselines import Ctranslate2Mode, ctranslate2_modes
 from cpu_decoding import Point, shape_config, sources, steady_call
 from cpu_info import cpu_description
 
@@ -143,20 +144,13 @@ def run_worker(args: argparse.Namespace) -> None:
     print(json.dumps({"seconds": seconds, "tokens": tokens, "warmup_calls": warmup_calls}))
 
 
-def ctranslate2_mode_names(threads: int) -> list[str]:
-    """The names of CTranslate2's modes on `threads` threads (baselines.Ctranslate2Mode.name)."""
-    from baselines import ctranslate2_modes
-
-    return [mode.name for mode in ctranslate2_modes(threads, isa_capped=False)]
-
-
-def processes(args: argparse.Namespace) -> list[tuple[str, str]]:
-    """(system, mode) of every process a round starts: CTranslate2's modes' names, "intra" for fastformer."""
+def processes(args: argparse.Namespace) -> list[tuple[str, Ctranslate2Mode | None]]:
+    """(system, mode) of every process a round starts: each of CTranslate2's modes, None for fastformer's one."""
     runs = []
     for system in args.systems:
         if system == "beam4-baseline" and not args.baseline_path:
             continue
-        modes = ctranslate2_mode_names(args.threads) if system.startswith("ctranslate2") else ["intra"]
+        modes = ctranslate2_modes(args.threads, isa_capped=False) if system.startswith("ctranslate2") else [None]
         runs += [(system, mode) for mode in modes]
     return runs
 
@@ -168,10 +162,8 @@ def time_in_rounds(args: argparse.Namespace) -> tuple[dict[tuple[str, str], list
         for system, mode in processes(args):
             if system in failed:
                 continue
-            threading, _, isa = mode.partition(" ")
-            env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-            if isa:
-                env["CT2_FORCE_CPU_ISA"] = isa
+            threading, mode_name = (mode.threading, mode.name) if mode else ("intra", "intra")
+            env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), **(mode.environment() if mode else {})}
             if system == "beam4-baseline":
                 env["PYTHONPATH"] = os.pathsep.join([str(args.baseline_path), env.get("PYTHONPATH", "")])
             command = [sys.executable, __file__, "--worker", system, "--threading", threading, "--threads",
@@ -182,8 +174,8 @@ def time_in_rounds(args: argparse.Namespace) -> tuple[dict[tuple[str, str], list
                 failed[system] = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
                 print(f"{system} failed: {failed[system]}", flush=True)
                 continue
-            timed.setdefault((system, mode), []).append(json.loads(done.stdout.splitlines()[-1]))
-            print(f"round {round_index + 1}/{args.rounds}: {system} ({mode}) done", flush=True)
+            timed.setdefault((system, mode_name), []).append(json.loads(done.stdout.splitlines()[-1]))
+            print(f"round {round_index + 1}/{args.rounds}: {system} ({mode_name}) done", flush=True)
     return timed, failed
 
 
@@ -305,7 +297,7 @@ def main() -> None:
         return
     timed, failed = time_in_rounds(args)
     rows = {}
-    several_modes = len(ctranslate2_mode_names(args.threads)) > 1
+    several_modes = len(ctranslate2_modes(args.threads, isa_capped=False)) > 1
     for (system, mode), samples in timed.items():
         name = f"{system} {mode}" if system.startswith("ctranslate2") and several_modes else system
         seconds = statistics.median(sample["seconds"] for sample in samples)

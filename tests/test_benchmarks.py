@@ -451,7 +451,7 @@ def test_cpu_options_smoke_run(tmp_path):
 def test_ctranslate2_modes_add_its_kernels_forced_to_avx512(monkeypatch, flags, capped, isas):
     """CTranslate2 is timed in both threadings on several threads, and on a CPU with the AVX-512 it needs (F, BW, DQ,
     VL) also with its own kernels forced to AVX-512, unless the run caps the instruction set."""
-    monkeypatch.setattr(baselines, "first_core_fields", lambda: {"flags": flags})
+    monkeypatch.setattr(baselines, "cpu_name_and_flags", lambda: ("a CPU", set(flags.split())))
     for threads, threadings in ((1, ["intra"]), (2, ["intra", "inter"])):
         modes = ctranslate2_modes(threads, isa_capped=capped)
         assert [(mode.threading, mode.isa) for mode in modes] == [(t, isa) for isa in isas for t in threadings]
