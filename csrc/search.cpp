@@ -674,9 +674,9 @@ void check_vocabulary(const SearchOptions& options, const at::Device& device, in
 
 // Each sentence's finished hypotheses, back-tracked through the history: best score first, ties in finishing
 // order, at most n_best. The state's sentence 0 is the batch's sentence first_sentence; src_lengths: [n_sentences]
-// the state's sentences' (their attention's width).
+// the state's sentences' (their attention's width); options: the search's, to say why a sentence has none.
 std::vector<Hypotheses> backtrack(const BeamState& state, int64_t beam_size, int64_t n_best, int64_t first_sentence,
-                                  const at::Tensor& src_lengths) {
+                                  const at::Tensor& src_lengths, const SearchOptions& options) {
   const at::Tensor count = state.finished_count.cpu(), scores = state.finished_scores.cpu();
   const at::Tensor steps = state.finished_steps.cpu(), beams = state.finished_beams.cpu();
   const at::Tensor history_tokens = state.history_tokens.cpu(), history_beams = state.history_beams.cpu();
@@ -690,9 +690,14 @@ std::vector<Hypotheses> backtrack(const BeamState& state, int64_t beam_size, int
   std::vector<Hypotheses> results(n_sentences);
   for (int64_t s = 0; s < n_sentences; ++s) {
     const int n_finished = count.data_ptr<int32_t>()[s];
-    // Finite scores always finish a hypothesis (EOS is forced at max_len); none means NaN or inf scores.
-    TORCH_CHECK(n_finished > 0, "beam search found no hypothesis for sentence ", first_sentence + s,
-                ": the model's scores are not finite (NaN or inf in its weights or activations)");
+    // Finite scores always finish a hypothesis (EOS is forced at max_len) unless the rules bar every token at a
+    // step (n-gram blocking over a small vocabulary or shortlist, with EOS barred before min_len); else none means
+    // NaN or inf scores.
+    const bool rules_can_bar_all = options.no_repeat_ngram_size > 0 || options.vocabulary.has_value();
+    TORCH_CHECK(n_finished > 0, "beam search found no hypothesis for sentence ", first_sentence + s, ": ",
+                rules_can_bar_all ? "no_repeat_ngram_size, min_len and the vocabulary (shortlist) left no token to "
+                                    "choose at some step, or the model's scores are not finite"
+                                  : "the model's scores are not finite (NaN or inf in its weights or activations)");
     std::vector<int> order(n_finished);
     std::iota(order.begin(), order.end(), 0);
     const double* sentence_scores = scores.data_ptr<double>() + s * 2 * k;
@@ -758,7 +763,7 @@ std::vector<Hypotheses> search_sentences(const at::Tensor& memory, const at::Ten
   } else {
     search_every_step(decoder, state, max_lens_tensor, search_options, rules);
   }
-  return backtrack(state, k, n_best, begin, src_lengths.narrow(0, begin, end - begin));
+  return backtrack(state, k, n_best, begin, src_lengths.narrow(0, begin, end - begin), search_options);
 }
 
 #ifdef FASTFORMER_WITH_CUDA

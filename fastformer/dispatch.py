@@ -115,6 +115,9 @@ def attention(q: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | 
         from triton_kernels.attention import flash_attention
         return flash_attention(q, k, v, q_lengths=q_lengths, k_lengths=k_lengths, causal=causal, dropout_p=dropout_p,
                                check_lengths=check_lengths)
+    if check_lengths and (q_lengths is not None or k_lengths is not None):
+        from triton_kernels.attention import validate_lengths
+        validate_lengths(q, k, v, q_lengths, k_lengths)
     return reference.attention(q, k, v, q_lengths=q_lengths, k_lengths=k_lengths, causal=causal,
                                attn_mask=attn_mask, dropout_p=dropout_p)
 

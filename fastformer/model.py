@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastformer.config import TransformerConfig
-from fastformer.decoding import scoring, search
+from fastformer.decoding import compiled, scoring, search
 from fastformer.decoding.shortlist import Shortlist
 from fastformer.nn import LinearCrossEntropyLoss, MultiheadAttention, ResidualLayerNorm
 
@@ -59,7 +59,7 @@ class EncoderLayer(nn.Module):
         super().__init__()
         d, p = config.d_model, config.dropout
         self.norm_first = config.norm_first
-        self.self_attn = MultiheadAttention(d, config.n_heads, dropout=config.attention_dropout)
+        self.self_attn = MultiheadAttention(d, config.n_heads, dropout=config.attention_dropout, batch_first=True)
         self.ffn = FeedForward(config)
         self.norm1 = ResidualLayerNorm(d, dropout=p)
         self.norm2 = ResidualLayerNorm(d, dropout=p)
@@ -84,8 +84,8 @@ class DecoderLayer(nn.Module):
         super().__init__()
         d, p = config.d_model, config.dropout
         self.norm_first = config.norm_first
-        self.self_attn = MultiheadAttention(d, config.n_heads, dropout=config.attention_dropout)
-        self.multihead_attn = MultiheadAttention(d, config.n_heads, dropout=config.attention_dropout)
+        self.self_attn = MultiheadAttention(d, config.n_heads, dropout=config.attention_dropout, batch_first=True)
+        self.multihead_attn = MultiheadAttention(d, config.n_heads, dropout=config.attention_dropout, batch_first=True)
         self.ffn = FeedForward(config)
         self.norm1 = ResidualLayerNorm(d, dropout=p)
         self.norm2 = ResidualLayerNorm(d, dropout=p)
@@ -341,6 +341,13 @@ class Transformer(nn.Module):
         (CTranslate2's score_batch), the decoder run once over all positions in the compiled extension.
 
         `compute_type` as in `translate` (fastformer/decoding/compiled.py). A count of targets other than the batch's,
-        an empty target, an id outside the vocabulary or a target over max_positions - 1 tokens is a ValueError.
+        an empty target, an id that is not an integer in the vocabulary or a target over max_positions - 1 tokens is an
+        error naming it.
         """
         return scoring.score(self, src_tokens, target_tokens, compute_type=compute_type)
+
+    def forget_compiled(self) -> None:
+        """Drops the converted weights `translate` and `score` keep, so that the next call converts the parameters
+        again. Needed only after edits torch's version counters do not see: through `.data`, or of parameters made
+        under torch.inference_mode() (fastformer/decoding/compiled.py)."""
+        compiled.forget(self)

@@ -539,6 +539,30 @@ def test_weights_are_converted_once_and_again_after_any_parameter_change():
     assert_same_hypotheses(translations(model), translations(reference))
 
 
+def test_edits_through_data_take_effect_after_forget_compiled():
+    """p.data.copy_ leaves the version counter as it was, so the converted weights are dropped by hand."""
+    model, other = make_model(vocab=37, eos_scale=4.0), make_model(vocab=37, eos_scale=4.0, seed=5)
+    src = padded_sources(model, [5, 3])
+    search = dict(beam_size=2, max_len_b=6, compute_type="int8")
+    before = model.translate(src, **search)
+    for mine, theirs in zip(model.parameters(), other.parameters()):
+        mine.data.copy_(theirs)
+    model.forget_compiled()
+    assert_same_hypotheses(model.translate(src, **search), other.translate(src, **search))
+    assert model.translate(src, **search) != before
+
+
+def test_a_model_made_under_inference_mode_translates_and_scores():
+    with torch.inference_mode():
+        model = make_model(vocab=37, eos_scale=4.0)
+    twin = make_model(vocab=37, eos_scale=4.0)
+    src = padded_sources(model, [5, 3])
+    assert_same_hypotheses(model.translate(src, beam_size=2, compute_type="int8"),
+                           twin.translate(src, beam_size=2, compute_type="int8"))
+    for mine, theirs in zip(model.score(src, [[4, 5], [6]]), twin.score(src, [[4, 5], [6]])):
+        assert torch.equal(mine, theirs)
+
+
 def test_a_model_with_converted_weights_still_saves_and_copies():
     model = make_model()
     compiled_model(model, "int8")

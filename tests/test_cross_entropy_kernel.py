@@ -158,6 +158,23 @@ def test_cross_entropy_all_targets_ignored_is_zero_with_zero_gradient(small_bloc
     check_cross_entropy(5, 40, torch.float32, reduction, 0.1, "all")
 
 
+@pytest.mark.parametrize("fn", [cross_entropy, reference.cross_entropy], ids=["kernel", "reference"])
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_cross_entropy_with_masked_classes_is_torchs(small_blocks, fn, label_smoothing):
+    """Logits of -inf (classes masked out, none a target): without smoothing a finite loss and gradient, as
+    F.cross_entropy gives; with it, inf (the mean over classes takes in the masked ones), as F.cross_entropy gives."""
+    problem, generator = ce_problem(6, 40, "none")
+    masked = torch.arange(40, device=DEVICE) % 7 == 3
+    problem["target"] = torch.where(masked[problem["target"]], problem["target"] + 1, problem["target"])
+    problem["logits"][:, masked] = float("-inf")
+    grad_loss = upstream_gradient("none", 6, generator)
+    options = dict(label_smoothing=label_smoothing, reduction="none")
+    ours = loss_and_grads(fn, problem, grad_loss, ignore_index=IGNORE, **options)
+    theirs = loss_and_grads(torch_cross_entropy, problem, grad_loss, **options)
+    assert_all_close(ours, theirs, **FP32)
+    assert bool(ours["loss"].isfinite().all()) == (label_smoothing == 0)
+
+
 @pytest.mark.parametrize("vocab", [1, 16, 17])
 @pytest.mark.parametrize("overwrite_logits", [False, True])
 def test_cross_entropy_vocab_edges(small_blocks, vocab, overwrite_logits):
@@ -335,6 +352,21 @@ def check_linear_cross_entropy(n_rows: int, d: int, vocab: int, dtype: torch.dty
 def test_linear_cross_entropy_matches_reference(small_blocks, reduction, with_bias, label_smoothing):
     # 37 rows make chunks of 37 // LOGITS_FRACTION = 2 rows: nineteen chunks, the last of one row.
     check_linear_cross_entropy(37, 16, 50, torch.float32, with_bias, reduction, label_smoothing, "some")
+
+
+@pytest.mark.parametrize("fn", [linear_cross_entropy, reference.linear_cross_entropy], ids=["kernel", "reference"])
+def test_linear_cross_entropy_with_masked_classes_is_torchs(small_blocks, fn):
+    """A bias of -inf masks classes out (none a target): without smoothing the loss and gradients are
+    F.linear + F.cross_entropy's, finite."""
+    problem, generator = linear_problem(9, 16, 50, True, "none", DEVICE)
+    masked = torch.arange(50, device=DEVICE) % 5 == 2
+    problem["target"] = torch.where(masked[problem["target"]], problem["target"] + 1, problem["target"])
+    problem["bias"][masked] = float("-inf")
+    grad_loss = upstream_gradient("sum", 9, generator)
+    ours = loss_and_grads(fn, problem, grad_loss, ignore_index=IGNORE, reduction="sum")
+    theirs = loss_and_grads(torch_linear_cross_entropy, problem, grad_loss, reduction="sum")
+    assert all(bool(grad.isfinite().all()) for name, grad in ours.items() if name != "dbias")
+    assert_all_close(ours, theirs, **FP32)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])

@@ -192,7 +192,7 @@ def test_fused_model_low_precision_on_gpu(preset, dtype):
 @pytest.mark.interpreter
 def test_unsupported_input_under_triton_raises_naming_it(kernel_calls):
     # head_dim 48 is not one the attention kernel takes: "triton" promises the kernel, so it must refuse, not fall back.
-    attention = fastformer.nn.MultiheadAttention(96, 2)
+    attention = fastformer.nn.MultiheadAttention(96, 2, batch_first=True)
     x = torch.randn(2, 5, 96)
     with fastformer.backend("triton"), pytest.raises(UnsupportedInputError, match="attention kernel.*head_dim is 48"):
         attention(x, x, x)
@@ -203,7 +203,7 @@ def test_unsupported_input_under_auto_falls_back_to_the_reference_with_one_warni
     # "auto" runs Triton on CUDA tensors only; let it take these CPU tensors (the interpreter runs them) as if on CUDA.
     monkeypatch.setattr(dispatch, "_auto_runs_triton", lambda tensor: True)
     torch.manual_seed(2)
-    attention = fastformer.nn.MultiheadAttention(96, 2)
+    attention = fastformer.nn.MultiheadAttention(96, 2, batch_first=True)
     x = torch.randn(2, 5, 96)
     lengths = torch.tensor([5, 3])
     with fastformer.backend("reference"):
@@ -221,7 +221,7 @@ def test_unsupported_input_under_auto_falls_back_to_the_reference_with_one_warni
 @pytest.mark.interpreter
 def test_auto_runs_the_kernels_it_takes_without_a_warning(monkeypatch, kernel_calls):
     monkeypatch.setattr(dispatch, "_auto_runs_triton", lambda tensor: True)
-    attention = fastformer.nn.MultiheadAttention(64, 2)
+    attention = fastformer.nn.MultiheadAttention(64, 2, batch_first=True)
     x = torch.randn(2, 5, 64)
     with warnings.catch_warnings(), fastformer.backend("auto"):
         warnings.simplefilter("error")

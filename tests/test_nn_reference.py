@@ -20,7 +20,7 @@ def padding_mask(lengths: list[int], max_len: int) -> torch.Tensor:
 
 
 def attention_pair(embed_dim: int = 16, heads: int = 2):
-    ours = MultiheadAttention(embed_dim, heads)
+    ours = MultiheadAttention(embed_dim, heads, batch_first=True)
     theirs = torch.nn.MultiheadAttention(embed_dim, heads, batch_first=True)
     theirs.load_state_dict(ours.state_dict())
     return ours, theirs
@@ -46,6 +46,30 @@ def test_self_attention_with_padding_matches_torch(lengths):
     expected = theirs(x, x, x, key_padding_mask=mask, need_weights=False)[0]
     params = list(ours.parameters())
     assert_same_values_and_grads(out, expected, [x, *params], [x, *theirs.parameters()])
+
+
+def test_default_layout_is_torchs():
+    """The same constructor call as torch's, with its state_dict, reads [len, batch, embed_dim] as torch's does."""
+    torch.manual_seed(3)
+    ours, theirs = MultiheadAttention(16, 2), torch.nn.MultiheadAttention(16, 2)
+    ours.load_state_dict(theirs.state_dict())
+    query, memory = torch.randn(4, 3, 16), torch.randn(6, 3, 16)
+    torch.testing.assert_close(ours(query, memory, memory)[0], theirs(query, memory, memory, need_weights=False)[0],
+                               **FP32)
+
+
+@pytest.mark.parametrize("lengths, error", [
+    (dict(key_lengths=torch.tensor([9, 7])), r"k_lengths must lie in \[1, 7\]"),
+    (dict(key_lengths=torch.tensor([0, 7])), "k_lengths has a 0"),
+    (dict(key_lengths=torch.tensor([7])), "k_lengths must have shape"),
+    (dict(key_lengths=torch.tensor([7.0, 7.0])), "k_lengths must have dtype"),
+    (dict(query_lengths=torch.tensor([-2, 5])), r"q_lengths must lie in \[0, 5\]"),
+])
+def test_lengths_are_checked_under_the_reference_as_under_the_kernel(lengths, error):
+    attention = MultiheadAttention(16, 2, batch_first=True)
+    query, memory = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
+    with pytest.raises((ValueError, TypeError), match=error):
+        attention(query, memory, memory, **lengths)
 
 
 def test_cross_attention_with_left_padding_and_float_mask_matches_torch():

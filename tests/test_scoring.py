@@ -148,8 +148,8 @@ def test_score_of_an_empty_batch_is_empty():
 @pytest.mark.parametrize("targets,match", [
     ([[5]], r"score got 2 sources and 1 targets"),
     ([[5, 6], []], r"target 1 is empty"),
-    ([[5, 6], [7, 24]], r"target 1 holds id 24 outside \[0, vocab_size=24\)"),
-    ([[-1], [7]], r"target 0 holds id -1 outside"),
+    ([[5, 6], [7, 24]], r"target 1 holds id 24: ids must be in \[0, vocab_size=24\)"),
+    ([[-1], [7]], r"target 0 holds id -1: ids must be in"),
     ([[5] * 32, [7]], r"target 0 has 32 tokens, more than max_positions - 1 = 31"),
 ])
 def test_score_rejects_bad_targets_before_any_work(targets, match, monkeypatch):
@@ -158,6 +158,13 @@ def test_score_rejects_bad_targets_before_any_work(targets, match, monkeypatch):
     monkeypatch.setattr(model, "encode", lambda *args: pytest.fail("encoded before checking the targets"))
     with pytest.raises(ValueError, match=match):
         model.score(src, targets)
+
+
+@pytest.mark.parametrize("target", [[5.9, 6.2], "56", [True]], ids=["float", "str", "bool"])
+def test_score_names_a_target_id_that_is_not_an_integer(target):
+    model = make_model()
+    with pytest.raises(TypeError, match="target 0 holds .*: token ids must be integers"):
+        model.score(padded_sources(model, [3]), [target])
 
 
 @pytest.mark.parametrize("compute_type", ["float32", "int8"])

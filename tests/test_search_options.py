@@ -5,6 +5,7 @@ invariance of every option; the errors of bad options."""
 import itertools
 import math
 
+import numpy
 import pytest
 import torch
 import torch.nn.functional as F
@@ -234,8 +235,8 @@ def test_a_prefix_and_the_samples_after_it():
     (dict(repetition_penalty=0.0), "repetition_penalty must be"),
     (dict(no_repeat_ngram_size=-1), "no_repeat_ngram_size must be"),
     (dict(n_best=5, beam_size=4), "n_best must be in"),
-    (dict(target_prefix=[[5, 100]]), "holds 100"),
-    (dict(target_prefix=[[5, 2]]), "holds 2"),
+    (dict(target_prefix=[[5, 100]]), "holds id 100"),
+    (dict(target_prefix=[[5, 2]]), "holds id 2"),
     (dict(target_prefix=[[5] * 6]), "more than its length limit of 5"),
     (dict(target_prefix=[[5], [6]]), "one entry per sentence"),
 ])
@@ -243,6 +244,20 @@ def test_bad_options_are_named_before_any_work(kwargs, match):
     model = make_model()
     with pytest.raises(ValueError, match=match):
         model.translate(padded_sources(model, [3]), **dict(dict(max_len_a=0.0, max_len_b=5), **kwargs))
+
+
+@pytest.mark.parametrize("prefix", [[5.0], ["5"], [True]], ids=["float", "str", "bool"])
+def test_a_prefix_id_that_is_not_an_integer_is_named(prefix):
+    model = make_model()
+    with pytest.raises(TypeError, match="target_prefix of sentence 0 holds .*: token ids must be integers"):
+        model.translate(padded_sources(model, [3]), target_prefix=[prefix])
+
+
+def test_prefix_ids_may_be_numpy_or_tensor_integers():
+    model = make_model()
+    src = padded_sources(model, [3, 4])
+    plain = model.translate(src, target_prefix=[[5, 6], [7]])
+    assert model.translate(src, target_prefix=[numpy.array([5, 6]), torch.tensor([7])]) == plain
 
 
 def test_ctranslate2_returns_the_same_hypotheses(tmp_path):

@@ -1081,6 +1081,16 @@ def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lengths: Opti
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
 
 
+def validate_lengths(q: torch.Tensor, k: Optional[torch.Tensor] = None, v: Optional[torch.Tensor] = None,
+                     q_lengths: Optional[torch.Tensor] = None, k_lengths: Optional[torch.Tensor] = None) -> None:
+    """The lengths' types, shapes, devices and values as flash_attention checks them (one host sync), for another
+    attention that takes the same lengths: the reference, which dispatch runs in the kernel's place."""
+    q, k, _ = split_packed(q, k, v)
+    _validate_lengths("q_lengths", q_lengths, q)
+    _validate_lengths("k_lengths", k_lengths, q)
+    _check_length_values(q_lengths, k_lengths, q.shape[1], k.shape[1])
+
+
 def flash_attention(q: torch.Tensor, k: Optional[torch.Tensor] = None, v: Optional[torch.Tensor] = None,
                     q_lengths: Optional[torch.Tensor] = None, k_lengths: Optional[torch.Tensor] = None,
                     causal: bool = False, dropout_p: float = 0.0, seed: Optional[int] = None,

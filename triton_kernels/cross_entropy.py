@@ -90,7 +90,9 @@ def _cross_entropy_kernel(
         lse = tl.where(kept, running_max + tl.log(tl.where(kept, running_sum, 1.0)), 0.0)
         target_logit = tl.load(logits_row_ptr + target, mask=kept, other=0.0).to(tl.float32)
         # -log p[c] = lse - x[c]; its mean over the classes is lse - mean(x).
-        loss = (1.0 - label_smoothing) * (lse - target_logit) + label_smoothing * (lse - logit_sum / n_cols)
+        # Without smoothing its term is left out, not multiplied by 0: a masked class (a logit of -inf) makes it inf.
+        smoothing_term = label_smoothing * tl.where(label_smoothing > 0, lse - logit_sum / n_cols, 0.0)
+        loss = (1.0 - label_smoothing) * (lse - target_logit) + smoothing_term
         tl.store(loss_ptr + row, loss)
         tl.store(lse_ptr + row, lse)
     else:

@@ -12,7 +12,10 @@ Compute types, named as CTranslate2 names them:
 
 The converted weights are made on first use and kept on the model (`model._compiled_cache`) with the state of every
 parameter they were made from (storage address and version counter): training steps, `load_state_dict`, `.to()`
-and in-place edits all change that state, so a changed model is converted again, never served stale weights.
+and in-place edits all change that state, so a changed model is converted again. Two kinds of edit leave the
+version counter as it was, and need `forget(model)` (`Transformer.forget_compiled()`) before the next call: edits
+through `.data` (`p.data.copy_(q)`, as some averaging code makes them), and edits of tensors made under
+`torch.inference_mode()`, which keep no version counter.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["COMPUTE_TYPES", "CompiledModel", "compiled_model", "resolve_compute_type", "decoder_options",
+__all__ = ["COMPUTE_TYPES", "CompiledModel", "compiled_model", "forget", "resolve_compute_type", "decoder_options",
            "decoder_weights", "extension"]
 
 COMPUTE_TYPES = ("auto", "float32", "float16", "bfloat16", "int8")
@@ -135,7 +138,9 @@ def _state_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
 
 
 def _parameter_state(model: torch.nn.Module) -> tuple:
-    return tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in _state_tensors(model))
+    # Inference tensors keep no version counter (reading it raises): their storage address alone stands for them.
+    return tuple((t.data_ptr(), None if t.is_inference() else t._version, t.dtype, t.device)
+                 for t in _state_tensors(model))
 
 
 # Measured at the base model (37k vocabulary, beam 4): 6.7x float32's time on an AVX2 CPU (64 sentences, 40 s vs 6 s,
@@ -156,6 +161,12 @@ def compiled_model(model: torch.nn.Module, compute_type: str) -> CompiledModel:
         compiled = _compile(model, compute_type)
         cache.put(model, compiled)
     return compiled
+
+
+def forget(model: torch.nn.Module) -> None:
+    """Drops the model's converted weights, so that the next call converts its parameters again (module docstring:
+    after edits the version counters do not see)."""
+    model.__dict__.pop("_compiled_cache", None)
 
 
 def _compile(model: torch.nn.Module, compute_type: str) -> CompiledModel:

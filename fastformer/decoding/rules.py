@@ -7,6 +7,7 @@ Defined, with how the peers count |Y|, in fastformer/reference/beam_search.py's 
 from __future__ import annotations
 
 import math
+import operator
 from typing import NamedTuple
 
 import torch
@@ -90,21 +91,45 @@ def check_history_arguments(no_repeat_ngram_size: int, repetition_penalty: float
         raise ValueError(f"repetition_penalty must be a finite number > 0 (1: off), got {repetition_penalty!r}")
 
 
-def check_target_prefix(target_prefix: list[list[int] | None] | None, max_lens: list[int], vocab_size: int,
-                        special_ids: tuple[int, ...]) -> None:
-    """Raises a ValueError naming the first bad prefix: per sentence a list of ids (no BOS/EOS) or None, each id an
-    ordinary token of the vocabulary, at most its sentence's length limit (max_lens) long."""
-    if target_prefix is None:
-        return
+def token_ids(ids, what: str, vocab_size: int, special_ids: tuple[int, ...] = ()) -> list[int]:
+    """ids -> [int], or an error naming `what` and its first bad id: each an integer (Python's, NumPy's or a 0-d
+    integer tensor; not a bool) in [0, vocab_size) and not one of special_ids (pad, bos and eos where given)."""
+    converted = []
+    for token in ids:
+        try:
+            if isinstance(token, bool):
+                raise TypeError
+            value = operator.index(token)
+        except TypeError:
+            raise TypeError(f"{what} holds {token!r} ({type(token).__name__}): token ids must be integers") from None
+        if not 0 <= value < vocab_size or value in special_ids:
+            also = f" and not pad, bos or eos {special_ids}" if special_ids else ""
+            raise ValueError(f"{what} holds id {value}: ids must be in [0, vocab_size={vocab_size}){also}")
+        converted.append(value)
+    return converted
+
+
+class PrefixTooLongError(ValueError):
+    """A target prefix longer than its sentence's length limit; `sentence` is its index in the call's batch, so that
+    a caller that batched the sentences can name the one it was given."""
+
+    def __init__(self, sentence: int, problem: str) -> None:
+        super().__init__(f"target_prefix of sentence {sentence} {problem}")
+        self.sentence, self.problem = sentence, problem
+
+
+def check_target_prefix(target_prefix: list[list[int] | None], max_lens: list[int], vocab_size: int,
+                        special_ids: tuple[int, ...]) -> list[list[int] | None]:
+    """-> the prefixes as lists of int, or an error naming the first bad one: per sentence a list of ids (no
+    BOS/EOS; token_ids) or None, at most its sentence's length limit (max_lens) long."""
     if len(target_prefix) != len(max_lens):
         raise ValueError(f"target_prefix must have one entry per sentence ({len(max_lens)}), got {len(target_prefix)}")
+    checked = []
     for i, (prefix, max_len) in enumerate(zip(target_prefix, max_lens)):
-        if prefix is None:
-            continue
-        bad = [t for t in prefix if not isinstance(t, int) or not 0 <= t < vocab_size or t in special_ids]
-        if bad:
-            raise ValueError(f"target_prefix of sentence {i} holds {bad[0]!r}: ids must be in [0, vocab_size="
-                             f"{vocab_size}) and not pad, bos or eos {special_ids}")
-        if len(prefix) > max_len:
-            raise ValueError(f"target_prefix of sentence {i} has {len(prefix)} tokens, more than its length limit of "
-                             f"{max_len} (max_len_a * source length + max_len_b)")
+        if prefix is not None:
+            prefix = token_ids(prefix, f"target_prefix of sentence {i}", vocab_size, special_ids)
+            if len(prefix) > max_len:
+                raise PrefixTooLongError(i, f"has {len(prefix)} tokens, more than its length limit of {max_len} "
+                                            "(max_len_a * source length + max_len_b)")
+        checked.append(prefix)
+    return checked

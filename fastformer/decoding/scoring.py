@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from fastformer.decoding.compiled import decoder_options, extension
+from fastformer.decoding.rules import token_ids
 from fastformer.decoding.search import encode, eval_mode, model_compiled
 
 __all__ = ["score", "check_targets", "right_padded"]
@@ -21,8 +22,7 @@ def score(model, src_tokens: torch.Tensor, target_tokens: list[list[int]],
     """src_tokens: [batch, src_len] right-padded (each ending in EOS); target_tokens: per sentence its ids without
     EOS -> per sentence [len(target) + 1] float32 on the CPU: log p of each target token, then of EOS."""
     config = model.config
-    target_tokens = [[int(token) for token in target] for target in target_tokens]
-    check_targets(config, len(src_tokens), target_tokens)
+    target_tokens = check_targets(config, len(src_tokens), target_tokens)
     with torch.no_grad(), eval_mode(model):
         compiled = model_compiled(model, compute_type)
         memory, src_lengths = encode(model, src_tokens, compiled)
@@ -44,22 +44,24 @@ def score(model, src_tokens: torch.Tensor, target_tokens: list[list[int]],
     return [scores[i, :len(t) + 1].clone() for i, t in enumerate(target_tokens)]
 
 
-def check_targets(config, n_sources: int, target_tokens: list[list[int]]) -> None:
-    """A ValueError naming the first bad target: a count other than n_sources, an empty one, an id outside the
-    vocabulary, or one longer than max_positions - 1 (its decoder input starts with BOS)."""
+def check_targets(config, n_sources: int, target_tokens: list[list[int]]) -> list[list[int]]:
+    """-> the targets as lists of int, or an error naming the first bad one: a count other than n_sources, an empty
+    target, an id that is not an integer in the vocabulary (rules.token_ids; pad, bos and eos score as any token
+    does), or a target longer than max_positions - 1 (its decoder input starts with BOS)."""
     if len(target_tokens) != n_sources:
         raise ValueError(f"score got {n_sources} sources and {len(target_tokens)} targets: it needs one target per "
                          "source")
     limit = config.max_positions - 1
+    checked = []
     for index, target in enumerate(target_tokens):
+        target = token_ids(target, f"target {index}", config.vocab_size)
         if len(target) == 0:
             raise ValueError(f"target {index} is empty: a target needs at least one token (EOS is scored after it)")
-        bad = [token for token in target if not 0 <= token < config.vocab_size]
-        if bad:
-            raise ValueError(f"target {index} holds id {bad[0]} outside [0, vocab_size={config.vocab_size})")
         if len(target) > limit:
             raise ValueError(f"target {index} has {len(target)} tokens, more than max_positions - 1 = {limit} (its "
                              "decoder input starts with BOS)")
+        checked.append(target)
+    return checked
 
 
 def right_padded(rows: list[list[int]], pad_id: int, device: torch.device | str) -> torch.Tensor:

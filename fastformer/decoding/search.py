@@ -62,8 +62,9 @@ def translate(model, src_tokens: torch.Tensor, beam_size: int = 4, length_penalt
         raise ValueError(f"a vocabulary shortlist runs on the CPU only, got src_tokens on {src_tokens.device}")
     if target_prefix is not None:
         src_lengths = model.lengths(src_tokens, "src_tokens")
-        check_target_prefix(target_prefix, max_target_lengths(src_lengths, max_len_a, max_len_b, config.max_positions),
-                            config.vocab_size, (config.pad_id, config.bos_id, config.eos_id))
+        target_prefix = check_target_prefix(
+            target_prefix, max_target_lengths(src_lengths, max_len_a, max_len_b, config.max_positions),
+            config.vocab_size, (config.pad_id, config.bos_id, config.eos_id))
     _C = extension()
     n_samples = n_best if sampling else 1
     with torch.no_grad(), eval_mode(model):

@@ -39,6 +39,7 @@ def _merge_key_padding(attn_mask: torch.Tensor | None, key_padding_mask: torch.T
 
 class MultiheadAttention(nn.Module):
     """The parameters and call of `torch.nn.MultiheadAttention` (so its state_dict loads), with a fused QKV projection.
+    Its default layout is torch's too: [len, batch, embed_dim] unless batch_first=True.
 
     Beyond torch's arguments, `query_lengths`/`key_lengths` ([batch] ints) describe right-padded batches directly:
     keys past a length are ignored, and query rows past a length output zero, so no mask needs building. Their
@@ -46,7 +47,7 @@ class MultiheadAttention(nn.Module):
     """
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
-                 batch_first: bool = True, device=None, dtype=None) -> None:
+                 batch_first: bool = False, device=None, dtype=None) -> None:
         super().__init__()
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
@@ -80,7 +81,8 @@ class MultiheadAttention(nn.Module):
                 attn_mask: torch.Tensor | None = None, is_causal: bool = False, *,
                 query_lengths: torch.Tensor | None = None, key_lengths: torch.Tensor | None = None,
                 check_lengths: bool = True) -> tuple[torch.Tensor, None]:
-        """query: [batch, q_len, embed_dim], key/value: [batch, k_len, embed_dim] -> ([batch, q_len, embed_dim], None)."""
+        """query: [q_len, batch, embed_dim], key/value: [k_len, batch, embed_dim] -> ([q_len, batch, embed_dim], None);
+        batch first ([batch, len, embed_dim]) with batch_first=True."""
         if need_weights:
             raise ValueError("need_weights=True is not supported: the fused kernel never forms the attention weights; "
                              "call with need_weights=False (or use torch.nn.MultiheadAttention)")

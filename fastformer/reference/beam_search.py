@@ -62,7 +62,9 @@ def beam_search(model, src_tokens: torch.Tensor, beam_size: int = 4, length_pena
     with torch.no_grad():
         encoder_out = model.encode(src_tokens)
         max_lens = max_target_lengths(encoder_out.src_lengths, max_len_a, max_len_b, config.max_positions)
-        check_target_prefix(target_prefix, max_lens, config.vocab_size, (config.pad_id, config.bos_id, config.eos_id))
+        if target_prefix is not None:
+            target_prefix = check_target_prefix(target_prefix, max_lens, config.vocab_size,
+                                                (config.pad_id, config.bos_id, config.eos_id))
         history_rules = _HistoryRules(no_repeat_ngram_size, repetition_penalty)
         return [_search_sentence(model, encoder_out, i, beam_size, length_penalty, length_penalty_form, max_lens[i],
                                  min_len, (target_prefix[i] if target_prefix else None) or [], history_rules,

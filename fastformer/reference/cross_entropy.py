@@ -34,8 +34,11 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     log_probabilities = F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
     safe_target = torch.where(kept, target, 0).long()
     nll = -log_probabilities.gather(1, safe_target[:, None])[:, 0]
-    smooth = -log_probabilities.mean(dim=-1)
-    loss = torch.where(kept, (1.0 - label_smoothing) * nll + label_smoothing * smooth, 0.0)
+    loss = (1.0 - label_smoothing) * nll
+    # Without smoothing its term is left out, not multiplied by 0: a masked class (a logit of -inf) makes it inf.
+    if label_smoothing > 0:
+        loss = loss + label_smoothing * -log_probabilities.mean(dim=-1)
+    loss = torch.where(kept, loss, 0.0)
     if reduction == "none":
         return loss.to(logits.dtype)
     # Not rounded back to fp16/bf16: a sum over thousands of tokens would lose a few digits.
