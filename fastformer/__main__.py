@@ -13,6 +13,8 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import hashlib
+import math
 import os
 import signal
 import sys
@@ -29,14 +31,15 @@ from fastformer import checkpoint
 from fastformer.data import find_split, read_parallel
 from fastformer.data.reading import count_lines, open_binary
 from fastformer.decoding.compiled import COMPUTE_TYPES
-from fastformer.decoding.rules import LENGTH_PENALTY_FORMS
+from fastformer.decoding.rules import (LENGTH_PENALTY_FORMS, check_history_arguments, check_sampling_arguments,
+                                      check_search_arguments)
 from fastformer.decoding.shortlist import Shortlist, build_shortlist
 from fastformer.training import run_control
 from fastformer.training.curves import CURVES_FILE, plot_curves
 from fastformer.training.init_from import load_initial_model
 from fastformer.training.run_corpus import prepare_run_corpora
 from fastformer.training.options import TrainOptions
-from fastformer.training.trainer import TrainResult, check_run, process_rank, train
+from fastformer.training.trainer import Trainer, TrainResult, check_run, process_rank
 from fastformer.translation import evaluate, export
 from fastformer.translation.output import OUTPUT_FORMATS, format_results
 from fastformer.translation.streaming import ChunkFunction, ChunkOutput, LineInput, stream_chunks
@@ -101,20 +104,21 @@ def _train_options(args: argparse.Namespace) -> TrainOptions:
                            if hasattr(args, option.name)})
 
 
-def _check_out_dir(options: TrainOptions, overwrite: bool) -> None:
-    """A fresh run must not mix with an old one's checkpoints: resume it, or overwrite it explicitly."""
+def _old_checkpoints(options: TrainOptions, overwrite: bool) -> list[Path]:
+    """A fresh run must not mix with an old one's checkpoints: resume it, or overwrite it explicitly -> the
+    checkpoints --overwrite deletes (none for --resume), or an error naming why the run cannot start."""
     out_dir = Path(options.out_dir)
     best = checkpoint.best_checkpoint_path(out_dir)
     old = checkpoint.list_checkpoints(out_dir) + ([best] if best.is_file() else [])
     if options.resume or not old:
-        return
+        return []
     if not overwrite:
         raise ValueError(f"{out_dir} already holds checkpoints ({old[-1].name}): pass --resume to continue that "
                          f"run, --overwrite to start over, or another --out-dir")
-    # Every rank sees the old files; rank 0 alone deletes them (the fresh run retrains the vocabulary).
-    if process_rank() == 0:
-        for path in old:
-            path.unlink(missing_ok=True)
+    if options.init_from is not None and any(path.resolve() == Path(options.init_from).resolve() for path in old):
+        raise ValueError(f"--init-from {options.init_from} is one of the checkpoints --overwrite would delete: copy "
+                         f"it out of {out_dir} first, or use another --out-dir")
+    return old
 
 
 def _run_train(args: argparse.Namespace) -> TrainResult:
@@ -123,8 +127,14 @@ def _run_train(args: argparse.Namespace) -> TrainResult:
     options = _train_options(args)
     check_run(options)
     with run_control.out_dir_lock(Path(options.out_dir), process_rank()):
-        _check_out_dir(options, args.overwrite)
-        result = train(options)
+        old = _old_checkpoints(options, args.overwrite)
+        # Every option, the data and the model are checked (and built) before --overwrite deletes anything.
+        trainer = Trainer(options)
+        # Every rank sees the old files; rank 0 alone deletes them (the fresh run retrains the vocabulary).
+        if process_rank() == 0:
+            for path in old:
+                path.unlink(missing_ok=True)
+        result = trainer.run()
     if result.stopped_by is not None:
         if process_rank() == 0:
             print(run_control.stopped_message(result.step, result.checkpoint, result.stopped_by, args.argv,
@@ -133,8 +143,13 @@ def _run_train(args: argparse.Namespace) -> TrainResult:
     if process_rank() == 0:
         if result.out_of_patience:
             print(_patience_message(args.command, options, result))
-        print(f"trained {result.step} steps: {result.tokens_per_second:,.0f} target tokens/s, final train loss "
-              f"{result.train_loss:.3f}; checkpoint {result.checkpoint}")
+        if math.isnan(result.train_loss):  # every update logs its interval's loss: this session made none
+            print(f"no update to make: {result.checkpoint} is at step {result.step}"
+                  + ("" if result.out_of_patience else f", and --max-steps is {options.max_steps}: raise it to train "
+                     "further"))
+        else:
+            print(f"trained {result.step} steps: {result.tokens_per_second:,.0f} target tokens/s, final train loss "
+                  f"{result.train_loss:.3f}; checkpoint {result.checkpoint}")
     return result
 
 
@@ -182,7 +197,11 @@ def _evaluate(checkpoint_path: Path, data_dir: Path | None, split: str, src_lang
     """Translates a split (its first max_sentences, if > 0), prints cased sacreBLEU (13a and intl) with signatures;
     -> the 13a score."""
     files = find_split(data_dir, split, src_lang, tgt_lang)
+    if output is not None and output.exists() and any(output.samefile(path) for path in (files.src, files.tgt)):
+        raise ValueError(f"--output {output} is a file of the {split} split: writing it would destroy it")
     pairs = read_parallel(files.src, files.tgt)
+    if not pairs:
+        raise ValueError(f"the {split} split ({files.src}, {files.tgt}) has no sentence pairs: nothing to evaluate")
     if max_sentences > 0:
         pairs = pairs[:max_sentences]
     translator = load_translator(checkpoint_path, device, compute_type)
@@ -215,12 +234,41 @@ def _newest_checkpoint(args: argparse.Namespace) -> Path:
 
 def _line_input(stack: contextlib.ExitStack, flag: str, path: str | None) -> LineInput:
     """An input of a streamed command: `flag`'s file, counted first (for the progress bar and the checks made before
-    any work), or stdin where path is None."""
+    any work), a pipe (`<(zcat f.gz)`, read once, so not counted), or stdin where path is None."""
     if path is None:
         return LineInput("stdin", sys.stdin.buffer)
-    if not Path(path).is_file():
+    if not Path(path).exists():
         raise FileNotFoundError(f"{flag} file not found: {path}")
-    return LineInput(path, stack.enter_context(open_binary(Path(path))), count_lines(Path(path)))
+    if Path(path).is_dir():
+        raise IsADirectoryError(f"{flag} {path} is a directory, not a text file")
+    count = count_lines(Path(path)) if Path(path).is_file() else None
+    return LineInput(path, stack.enter_context(open_binary(Path(path))), count)
+
+
+def _check_output(output: str | None, inputs: list[LineInput]) -> None:
+    """--output must be a new text file: not one of the inputs (it is emptied at the first write), nor a .gz name
+    (the output is plain text)."""
+    if output is None:
+        return
+    if output.endswith(".gz"):
+        raise ValueError(f"--output {output} ends in .gz, but the output is written as plain text: drop the .gz, or "
+                         f"leave out --output and pipe standard output through gzip")
+    for item in inputs:
+        if item.name != "stdin" and Path(output).exists() and Path(output).samefile(item.name):
+            raise ValueError(f"--output {output} is the input {item.name}: writing it would destroy the input")
+
+
+def _file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes, or of a directory's files (names and bytes, in sorted order): what a model
+    (a checkpoint, an OPUS-MT directory) or a shortlist was, so that --resume can tell a changed one."""
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        digest.update(str(file.relative_to(path) if path.is_dir() else "").encode() + b"\0")
+        with open(file, "rb") as stream:
+            while block := stream.read(1 << 22):
+                digest.update(block)
+    return digest.hexdigest()
 
 
 def _stream(args: argparse.Namespace, inputs: list[LineInput], start: typing.Callable[[], ChunkFunction],
@@ -231,6 +279,7 @@ def _stream(args: argparse.Namespace, inputs: list[LineInput], start: typing.Cal
         raise ValueError("--resume needs --output: the output of an interrupted run is continued in its file")
     if args.chunk_lines < 1:
         raise ValueError(f"--chunk-lines must be >= 1, got {args.chunk_lines}")
+    _check_output(args.output, inputs)
     try:
         summary = stream_chunks(inputs, start, None if args.output is None else Path(args.output), settings,
                                 args.chunk_lines, args.resume, args.command)
@@ -257,13 +306,24 @@ def _run_translate(args: argparse.Namespace) -> None:
                          "(--n-best N gives N samples a line)")
     if args.n_best > 1 and args.output_format == "text":
         raise ValueError(f"--n-best {args.n_best} gives several translations per line: use --output-format jsonl")
+    if not sampling and (args.sampling_topp != 1.0 or args.sampling_temperature != 1.0):
+        raise ValueError("--sampling-topp and --sampling-temperature shape sampling, which --sampling-topk turns on "
+                         "(0: the whole vocabulary, K: the K likeliest tokens); without it the search is not sampled")
+    # Checked now, not at the first line with text (an input of blank lines would never check them); the length
+    # limits are translate's own, which the command line leaves as they are.
+    check_search_arguments(args.beam, args.length_penalty, 0.0, 0, 0, args.n_best, args.length_penalty_form,
+                           sampling=sampling)
+    check_sampling_arguments(args.beam, args.sampling_topk, args.sampling_topp, args.sampling_temperature, args.seed)
+    check_history_arguments(args.no_repeat_ngram_size, args.repetition_penalty)
     path = _newest_checkpoint(args)
     if not path.exists():  # now: the model loads only once a first chunk is read, and an empty input has none
         raise FileNotFoundError(f"checkpoint not found: {path}")
     settings = {"--" + name.replace("_", "-"): getattr(args, name) for name in TRANSLATE_SETTINGS}
-    settings |= {"--checkpoint": str(path.resolve())}
+    settings |= {"--checkpoint": str(path.resolve()), "the checkpoint's SHA-256": _file_sha256(path)}
     settings |= {option: None if value is None else str(Path(value).resolve())
                  for option, value in (("--prefix-file", args.prefix_file), ("--shortlist", args.shortlist))}
+    if args.shortlist is not None:
+        settings["the shortlist's SHA-256"] = _file_sha256(Path(args.shortlist))
 
     def start() -> ChunkFunction:
         translator = load_translator(path, device, args.compute_type)
@@ -288,7 +348,7 @@ def _translate_chunk(translator: Translator, shortlist: Shortlist | None, args: 
     results = translator.hypotheses(
         sources, batch_tokens=args.batch_tokens,
         on_truncated=_report_truncation("translate", args.input or "stdin", first),
-        target_prefix=None if args.prefix_file is None else [row[1] for row in rows],
+        target_prefix=None if args.prefix_file is None else [row[1] for row in rows], first_line=first + 1,
         return_scores=args.output_format == "jsonl", return_attention=args.print_alignment, beam_size=args.beam,
         length_penalty=args.length_penalty, length_penalty_form=args.length_penalty_form, n_best=args.n_best,
         sampling_topk=args.sampling_topk, sampling_topp=args.sampling_topp,
@@ -311,7 +371,8 @@ def _run_score(args: argparse.Namespace) -> None:
     if not path.exists():  # now: the model loads only once a first chunk is read
         raise FileNotFoundError(f"checkpoint not found: {path}")
     settings = {"--" + name.replace("_", "-"): getattr(args, name) for name in SCORE_SETTINGS}
-    settings |= {"--checkpoint": str(path.resolve()), "--targets": str(Path(args.targets).resolve())}
+    settings |= {"--checkpoint": str(path.resolve()), "the checkpoint's SHA-256": _file_sha256(path),
+                 "--targets": str(Path(args.targets).resolve())}
 
     def start() -> ChunkFunction:
         translator = load_translator(path, device, args.compute_type)
@@ -368,15 +429,17 @@ def _run_shortlist(args: argparse.Namespace) -> None:
 
 def _run_average(args: argparse.Namespace) -> None:
     paths = [Path(p) for p in args.inputs] if args.inputs else checkpoint.list_checkpoints(Path(args.out_dir))
-    if args.last < 1:
-        raise ValueError(f"--last must be >= 1, got {args.last}")
+    # --inputs names what to average: all of them unless --last is given too.
+    last = args.last if args.last is not None else len(paths) if args.inputs else 5
+    if last < 1:
+        raise ValueError(f"--last must be >= 1, got {last}")
     source = "--inputs" if args.inputs else str(args.out_dir)
     if not paths:
         raise FileNotFoundError(f"no checkpoint_*.pt to average in {source}")
-    if len(paths) < args.last:
-        print(f"fastformer average: warning: --last {args.last} asks for {args.last} checkpoints, but {source} has "
+    if len(paths) < last:
+        print(f"fastformer average: warning: --last {last} asks for {last} checkpoints, but {source} has "
               f"only {len(paths)}: averaging {len(paths)}", file=sys.stderr)
-    paths = paths[-args.last:]
+    paths = paths[-last:]
     output = Path(args.output) if args.output else Path(args.out_dir) / "checkpoint_average.pt"
     checkpoint.save_checkpoint(checkpoint.average_checkpoints(paths), output)
     noun = "checkpoint" if len(paths) == 1 else "checkpoints"
@@ -389,6 +452,12 @@ def _run_export(args: argparse.Namespace) -> None:
         raise ValueError(f"{source} is a directory: export takes a fastformer checkpoint (a Marian model converts "
                          "with CTranslate2's own ct2-transformers-converter)")
     # A model fine-tuned from a Marian one keeps its two sentencepiece models, whose joint vocabulary both sides share.
+    output = Path(args.output)
+    # Replacing an earlier export is the usual case; writing over other files (a Marian model's config.json, say)
+    # is done only when asked.
+    if output.is_dir() and any(output.iterdir()) and not (output / "model.bin").is_file() and not args.force:
+        raise ValueError(f"--output {output} holds files but no CTranslate2 model (model.bin): export would write over "
+                         f"them; pass --force to, or choose an empty or new directory")
     model, tokenizers = load_checkpoint_tokenizers(source)
     written = export.to_ctranslate2(model, tokenizers.source, Path(args.output), quantization=args.quantization)
     print(f"exported {source} to {written} (CTranslate2, {args.quantization}); its inputs are the tokenizer's pieces")
@@ -537,12 +606,16 @@ def build_parser() -> argparse.ArgumentParser:
     export_parser.add_argument("--output", required=True, help="the CTranslate2 model directory to write")
     export_parser.add_argument("--quantization", default="float32", choices=export.QUANTIZATIONS,
                                help="how CTranslate2 stores the weights")
+    export_parser.add_argument("--force", action="store_true",
+                               help="write into --output even where it holds files that are not a CTranslate2 model")
     export_parser.set_defaults(run=_run_export)
 
     average = commands.add_parser("average", help="average the last N checkpoints of a run into one", **HELP_FORMAT)
     average.add_argument("--out-dir", default="runs/demo", help="the training run's directory")
-    average.add_argument("--last", type=int, default=5, help="how many of the newest checkpoints to average")
-    average.add_argument("--inputs", nargs="*", help="checkpoint files (default: those in --out-dir)")
+    average.add_argument("--last", type=int, help="how many of the newest checkpoints to average (default: 5 of "
+                         "--out-dir's, or every one of --inputs)")
+    average.add_argument("--inputs", nargs="*", help="checkpoint files, all averaged unless --last is given "
+                         "(default: those in --out-dir)")
     average.add_argument("--output", help="the averaged checkpoint (default: <out-dir>/checkpoint_average.pt)")
     average.set_defaults(run=_run_average)
 
@@ -565,6 +638,9 @@ def main(argv: list[str] | None = None) -> None:
         args.run(args)
     except (ValueError, OSError, ImportError) as error:
         raise SystemExit(f"fastformer {args.command}: error: {error}") from None
+    except KeyboardInterrupt:  # Ctrl-C outside the loops that stop on it (preparing a corpus, loading a model)
+        print(f"fastformer {args.command}: interrupted", file=sys.stderr)
+        raise SystemExit(128 + signal.SIGINT) from None
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -107,8 +107,9 @@ def _bytes_tensor(data: bytes) -> torch.Tensor:
 
 
 class UnreadableCheckpointError(ValueError):
-    """A file that torch cannot load at all: truncated or corrupt (a save killed mid-write on another filesystem,
-    a disk error), as opposed to a readable file that is not a fastformer checkpoint."""
+    """A file that torch cannot load at all, or whose weights are not finite: truncated or corrupt (a save killed
+    mid-write on another filesystem, a disk error; fastformer never saves NaN or inf weights), as opposed to a
+    readable file that is not a fastformer checkpoint."""
 
 
 def checkpoint_path(directory: Path, step: int) -> Path:
@@ -209,7 +210,12 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> Che
         raise ValueError(f"{path} is not a fastformer checkpoint (no {FORMAT!r} tag)")
     if entries.get("version") != VERSION:
         raise ValueError(f"{path} has checkpoint version {entries.get('version')!r}; this fastformer reads {VERSION}")
-    return Checkpoint.from_file_dict(entries, path)
+    loaded = Checkpoint.from_file_dict(entries, path)
+    for name, tensor in loaded.model.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise UnreadableCheckpointError(f"{path} holds values that are not finite (NaN or inf) in {name}: the "
+                                            "file is corrupt (fastformer never saves such weights)")
+    return loaded
 
 
 def list_checkpoints(directory: Path) -> list[Path]:
@@ -229,19 +235,19 @@ def newest_checkpoint(directory: Path) -> Path:
     return found[-1]
 
 
-def load_newest_readable(directory: Path) -> tuple[Path, Checkpoint, list[str]]:
-    """The newest step checkpoint in directory that torch can read -> (path, checkpoint, why each newer one was
-    skipped). A file that is readable but foreign, or none readable at all, raises the newest file's error."""
+def load_newest_readable(directory: Path) -> tuple[Path, Checkpoint, list[tuple[Path, str]]]:
+    """The newest step checkpoint in directory that torch can read -> (path, checkpoint, each newer one skipped and
+    why). A file that is readable but foreign, or none readable at all, raises the newest file's error."""
     found = list_checkpoints(directory)
     if not found:
         raise FileNotFoundError(f"no checkpoint_*.pt in {directory}")
-    skipped: list[str] = []
+    skipped: list[tuple[Path, str]] = []
     for path in reversed(found):
         try:
             return path, load_checkpoint(path), skipped
         except UnreadableCheckpointError as error:
-            skipped.append(str(error))
-    raise UnreadableCheckpointError(f"no readable checkpoint in {directory}: " + "; ".join(skipped))
+            skipped.append((path, str(error)))
+    raise UnreadableCheckpointError(f"no readable checkpoint in {directory}: " + "; ".join(why for _, why in skipped))
 
 
 def remove_stale_temp_files(directory: Path) -> list[Path]:
@@ -278,6 +284,9 @@ def average_checkpoints(paths: list[Path]) -> Checkpoint:
             raise ValueError(f"{path} has another model config than {paths[-1]}: cannot average them")
         if loaded.model.keys() != last.model.keys():
             raise ValueError(f"{path} has other parameter names than {paths[-1]}: cannot average them")
+        if loaded.tokenizer != last.tokenizer:
+            raise ValueError(f"{path} has another vocabulary (tokenizer) than {paths[-1]}: their embeddings' rows "
+                             "are other tokens, so they cannot be averaged")
     averaged = {}
     for name, tensor in last.model.items():
         if tensor.is_floating_point():

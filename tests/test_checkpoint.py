@@ -150,6 +150,26 @@ def test_average_refuses_mismatched_checkpoints(tmp_path: Path):
         checkpoint.average_checkpoints([a, b])
     with pytest.raises(ValueError, match="at least one"):
         checkpoint.average_checkpoints([])
+    checkpoint.save_checkpoint(_state(1, tokenizer=b"one run's vocabulary"), a)
+    checkpoint.save_checkpoint(_state(2, tokenizer=b"another run's vocabulary"), b)
+    with pytest.raises(ValueError, match=f"{a} has another vocabulary"):
+        checkpoint.average_checkpoints([a, b])
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_weights_that_are_not_finite_make_a_checkpoint_unreadable(tmp_path: Path, value: float):
+    """A corrupt file can hold NaN where the run saved numbers: refused by name on load, skipped by --resume."""
+    for step in (1, 2):
+        checkpoint.save_checkpoint(_state(step), checkpoint.checkpoint_path(tmp_path, step))
+    corrupt = _state(3)
+    corrupt.model["bias"][1] = value
+    checkpoint.save_checkpoint(corrupt, checkpoint.checkpoint_path(tmp_path, 3))
+    with pytest.raises(checkpoint.UnreadableCheckpointError, match=r"not finite \(NaN or inf\) in bias"):
+        checkpoint.load_checkpoint(checkpoint.checkpoint_path(tmp_path, 3))
+    path, loaded, skipped = checkpoint.load_newest_readable(tmp_path)
+    assert loaded.step == 2 and [path for path, _ in skipped] == [checkpoint.checkpoint_path(tmp_path, 3)]
+    with pytest.raises(checkpoint.UnreadableCheckpointError, match="not finite"):
+        checkpoint.average_checkpoints(checkpoint.list_checkpoints(tmp_path))
 
 
 def test_a_version_1_file_written_as_a_plain_dict_loads_into_the_schema(tmp_path: Path):
@@ -205,7 +225,8 @@ def test_newest_readable_skips_corrupt_newer_files_and_says_why(tmp_path: Path):
     checkpoint.checkpoint_path(tmp_path, 3).write_bytes(checkpoint.checkpoint_path(tmp_path, 3).read_bytes()[:300])
     path, loaded, skipped = checkpoint.load_newest_readable(tmp_path)
     assert path == checkpoint.checkpoint_path(tmp_path, 2) and loaded.step == 2
-    assert len(skipped) == 1 and f"{checkpoint.checkpoint_path(tmp_path, 3)} is not a readable checkpoint" in skipped[0]
+    assert [path for path, _ in skipped] == [checkpoint.checkpoint_path(tmp_path, 3)]
+    assert f"{checkpoint.checkpoint_path(tmp_path, 3)} is not a readable checkpoint" in skipped[0][1]
     for step in (1, 2):
         checkpoint.checkpoint_path(tmp_path, step).write_bytes(b"garbage")
     with pytest.raises(checkpoint.UnreadableCheckpointError, match=f"no readable checkpoint in {tmp_path}"):

@@ -80,6 +80,14 @@ def test_evaluate_prints_sacrebleu_with_signatures(trained: Path, tmp_path: Path
         assert line.startswith(signature + " = ")
         assert float(line.split(" = ")[1].split()[0]) == pytest.approx(expected, abs=0.005)
     assert expected > 0, "150 steps on the bundled corpus already translate something right"
+    flags = ["evaluate", "--device", "cpu", "--out-dir", str(trained), "--data-dir", str(data)]
+    done = run(flags + ["--output", str(data / "newstest2014.en")])
+    assert done.returncode != 0 and "writing it would destroy it" in done.stderr and "Traceback" not in done.stderr
+    assert read_lines(data / "newstest2014.en")[0] == (BUNDLED_CORPUS / "test.en").read_text().splitlines()[0]
+    for lang in ("en", "de"):
+        (data / f"newstest2014.{lang}").write_text("", encoding="utf-8")
+    done = run(flags)
+    assert done.returncode != 0 and "has no sentence pairs: nothing to evaluate" in done.stderr
 
 
 def test_translate_and_evaluate_in_int8(trained: Path, tmp_path: Path):

@@ -78,6 +78,21 @@ def test_a_fresh_run_refuses_an_old_best_checkpoint_and_overwrite_removes_it(dat
     assert not checkpoint.best_checkpoint_path(out_dir).exists()
 
 
+def test_overwrite_deletes_nothing_when_the_new_run_cannot_start(data_dir: Path, tmp_path: Path):
+    """Every option is checked, and --init-from's model read, before --overwrite deletes the old checkpoints."""
+    out_dir = tmp_path / "run"
+    flags = TRAIN_FLAGS + ["--data-dir", str(data_dir), "--out-dir", str(out_dir), "--max-steps", "1",
+                           "--valid-every", "0"]
+    _run(flags)
+    old = {path: path.read_bytes() for path in out_dir.glob("checkpoint_*.pt")}
+    newest = checkpoint.list_checkpoints(out_dir)[-1]
+    for bad, message in [(["--lr-scale", "-5"], "Invalid learning rate"), (["--max-len", "5000"], "lower --max-len"),
+                         (["--batch-tokens", "5"], "below the longest sequence"),
+                         (["--init-from", str(newest)], "is one of the checkpoints --overwrite would delete")]:
+        assert message in _fail(flags + ["--overwrite"] + bad)
+        assert {path: path.read_bytes() for path in out_dir.glob("checkpoint_*.pt")} == old, bad
+
+
 # `fastformer ARGS` whose process sends itself a SIGTERM at the end of update STOP - 1: the stop vote of update STOP
 # carries it, so the run stops after update STOP, whatever the machine's speed.
 SIGNALLED_RUN = """import os, runpy, signal, sys
@@ -107,6 +122,12 @@ def test_a_stop_at_a_validation_step_and_resume_keep_the_best_and_the_records_ex
     assert stopped.returncode == run_control.EXIT_STOPPED, stopped.stderr
     assert checkpoint.load_checkpoint(checkpoint.checkpoint_path(split, stop)).validation_skipped
     assert stop not in [record["step"] for record in read_records(split / METRICS_FILE) if "valid_nll" in record]
+    if patience_step is None:
+        # A session that only does the skipped validation (as one killed before its next checkpoint would) leaves
+        # the checkpoint's validation pending: the next session does it again, and records it once.
+        again = run(flags[:flags.index("--max-steps") + 1] + [str(stop)] + flags[flags.index("--max-steps") + 2:]
+                    + ["--out-dir", str(split), "--resume"])
+        assert again.returncode == 0 and "no update to make" in again.stdout, again.stderr
     resumed = run(flags + ["--out-dir", str(split), "--resume"])
     reference = run(flags + ["--out-dir", str(straight)])
     assert resumed.returncode == reference.returncode == 0, resumed.stderr + reference.stderr

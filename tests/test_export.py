@@ -262,6 +262,15 @@ def test_cli_exports_a_checkpoint_that_ctranslate2_scores_like_fastformer(tmp_pa
     with fastformer.backend("reference"), torch.no_grad():
         log_probs = F.log_softmax(model(src, tgt_in), dim=-1)[0].gather(1, tgt_out[0, :, None])[:, 0]
     torch.testing.assert_close(torch.tensor(result.log_probs), log_probs, rtol=1e-4, atol=1e-4)
+    # An earlier export is replaced; a directory of other files is written into only with --force.
+    main(["export", "--checkpoint", str(path), "--output", str(tmp_path / "ct2")])
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "config.json").write_text("{}")
+    with pytest.raises(SystemExit, match="holds files but no CTranslate2 model"):
+        main(["export", "--checkpoint", str(path), "--output", str(tmp_path / "other")])
+    assert (tmp_path / "other" / "config.json").read_text() == "{}"
+    main(["export", "--checkpoint", str(path), "--output", str(tmp_path / "other"), "--force"])
+    assert (tmp_path / "other" / "model.bin").is_file()
 
 
 def test_cli_export_names_a_marian_directory_and_a_missing_checkpoint(tmp_path):

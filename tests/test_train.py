@@ -136,6 +136,10 @@ def test_average_cli_is_the_mean_of_the_last_checkpoints(data_dir: Path, tmp_pat
     for name, tensor in averaged.model.items():
         torch.testing.assert_close(tensor, (states[0][name] + states[1][name]) / 2, **FP32)
     assert not torch.equal(states[0]["embed_tokens.weight"], states[1]["embed_tokens.weight"])
+    # --inputs names the checkpoints to average: every one of them, more than --last's default 5 too.
+    inputs = [str(path) for path in paths * 2]
+    _run(["average", "--inputs", *inputs, "--output", str(tmp_path / "all.pt")])
+    assert checkpoint.load_checkpoint(tmp_path / "all.pt").averaged_from == inputs
     # An averaged model is for inference: resuming from it is refused by name.
     (out_dir / "checkpoint_average.pt").rename(checkpoint.checkpoint_path(out_dir, 99))
     stderr = _fail(TRAIN_FLAGS + ["--data-dir", str(data_dir), "--out-dir", str(out_dir), "--max-steps", "100",
@@ -169,10 +173,27 @@ def test_bad_training_input_is_a_clear_error(data_dir: Path, tmp_path: Path):
     lines[4] = b"\xff\n"
     (broken / "train.de").write_bytes(b"".join(lines))
     assert f"{broken / 'train.de'}:5: not valid UTF-8" in _fail(flags + ["--data-dir", str(broken)])
+    empty = _corpus_slice(tmp_path / "empty_train", {"train": 0, "valid": 4})
+    assert "are empty: there is nothing to train on" in _fail(flags + ["--data-dir", str(empty)])
     broken = _corpus_slice(tmp_path / "no_valid", {"train": 20, "valid": 4})
     (broken / "valid.de").unlink()
     assert "valid.de" in _fail(flags + ["--data-dir", str(broken)])
     assert "no checkpoint_*.pt" in _fail(flags + ["--data-dir", str(data_dir), "--resume"])
+
+
+def test_a_validation_split_it_cannot_run_on_is_an_error_before_any_update(tmp_path: Path):
+    out_dir = tmp_path / "run"
+    flags = TRAIN_FLAGS + ["--max-steps", "4", "--out-dir", str(out_dir)]
+    empty = _corpus_slice(tmp_path / "empty", {"train": 20, "valid": 0})
+    assert "has no sentence pairs: --valid-every needs some" in _fail(flags + ["--data-dir", str(empty)])
+    long = _corpus_slice(tmp_path / "long", {"train": 20, "valid": 4})
+    with (long / "valid.en").open("a", encoding="utf-8") as file:
+        file.write(" ".join(["Der kleine Hund"] * 200) + "\n")
+    with (long / "valid.de").open("a", encoding="utf-8") as file:
+        file.write("Der Hund.\n")
+    assert "more than the model's max_positions=256" in _fail(flags + ["--data-dir", str(long)])
+    assert not checkpoint.list_checkpoints(out_dir)
+    _run(flags + ["--data-dir", str(long), "--valid-every", "0"])
 
 
 def test_fresh_run_refuses_an_old_runs_directory_and_foreign_checkpoints(data_dir: Path, tmp_path: Path):
@@ -211,7 +232,8 @@ def test_resume_falls_back_to_the_newest_readable_checkpoint(data_dir: Path, tmp
     newest = checkpoint.checkpoint_path(out_dir, 4)
     straight = checkpoint.load_checkpoint(newest)
     straight_records = measured_records(out_dir)
-    newest.write_bytes(newest.read_bytes()[:4096])
+    straight_bytes = newest.read_bytes()
+    newest.write_bytes(straight_bytes[:4096])
     killed_save = out_dir / ".checkpoint_00000006.pt.x1y2z3.tmp"
     killed_save.write_bytes(b"half a checkpoint")
     done = run(flags + ["--max-steps", "4", "--resume"])
@@ -222,6 +244,20 @@ def test_resume_falls_back_to_the_newest_readable_checkpoint(data_dir: Path, tmp
     # The records of steps 3 and 4, logged after checkpoint 2, were dropped and logged again: none twice.
     assert measured_records(out_dir) == straight_records and [r["step"] for r in straight_records] == [2, 2, 4, 4]
     assert not killed_save.exists()
+    assert (out_dir / f"{newest.name}.unreadable").read_bytes() == straight_bytes[:4096]
+
+
+def test_keep_last_keeps_what_a_resume_past_an_unreadable_checkpoint_saves(data_dir: Path, tmp_path: Path):
+    """The unreadable newest checkpoint is renamed out of the way, so --keep-last never counts it as the newest and
+    deletes the checkpoints the resumed run saves."""
+    out_dir = tmp_path / "run"
+    flags = TRAIN_FLAGS + ["--data-dir", str(data_dir), "--out-dir", str(out_dir), "--valid-every", "0"]
+    _run(flags + ["--max-steps", "4"])
+    newest = checkpoint.checkpoint_path(out_dir, 4)
+    newest.write_bytes(newest.read_bytes()[:4096])
+    _run(flags + ["--max-steps", "3", "--save-every", "1", "--keep-last", "1", "--resume"])
+    assert checkpoint.list_checkpoints(out_dir) == [checkpoint.checkpoint_path(out_dir, 3)]
+    assert checkpoint.load_checkpoint(checkpoint.checkpoint_path(out_dir, 3)).step == 3
 
 
 def test_missing_data_or_unusable_device_leaves_no_out_dir(tmp_path: Path):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -245,6 +247,15 @@ def test_resume_refuses_outputs_that_are_not_this_inputs(tiny, tmp_path, monkeyp
             "--beam", "5")
     refused(f"cannot resume {output}: it was made with no --print-alignment, this run has --print-alignment",
             "--input", str(source), "--print-alignment")
+    # Another model at the same path (an `average` written over it, say).
+    saved = path.read_bytes()
+    try:
+        replaced = checkpoint.load_checkpoint(path)
+        replaced.model = {name: tensor * 1.5 for name, tensor in replaced.model.items()}
+        checkpoint.save_checkpoint(replaced, path)
+        refused(f"cannot resume {output}: it was made with the checkpoint's SHA-256 ", "--input", str(source))
+    finally:
+        path.write_bytes(saved)
     short = _write(tmp_path / "short.en", LINES[:2])
     refused(f"{output} holds the output of 3 lines, but {short} has only 2: it is not the output of this input",
             "--input", str(short))
@@ -254,8 +265,12 @@ def test_resume_refuses_outputs_that_are_not_this_inputs(tiny, tmp_path, monkeyp
     output.write_bytes(kept[:-1])
     refused(f"cannot resume {output}: it has {len(kept) - 1} bytes, fewer than the {len(kept)}", "--input",
             str(source))
+    changed_bytes = f"cannot resume {output}: its first {len(kept)} bytes are not those {progress_path(output)} records"
     output.write_bytes(kept.replace(b"\n", b" ", 1) + b"\n")
-    refused(f"cannot resume {output}: its first {len(kept)} bytes hold 2 lines, not the 3", "--input", str(source))
+    refused(changed_bytes, "--input", str(source))
+    # Edited in place, the same bytes and lines (as `sed -i` can leave it).
+    output.write_bytes(kept.replace(kept[:1], b"#" if kept[:1] != b"#" else b"%", 1))
+    refused(changed_bytes, "--input", str(source))
     progress_path(output).unlink()
     refused(f"cannot resume {output}: {progress_path(output)} is missing", "--input", str(source))
 
@@ -397,3 +412,51 @@ def test_print_alignment_writes_fairseqs_pairs_from_the_attention(tiny, tmp_path
     assert [json.loads(line)["alignment"] for line in _lines(tmp_path / "out.jsonl")] == [
         pairs(result) for results in expected for result in results]
     assert [results[0].attention is None for results in expected] == [not line.strip() for line in LINES]
+
+
+def test_outputs_and_inputs_it_cannot_take_are_refused_before_any_work(tiny, tmp_path, monkeypatch):
+    path, _ = tiny
+    source = _write(tmp_path / "in.en", LINES)
+    monkeypatch.setattr("fastformer.__main__.load_translator", None)
+
+    def refused(pattern: str, *options: str, command: str = "translate") -> None:
+        with pytest.raises(SystemExit, match=rf"^fastformer {command}: error: {pattern}"):
+            main([command, "--checkpoint", str(path), "--device", "cpu", *options])
+
+    refused(f"--output {source} is the input {source}: writing it would destroy the input", "--input", str(source),
+            "--output", str(source))
+    other = _write(tmp_path / "other.en", LINES)
+    refused(f"--output {source} is the input {source}", "--input", str(other), "--targets", str(source), "--output",
+            str(source), command="score")
+    refused("--output out.de.gz ends in .gz", "--input", str(source), "--output", "out.de.gz")
+    blanks = _write(tmp_path / "blanks.en", ["", " "])
+    refused("beam_size must be >= 1, got 0", "--input", str(blanks), "--beam", "0", "--output",
+            str(tmp_path / "o.de"))
+    refused("--sampling-topp and --sampling-temperature shape sampling", "--input", str(blanks), "--sampling-topp",
+            "0.5")
+    assert not (tmp_path / "o.de").exists() and not progress_path(tmp_path / "o.de").exists()
+
+
+def test_a_pipe_in_and_dev_null_out_translate(tiny, tmp_path, capsys):
+    """An input that is a pipe (as `<(zcat f.gz)` gives one) is read once, uncounted; /dev/null takes the output
+    without the progress sidecar (and its sync) a file gets."""
+    path, translator = tiny
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    feeder = threading.Thread(target=lambda: _write(pipe, LINES[:3]))
+    feeder.start()
+    _translate(path, "--input", str(pipe), "--beam", "1")
+    feeder.join()
+    assert capsys.readouterr().out.splitlines() == translator.translate(LINES[:3], beam_size=1)
+    _translate(path, "--input", str(_write(tmp_path / "in.en", LINES[:3])), "--beam", "1", "--output", "/dev/null")
+    assert "3 lines" in capsys.readouterr().err
+
+
+def test_a_prefix_too_long_is_named_by_its_line(tiny, tmp_path):
+    path, _ = tiny
+    sources = _write(tmp_path / "in.en", ["Hallo."] * 12)
+    prefixes = _write(tmp_path / "prefix.de", ["Hallo"] * 9 + [" ".join(["Haus"] * 80)] + ["Hallo"] * 2)
+    with pytest.raises(SystemExit, match=r"^fastformer translate: error: line 10: the target prefix has \d+ tokens, "
+                                         r"more than its length limit"):
+        _translate(path, "--input", str(sources), "--prefix-file", str(prefixes), "--chunk-lines", "5", "--output",
+                   str(tmp_path / "out.de"))

@@ -279,6 +279,8 @@ def _count_pairs(files: SplitFiles, progress: bool) -> int:
     with tqdm(desc="counting lines", unit=" lines", disable=not progress, mininterval=1.0) as bar:
         counts = [count_lines(path, bar.update) for path in (files.src, files.tgt)]
     check_line_counts(files.src, counts[0], files.tgt, counts[1])
+    if counts[0] == 0:
+        raise ValueError(f"{files.src} and {files.tgt} are empty: there is nothing to train on")
     return counts[0]
 
 

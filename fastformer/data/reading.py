@@ -18,11 +18,14 @@ SACREBLEU_SETS = {"valid": "wmt13", "test": "wmt14"}
 
 
 def open_binary(path: Path) -> BinaryIO:
-    """A corpus file for reading bytes; a .gz file (as WMT distributes them) is decompressed as it is read."""
+    """A corpus file (or a pipe: `<(zcat f.gz)`, /dev/stdin) for reading bytes; a .gz file (as WMT distributes
+    them) is decompressed as it is read."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"corpus file not found: {path} (nothing is downloaded: put the text there, one "
                                 f"sentence per line)")
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory, not a text file of one sentence per line")
     return gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")
 
 

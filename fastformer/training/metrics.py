@@ -2,8 +2,9 @@
 line and every validation) and, with --tensorboard-logdir, the same scalars as TensorBoard event files.
 
 A resumed run keeps the records up to the step it resumes from and drops the later ones (logged after the
-checkpoint it resumes from, and logged again as it retrains those steps), so no step is recorded twice; TensorBoard's
-purge_step does the same for the event files.
+checkpoint it resumes from, and logged again as it retrains those steps), and that step's validation where a stop
+skipped it (the resumed run does it first), so no step is recorded twice; TensorBoard's purge_step does the same for
+the event files.
 """
 
 from __future__ import annotations
@@ -41,9 +42,14 @@ def read_records(path: Path) -> list[dict]:
     return records
 
 
-def _keep_up_to(path: Path, step: int) -> None:
-    """Rewrites path (atomically) with only its records of steps up to `step`."""
-    kept = [record for record in read_records(path) if record["step"] <= step]
+def _keep_up_to(path: Path, step: int, validation_pending: bool) -> None:
+    """Rewrites path (atomically) with only its records of steps up to `step`, less that step's validation where it is
+    pending (the checkpoint resumed from skipped it: a record of it comes from a session after that checkpoint)."""
+    def kept_record(record: dict) -> bool:
+        validation = any(name.startswith("valid_") for name in record)
+        return record["step"] < step or (record["step"] == step and not (validation_pending and validation))
+
+    kept = [record for record in read_records(path) if kept_record(record)]
     temp = path.with_name(f".{path.name}.tmp")
     temp.write_text("".join(json.dumps(record) + "\n" for record in kept), encoding="utf-8")
     os.replace(temp, path)
@@ -51,14 +57,16 @@ def _keep_up_to(path: Path, step: int) -> None:
 
 class MetricsLog:
     """Rank 0's records of one run session: appended to out_dir/metrics.jsonl (its records past start_step dropped
-    first) and written to TensorBoard when tensorboard_logdir is set. A context manager: closing flushes both."""
+    first, and start_step's validation where validation_pending) and written to TensorBoard when tensorboard_logdir
+    is set. A context manager: closing flushes both."""
 
-    def __init__(self, out_dir: Path, start_step: int, tensorboard_logdir: str | None) -> None:
+    def __init__(self, out_dir: Path, start_step: int, tensorboard_logdir: str | None,
+                 validation_pending: bool = False) -> None:
         self.path = Path(out_dir) / METRICS_FILE
         writer_class = None if tensorboard_logdir is None else summary_writer_class()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.is_file():
-            _keep_up_to(self.path, start_step)
+            _keep_up_to(self.path, start_step, validation_pending)
         self.file: IO[str] = open(self.path, "a", encoding="utf-8")
         # purge_step: TensorBoard hides the events of the earlier sessions from start_step + 1 on.
         self.writer = None if writer_class is None else writer_class(tensorboard_logdir, purge_step=start_step + 1)

@@ -154,6 +154,8 @@ def check_run(options: TrainOptions) -> InitialModel | None:
     """What can be checked before any work (and before --overwrite deletes anything): the device, the backend on it,
     the corpus files, the tensorboard package where --tensorboard-logdir asks for it, and --init-from's model against
     the options -> that model (None without --init-from)."""
+    if Path(options.out_dir).exists() and not Path(options.out_dir).is_dir():
+        raise NotADirectoryError(f"--out-dir {options.out_dir} is a file, not a directory")
     device = evaluate.resolve_device(options.device)
     check_backend(options.backend, device)
     check_step(options.step, device)
@@ -187,8 +189,12 @@ def _load_resumable(options: TrainOptions, env: _Distributed) -> tuple[Path, che
     except FileNotFoundError as error:
         raise FileNotFoundError(f"--resume: {error}") from None
     if skipped and env.is_main:
-        for reason in skipped:
-            print(f"warning: {reason}; skipped", file=sys.stderr)
+        # Renamed out of the checkpoints' pattern: kept to look at, never resumed from, and never counted as the
+        # newest by --keep-last (which would then delete the good ones this run saves).
+        for unreadable, reason in skipped:
+            kept = unreadable.with_name(unreadable.name + ".unreadable")
+            unreadable.replace(kept)
+            print(f"warning: {reason}; skipped, renamed to {kept.name}", file=sys.stderr)
         print(f"warning: resuming from {path}, the newest readable checkpoint (step {saved.step})", file=sys.stderr)
     missing = saved.missing_for_resume()
     if missing:
@@ -215,6 +221,20 @@ def _model_config(options: TrainOptions, tokenizers: Tokenizers, initial: Initia
         raise ValueError(f"max_len={options.max_len} tokens plus BOS/EOS (and a tag) exceed {origin}'s "
                          f"max_positions={config.max_positions}: lower --max-len")
     return config
+
+
+def _check_validation_split(options: TrainOptions, valid: TokenizedCorpus | None, max_positions: int) -> None:
+    """Validation runs between updates: a split it cannot run on is an error before the first update, not at the
+    first validation."""
+    files = corpus_files(options)["valid"]
+    if valid is None or len(valid) == 0:
+        raise ValueError(f"the validation split ({files.src}, {files.tgt}) has no sentence pairs: --valid-every "
+                         f"needs some, or pass --valid-every 0 to train without validation")
+    for side, lengths, path in (("source", valid.src_lengths, files.src), ("target", valid.tgt_lengths, files.tgt)):
+        if int(lengths.max()) > max_positions:
+            raise ValueError(f"a validation {side} in {path} has {int(lengths.max())} tokens with its EOS/BOS, more "
+                             f"than the model's max_positions={max_positions}: shorten or drop it, or pass "
+                             f"--valid-every 0")
 
 
 def _rng_state(device: torch.device) -> dict:
@@ -269,6 +289,8 @@ class Trainer:
             raise ValueError(f"--resume: {resumed[0]} was trained with another vocabulary than the prepared corpus "
                              f"{self.data.path} holds (its text changed since?): start a new run")
         self.config = _model_config(options, self.tokenizers, initial)
+        if options.valid_every:
+            _check_validation_split(options, self.data.valid, self.config.max_positions)
         # A resumed run restores its own weights; a fresh one starts from --init-from's.
         self._build_model(None if initial is None or resumed is not None else initial.weights)
         self.step = 0
@@ -521,8 +543,8 @@ class Trainer:
     def run(self) -> TrainResult:
         """Trains to max_steps (or max_minutes, or a SIGTERM/SIGINT) under the run's backend, restoring the process's
         backend and signal handlers afterwards."""
-        self.metrics = (MetricsLog(Path(self.options.out_dir), self.step, self.options.tensorboard_logdir)
-                        if self.env.is_main else None)
+        self.metrics = (MetricsLog(Path(self.options.out_dir), self.step, self.options.tensorboard_logdir,
+                                   self.validation_skipped) if self.env.is_main else None)
         with dispatch.backend(self.options.backend), self.signals, self.metrics or contextlib.nullcontext():
             return self._run()
 
@@ -663,8 +685,3 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
             group["lr"] = own["lr"].fill_(group["lr"])
         groups.append(group)
     optimizer.load_state_dict({"state": state["state"], "param_groups": groups})
-
-
-def train(options: TrainOptions) -> TrainResult:
-    """Trains to options.max_steps (or options.max_minutes) and returns the final checkpoint and throughput."""
-    return Trainer(options).run()

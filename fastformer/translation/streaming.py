@@ -8,10 +8,11 @@ lines) runs.
 The inputs are read in lockstep, chunk_lines rows at a time; a row is the tuple of one line of each input. Each chunk
 goes through the chunk function, and its output lines are written, flushed and synced before the next chunk is read:
 at most one chunk of input is held, whatever the files' size. An output file gets a sidecar, `<output>.progress`
-(JSON), rewritten after each chunk: the input rows done, the output bytes and lines that hold them, a SHA-256 of the
-rows done and the settings that shape the output. It is removed when the run ends. `resume=True` continues from it:
-the output is cut back to the last chunk it records, and a changed input (its rows done differ, or it has fewer),
-changed settings or a changed output are refused before any work.
+(JSON), rewritten after each chunk: the input rows done, the output bytes and lines that hold them, SHA-256s of the
+rows done and of those bytes, and the settings that shape the output. It is removed when the run ends. `resume=True`
+continues from it: the output is cut back to the last chunk it records, and a changed input (its rows done differ,
+or it has fewer), changed settings or a changed output are refused before any work. An output that is not a regular
+file (/dev/null, a pipe) is written without a sidecar, and cannot be resumed.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from tqdm import tqdm
 from fastformer.data import decode_sentences
 
 PROGRESS_SUFFIX = ".progress"
-PROGRESS_FORMAT = 1
+PROGRESS_FORMAT = 2
 
 
 class LineInput(NamedTuple):
@@ -99,12 +100,14 @@ def stream_chunks(inputs: list[LineInput], start: Callable[[], ChunkFunction], o
         raise ValueError(f"chunk_lines must be >= 1, got {chunk_lines}")
     if resume and output is None:
         raise ValueError("resuming needs an output file: standard output cannot be continued")
+    if resume and output.exists() and not output.is_file():
+        raise ValueError(f"resuming needs an output file: {output} is not a regular file, whose end could be found")
     _check_counts(inputs)
-    state = _resumable_state(output, settings, inputs) if resume else None
+    state, output_hash = _resumable_state(output, settings, inputs) if resume else (None, hashlib.sha256())
     rows = _raw_rows(inputs)
     digest = _RowDigest()
     done = _skip_done(rows, digest, inputs, output, state)
-    writer = _Writer(output, state, stdout if stdout is not None else sys.stdout)
+    writer = _Writer(output, state, output_hash, stdout if stdout is not None else sys.stdout)
     summary = StreamSummary(0, 0, 0, 0.0, done)
     process, bar = None, None
     try:
@@ -134,7 +137,7 @@ def stream_chunks(inputs: list[LineInput], start: Callable[[], ChunkFunction], o
     except BaseException:
         writer.close()
         _close(bar)
-        if output is not None and summary.rows:
+        if writer.resumable and summary.rows:
             print(f"fastformer {command}: stopped after line {done:,}: {output} holds the output of every line "
                   f"before it, and --resume continues from there", file=sys.stderr)
         raise
@@ -204,18 +207,20 @@ def _skip_done(rows: Iterator[tuple[bytes, ...]], digest: _RowDigest, inputs: li
     return done
 
 
-def _resumable_state(output: Path, settings: dict[str, object], inputs: list[LineInput]) -> dict | None:
-    """-> the sidecar of an interrupted run into `output`, checked against the output file, this run's settings and
-    inputs; None when there is no output file yet (a fresh start)."""
+def _resumable_state(output: Path, settings: dict[str, object],
+                     inputs: list[LineInput]) -> tuple[dict | None, hashlib._Hash]:
+    """-> (the sidecar of an interrupted run into `output`, checked against the output file, this run's settings
+    and inputs, or None when there is no output file yet: a fresh start; the SHA-256 of the output bytes kept)."""
     sidecar = progress_path(output)
     if not output.exists():
-        return None
+        return None, hashlib.sha256()
     if not sidecar.is_file():
         raise ValueError(f"cannot resume {output}: {sidecar} is missing, so {output} is not the output of an "
                          f"interrupted run (a finished run removes it)")
     try:
         state = json.loads(sidecar.read_text(encoding="utf-8"))
-        if not {"format", "settings", "rows", "inputs_sha256", "output_bytes", "output_lines"} <= state.keys():
+        if not {"format", "settings", "rows", "inputs_sha256", "output_bytes", "output_lines",
+                "output_sha256"} <= state.keys():
             raise ValueError("fields are missing")
     except (ValueError, AttributeError) as error:
         raise ValueError(f"cannot resume {output}: {sidecar} is not a progress file ({error})") from None
@@ -235,12 +240,13 @@ def _resumable_state(output: Path, settings: dict[str, object], inputs: list[Lin
     if size < state["output_bytes"]:
         raise ValueError(f"cannot resume {output}: it has {size:,} bytes, fewer than the {state['output_bytes']:,} "
                          f"{sidecar} records: it was changed after the run stopped")
+    output_hash = hashlib.sha256()
     with open(output, "rb") as file:
-        lines = _count_newlines(file, state["output_bytes"])
-    if lines != state["output_lines"]:
-        raise ValueError(f"cannot resume {output}: its first {state['output_bytes']:,} bytes hold {lines:,} lines, "
-                         f"not the {state['output_lines']:,} {sidecar} records: it was changed after the run stopped")
-    return state
+        lines = _count_newlines(file, state["output_bytes"], output_hash)
+    if lines != state["output_lines"] or output_hash.hexdigest() != state["output_sha256"]:
+        raise ValueError(f"cannot resume {output}: its first {state['output_bytes']:,} bytes are not those {sidecar} "
+                         f"records (their lines or their SHA-256 differ): it was changed after the run stopped")
+    return state, output_hash
 
 
 def _setting(name: str, value: object) -> str:
@@ -250,21 +256,27 @@ def _setting(name: str, value: object) -> str:
     return name if value is True else f"{name} {value}"
 
 
-def _count_newlines(file: BinaryIO, size: int) -> int:
+def _count_newlines(file: BinaryIO, size: int, digest: hashlib._Hash) -> int:
+    """-> the line ends in the file's first `size` bytes, which also go into digest."""
     count = 0
     while size > 0 and (block := file.read(min(size, 1 << 22))):
         count += block.count(b"\n")
+        digest.update(block)
         size -= len(block)
     return count
 
 
 class _Writer:
-    """Writes each chunk's output lines, then (to a file) syncs it and records the progress in the sidecar."""
+    """Writes each chunk's output lines, then (to a regular file) syncs it and records the progress in the sidecar.
+    output_hash: the SHA-256 of the output bytes kept (a resumed run's, else of none)."""
 
-    def __init__(self, output: Path | None, state: dict | None, stdout: TextIO) -> None:
+    def __init__(self, output: Path | None, state: dict | None, output_hash: hashlib._Hash, stdout: TextIO) -> None:
         self.output = output
         self.stdout = stdout
         self.state = state
+        self.output_hash = output_hash
+        # /dev/null or a pipe: no end to find again (fsync refuses it), so no sidecar.
+        self.resumable = output is not None and (not output.exists() or output.is_file())
         self.file: BinaryIO | None = None
         self.bytes = state["output_bytes"] if state else 0
         self.lines = state["output_lines"] if state else 0
@@ -273,7 +285,8 @@ class _Writer:
         """Opens the output at the first write (a run that fails before writing leaves an old output as it was):
         cut back to the last chunk its sidecar records when resuming, else emptied and its stale sidecar removed."""
         if self.state is None:
-            progress_path(self.output).unlink(missing_ok=True)
+            if self.resumable:
+                progress_path(self.output).unlink(missing_ok=True)
             return open(self.output, "wb")
         file = open(self.output, "r+b")
         file.truncate(self.bytes)
@@ -291,13 +304,16 @@ class _Writer:
         encoded = data.encode("utf-8")
         self.file.write(encoded)
         self.file.flush()
+        if not self.resumable:
+            return
         os.fsync(self.file.fileno())
         self.bytes += len(encoded)
         self.lines += len(lines)
+        self.output_hash.update(encoded)
         sidecar = progress_path(self.output)
         temporary = sidecar.with_name(sidecar.name + ".tmp")
-        temporary.write_text(json.dumps({**progress, "output_bytes": self.bytes, "output_lines": self.lines}),
-                             encoding="utf-8")
+        temporary.write_text(json.dumps({**progress, "output_bytes": self.bytes, "output_lines": self.lines,
+                                         "output_sha256": self.output_hash.hexdigest()}), encoding="utf-8")
         os.replace(temporary, sidecar)
 
     def finish(self) -> None:
@@ -307,7 +323,8 @@ class _Writer:
         if self.file is None:
             self.file = self._open()
         self.close()
-        progress_path(self.output).unlink(missing_ok=True)
+        if self.resumable:
+            progress_path(self.output).unlink(missing_ok=True)
 
     def close(self) -> None:
         if self.file is not None:

@@ -19,6 +19,7 @@ from fastformer.config import TransformerConfig
 from fastformer.data import Tokenizer, token_budget_batches
 from fastformer.data.tokenizer import TextTokenizer, Tokenizers
 from fastformer.decoding import compiled
+from fastformer.decoding.rules import PrefixTooLongError
 from fastformer.decoding.scoring import right_padded
 from fastformer.decoding.shortlist import Shortlist
 from fastformer.model import Transformer
@@ -94,7 +95,8 @@ class Translator:
 
     def hypotheses(self, sentences: list[str], batch_tokens: int = 4096, on_truncated: OnTruncated | None = None,
                    target_prefix: list[str | None] | None = None, return_scores: bool = False,
-                   return_attention: bool = False, **search: object) -> list[list[TranslationResult]]:
+                   return_attention: bool = False, first_line: int = 1,
+                   **search: object) -> list[list[TranslationResult]]:
         """Translates sentences in length-sorted batches of about batch_tokens source tokens (padding included)
         -> per sentence its hypotheses, best first, in the input order. `search`: the options of
         `Transformer.translate` (beam_size, n_best, sampling_topk, ...).
@@ -103,7 +105,8 @@ class Translator:
         starts with, or None. A blank sentence is not translated: its result is [BLANK] (so that output stays
         line-aligned with input), whatever its prefix. A sentence longer than the model's positions is cut to them,
         and on_truncated is told (by default a warning: never a silent cut). Scores are None unless return_scores,
-        attention None unless return_attention."""
+        attention None unless return_attention. A prefix too long for its sentence is a ValueError naming its line
+        (sentences[0] being line first_line)."""
         if target_prefix is not None and len(target_prefix) != len(sentences):
             raise ValueError(f"target_prefix has {len(target_prefix)} entries for {len(sentences)} sentences: give "
                              f"one (a text or None) per sentence")
@@ -111,10 +114,14 @@ class Translator:
         prefixes = self._prefix_ids(target_prefix, kept)
         results = [[BLANK] for _ in sentences]
         for indices, src in self._source_batches(sentences, kept, batch_tokens, on_truncated or _warn_long_sentence):
-            found = self.model.translate(src, compute_type=self.compute_type, return_scores=return_scores,
-                                         return_attention=return_attention,
-                                         target_prefix=[prefixes.get(i) for i in indices] if prefixes else None,
-                                         **search)
+            try:
+                found = self.model.translate(src, compute_type=self.compute_type, return_scores=return_scores,
+                                             return_attention=return_attention,
+                                             target_prefix=[prefixes.get(i) for i in indices] if prefixes else None,
+                                             **search)
+            except PrefixTooLongError as error:
+                raise ValueError(f"line {first_line + indices[error.sentence]}: the target prefix "
+                                 f"{error.problem}") from None
             for i, sentence in zip(indices, found):
                 texts = self.target_tokenizer.decode([hypothesis.tokens for hypothesis in sentence])
                 results[i] = [TranslationResult(text, hypothesis.score, self.target_tokenizer.pieces(hypothesis.tokens),
