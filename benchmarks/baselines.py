@@ -3,11 +3,12 @@
 - `TorchTransformer`: the same model built from torch.nn.TransformerEncoder/DecoderLayer (whose attention is
   F.scaled_dot_product_attention with boolean masks), a tied embedding + output projection and
   F.cross_entropy(label_smoothing=...): the training baseline.
-- `CachedDecoder` + `cached_beam_search`: a fastformer model's weights decoded incrementally the usual way, as in
-  fairseq or Hugging Face: a per-step Python loop, SDPA over a per-layer key/value cache grown with torch.cat and
-  reordered with index_select, cross-attention keys/values computed once and copied per beam, one host sync per
+- `CachedDecoder` + `cached_beam_search`: a fastformer model's weights decoded incrementally the usual way, as
+  Hugging Face's generate does: a per-step Python loop, SDPA over a per-layer key/value cache grown with torch.cat
+  and reordered with index_select, cross-attention keys/values computed once and copied per beam, one host sync per
   step for the bookkeeping. It follows the scoring rules of fastformer/reference/beam_search.py exactly, so that it
-  returns the same hypotheses; finished sentences stay in the batch (no compaction).
+  returns the same hypotheses; finished sentences stay in the batch until its longest ends (no compaction; fairseq's
+  SequenceGenerator removes them, and would do less work at batches of mixed lengths).
 """
 
 from __future__ import annotations
@@ -313,7 +314,7 @@ def ctranslate2_modes(threads: int, isa_capped: bool) -> list[Ctranslate2Mode]:
     CT2_FORCE_CPU_ISA=AVX512. CTranslate2 runs its own kernels (softmax, layer norm, the int8 quantization of
     activations; its GEMMs are oneDNN's or MKL's, which pick their own) at AVX2 unless that variable asks for AVX-512
     (its cpu_isa.cc: "AVX512 can only be enabled with the environment variable"); forced to AVX-512 on the Zen 4
-    EPYC, its int8 search ran 4-11% faster and float32 alike (results/2026-11-30-cpu-amd-epyc-2core-d)."""
+    EPYC, its int8 search ran 4-12% faster and float32 alike (results/2026-11-30-cpu-amd-epyc-2core-d)."""
     threadings = ("intra", "inter") if threads > 1 else ("intra",)
     avx512 = {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= cpu_name_and_flags()[1]
     isas = (None, "AVX512") if avx512 and not isa_capped else (None,)

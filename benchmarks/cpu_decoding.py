@@ -15,7 +15,7 @@ against the best of its modes at that point: "intra" is one batch on intra-op th
 intra_threads=T); "inter" is its documented throughput mode, batches translated in parallel (inter_threads=T,
 intra_threads=1, max_batch_size=ceil(N / T)). On an AVX-512 CPU, where CTranslate2 still runs its own kernels at
 AVX2 unless told otherwise, each mode runs again with them forced to AVX-512 (CT2_FORCE_CPU_ISA=AVX512; rows'
-ctranslate2_isa), which ran its int8 search up to 11% faster on the Zen 4 EPYC (baselines.ctranslate2_modes); runs
+ctranslate2_isa), which ran its int8 search up to 12% faster on the Zen 4 EPYC (baselines.ctranslate2_modes); runs
 before 2026-11-30's fourth took its AVX2 kernels alone. fastformer has one mode: each thread searches its own group of
 sentences, or, where the groups would be too few rows for their GEMMs, one group's GEMMs split over the threads
 (csrc/search.cpp's cpu_sentence_groups).
