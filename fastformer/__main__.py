@@ -197,8 +197,10 @@ def _evaluate(checkpoint_path: Path, data_dir: Path | None, split: str, src_lang
     """Translates a split (its first max_sentences, if > 0), prints cased sacreBLEU (13a and intl) with signatures;
     -> the 13a score."""
     files = find_split(data_dir, split, src_lang, tgt_lang)
-    if output is not None and output.exists() and any(output.samefile(path) for path in (files.src, files.tgt)):
-        raise ValueError(f"--output {output} is a file of the {split} split: writing it would destroy it")
+    _check_output(None if output is None else str(output), [(f"the {split} split's", files.src),
+                                                            (f"the {split} split's", files.tgt),
+                                                            ("--checkpoint", checkpoint_path),
+                                                            ("--shortlist", shortlist_path)])
     pairs = read_parallel(files.src, files.tgt)
     if not pairs:
         raise ValueError(f"the {split} split ({files.src}, {files.tgt}) has no sentence pairs: nothing to evaluate")
@@ -245,17 +247,24 @@ def _line_input(stack: contextlib.ExitStack, flag: str, path: str | None) -> Lin
     return LineInput(path, stack.enter_context(open_binary(Path(path))), count)
 
 
-def _check_output(output: str | None, inputs: list[LineInput]) -> None:
-    """--output must be a new text file: not one of the inputs (it is emptied at the first write), nor a .gz name
-    (the output is plain text)."""
+def _check_output(output: str | None, read: list[tuple[str, str | Path | None]], text: bool = True) -> None:
+    """--output must not be, nor lie in, what the command reads (read: (option, path) pairs, a path None where not
+    given: its inputs, the model file or directory, a shortlist), which the first write would destroy; and a text
+    output must not be named .gz (it is written as plain text)."""
     if output is None:
         return
-    if output.endswith(".gz"):
+    if text and output.endswith(".gz"):
         raise ValueError(f"--output {output} ends in .gz, but the output is written as plain text: drop the .gz, or "
                          f"leave out --output and pipe standard output through gzip")
-    for item in inputs:
-        if item.name != "stdin" and Path(output).exists() and Path(output).samefile(item.name):
-            raise ValueError(f"--output {output} is the input {item.name}: writing it would destroy the input")
+    target = Path(output)
+    for option, path in read:
+        if path is None or not Path(path).exists():
+            continue
+        path = Path(path)
+        inside = path.is_dir() and target.resolve().is_relative_to(path.resolve())
+        if inside or (target.exists() and target.samefile(path)):
+            raise ValueError(f"--output {output} {'lies in' if inside else 'is'} {option} {path}, which this command "
+                             f"reads: writing it would destroy it")
 
 
 def _file_sha256(path: Path) -> str:
@@ -272,14 +281,14 @@ def _file_sha256(path: Path) -> str:
 
 
 def _stream(args: argparse.Namespace, inputs: list[LineInput], start: typing.Callable[[], ChunkFunction],
-            settings: dict[str, object]) -> None:
+            settings: dict[str, object], read: list[tuple[str, str | Path | None]]) -> None:
     """Streams a command's inputs through its chunk function into --output (or stdout), as --chunk-lines and
-    --resume say, then prints the run's summary line on stderr."""
+    --resume say, then prints the run's summary line on stderr. read: what the command reads (_check_output)."""
     if args.resume and args.output is None:
         raise ValueError("--resume needs --output: the output of an interrupted run is continued in its file")
     if args.chunk_lines < 1:
         raise ValueError(f"--chunk-lines must be >= 1, got {args.chunk_lines}")
-    _check_output(args.output, inputs)
+    _check_output(args.output, read)
     try:
         summary = stream_chunks(inputs, start, None if args.output is None else Path(args.output), settings,
                                 args.chunk_lines, args.resume, args.command)
@@ -333,11 +342,13 @@ def _run_translate(args: argparse.Namespace) -> None:
         inputs = [_line_input(stack, "--input", args.input)]
         if args.prefix_file is not None:
             inputs.append(_line_input(stack, "--prefix-file", args.prefix_file))
-        _stream(args, inputs, start, settings)
+        _stream(args, inputs, start, settings, [("--input", args.input), ("--prefix-file", args.prefix_file),
+                                                ("--checkpoint", path), ("--shortlist", args.shortlist)])
 
 
 def _load_shortlist(path: str | None, translator: Translator) -> Shortlist | None:
-    return None if path is None else Shortlist.load(path, translator.model.config.vocab_size)
+    config = translator.model.config
+    return None if path is None else Shortlist.load(path, config.vocab_size, config.eos_id)
 
 
 def _translate_chunk(translator: Translator, shortlist: Shortlist | None, args: argparse.Namespace, first: int,
@@ -380,7 +391,8 @@ def _run_score(args: argparse.Namespace) -> None:
 
     with contextlib.ExitStack() as stack:
         inputs = [_line_input(stack, "--input", args.input), _line_input(stack, "--targets", args.targets)]
-        _stream(args, inputs, start, settings)
+        _stream(args, inputs, start, settings, [("--input", args.input), ("--targets", args.targets),
+                                                ("--checkpoint", path)])
 
 
 def _score_chunk(translator: Translator, args: argparse.Namespace, first: int,
@@ -411,7 +423,12 @@ def _run_evaluate(args: argparse.Namespace) -> None:
 
 
 def _run_shortlist(args: argparse.Namespace) -> None:
-    translator = load_translator(_newest_checkpoint(args), "cpu")
+    path = _newest_checkpoint(args)
+    _check_output(args.output, [("--source", args.source), ("--target", args.target), ("--checkpoint", path)],
+                  text=False)
+    if not Path(args.output).resolve().parent.is_dir():
+        raise FileNotFoundError(f"--output {args.output}: its directory does not exist")
+    translator = load_translator(path, "cpu")
     pairs = read_parallel(Path(args.source), Path(args.target))
     if args.max_sentences > 0:
         pairs = pairs[:args.max_sentences]

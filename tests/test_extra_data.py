@@ -101,5 +101,8 @@ def test_bad_extra_corpora_and_tags_are_one_line_before_any_work(data_dir: Path,
             in stderr and stderr.count("\n") == 1), stderr
     assert f"--tag-extra '<MT>' is not in the vocabulary of --init-from {source}" in _fail(
         fine_tune + ["--tag-extra", "<MT>"])
+    for special in ("<pad>", "</s>", "<unk>"):
+        assert f"--tag-extra {special!r} is a special token of --init-from {source}" in _fail(
+            fine_tune + ["--tag-extra", special])
     assert not fine.exists() and not fine_prepared.exists()
     _run(fine_tune + ["--tag-extra", TAG])

@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 
 import fastformer
 from fastformer.data import BUNDLED_CORPUS, read_lines
+from fastformer.data.tokenizer import MARIAN_FILES, Tokenizers
 from fastformer.reference.beam_search import beam_search
 from fastformer.translation import marian
 from marian_models import CALIBRATION, GREEDY_MAX_TOKENS, built, greedy  # noqa: F401 (fixtures)
@@ -166,6 +167,14 @@ MALFORMED = {
                                    ValueError, "separate encoder and decoder embeddings"),
     "misshapen weight": (edit_weights(lambda s: s.__setitem__("model.encoder.layers.0.fc1.bias", torch.ones(3))),
                          ValueError, "does not match .*config.json"),
+    "NaN weight": (edit_weights(lambda s: s["model.encoder.layers.0.fc1.bias"].__setitem__(1, float("nan"))),
+                   ValueError, "not finite \\(NaN or inf\\) in encoder.layers.0.ffn.linear1.bias"),
+    "activation a list": (edit_config(activation_function=["relu"]), ValueError,
+                          'activation_function is \\["relu"\\], not a string'),
+    "vocab_size a string": (edit_config(vocab_size="94"), ValueError, 'vocab_size is "94", not an integer'),
+    "scale_embedding a string": (edit_config(scale_embedding="false"), ValueError,
+                                 'scale_embedding is "false", not true or false'),
+    "d_model a bool": (edit_config(d_model=True), ValueError, "d_model is true, not an integer"),
 }
 
 
@@ -203,3 +212,14 @@ def test_malformed_directory_is_rejected_by_name(built, tmp_path, case):
 def test_not_a_directory_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="Marian model directory not found"):
         marian.load_marian(tmp_path / "absent")
+
+
+def test_a_special_token_cannot_tag_a_corpus(built):
+    """--tag-extra with --init-from a Marian model: pad (which a Marian decoder starts from), eos and unk are read
+    as what they are, so none of them can mark a tagged source."""
+    directory, _, _ = built("swish-scaled-bias")
+    tokenizers = Tokenizers.from_files({name: (directory / name).read_bytes() for name in MARIAN_FILES},
+                                       str(directory))
+    for special in ("<pad>", "</s>", "<unk>"):
+        with pytest.raises(ValueError, match=f"{special!r} is a special token of the Marian model"):
+            tokenizers.reserved_id(special, "the Marian model")

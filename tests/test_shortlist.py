@@ -154,9 +154,24 @@ def test_bad_shortlists_are_named(tmp_path):
               metadata={"format": FORMAT})
     with pytest.raises(ValueError, match="is corrupt"):
         Shortlist.load(tmp_path / "flat")
+    for name, candidates, always in [("empty_always", torch.tensor([[3]]), torch.zeros(0, dtype=torch.int64)),
+                                     ("no_columns", torch.zeros(4, 0, dtype=torch.int64), torch.tensor([2])),
+                                     ("float_ids", torch.tensor([[10.7]]), torch.tensor([2])),
+                                     ("bool_ids", torch.tensor([[True]]), torch.tensor([2]))]:
+        save_file({"candidates": candidates, "always": always}, str(tmp_path / name), metadata={"format": FORMAT})
+        with pytest.raises(ValueError, match="is corrupt"):
+            Shortlist.load(tmp_path / name)
     build_shortlist(random_corpus(60, 50), 60, 60, 2, (0, 1)).save(tmp_path / "big")
-    with pytest.raises(ValueError, match="outside the model's vocabulary of 24: it was built for another model"):
+    with pytest.raises(ValueError, match="has rows for 60 source ids, the model's vocabulary has 24"):
         Shortlist.load(tmp_path / "big", target_vocab_size=24)
+    with pytest.raises(ValueError, match="has rows for 60 source ids, the model's vocabulary has 100"):
+        Shortlist.load(tmp_path / "big", target_vocab_size=100)
+    wide = Shortlist(torch.tensor([[70]] * 60), torch.tensor([2]))
+    wide.save(tmp_path / "wide")
+    with pytest.raises(ValueError, match="holds target id 70, outside the model's vocabulary of 60"):
+        Shortlist.load(tmp_path / "wide", target_vocab_size=60)
+    with pytest.raises(ValueError, match=r"does not keep EOS \(id 3\)"):
+        Shortlist.load(tmp_path / "wide", eos_id=3)
     src = padded_sources(model, [3, 4])
     narrow = Shortlist(torch.full((5, 1), -1, dtype=torch.int64), torch.tensor([2]))
     with pytest.raises(ValueError, match=r"covers source ids \[0, 5\); the batch holds id"):
@@ -198,3 +213,16 @@ def test_cli_builds_a_shortlist_and_translates_and_evaluates_with_it(tiny_checkp
     assert read_lines(tmp_path / "out.de") == expected
     main(["evaluate", "--checkpoint", path, "--split", "valid", "--max-sentences", "20", "--shortlist", str(output)])
     assert "BLEU" in capsys.readouterr().out
+    # An --output over what the command reads is refused before it writes anything.
+    corpus = tmp_path / "train.en"
+    corpus.write_bytes((BUNDLED_CORPUS / "train.en").read_bytes())
+    with pytest.raises(SystemExit, match=f"--output {corpus} is --source {corpus}, which this command reads"):
+        main(["shortlist", "--checkpoint", path, "--source", str(corpus), "--target", str(BUNDLED_CORPUS / "train.de"),
+              "--output", str(corpus)])
+    assert corpus.read_bytes() == (BUNDLED_CORPUS / "train.en").read_bytes()
+    with pytest.raises(SystemExit, match=f"--output {output} is --shortlist {output}"):
+        main(["evaluate", "--checkpoint", path, "--split", "valid", "--shortlist", str(output), "--output",
+              str(output)])
+    with pytest.raises(SystemExit, match="its directory does not exist"):
+        main(["shortlist", "--checkpoint", path, "--source", str(corpus), "--target", str(BUNDLED_CORPUS / "train.de"),
+              "--output", str(tmp_path / "missing" / "shortlist.safetensors")])

@@ -423,11 +423,12 @@ def test_outputs_and_inputs_it_cannot_take_are_refused_before_any_work(tiny, tmp
         with pytest.raises(SystemExit, match=rf"^fastformer {command}: error: {pattern}"):
             main([command, "--checkpoint", str(path), "--device", "cpu", *options])
 
-    refused(f"--output {source} is the input {source}: writing it would destroy the input", "--input", str(source),
-            "--output", str(source))
+    refused(f"--output {source} is --input {source}, which this command reads: writing it would destroy it",
+            "--input", str(source), "--output", str(source))
     other = _write(tmp_path / "other.en", LINES)
-    refused(f"--output {source} is the input {source}", "--input", str(other), "--targets", str(source), "--output",
+    refused(f"--output {source} is --targets {source}", "--input", str(other), "--targets", str(source), "--output",
             str(source), command="score")
+    refused(f"--output {path} is --checkpoint {path}", "--input", str(source), "--output", str(path))
     refused("--output out.de.gz ends in .gz", "--input", str(source), "--output", "out.de.gz")
     blanks = _write(tmp_path / "blanks.en", ["", " "])
     refused("beam_size must be >= 1, got 0", "--input", str(blanks), "--beam", "0", "--output",

@@ -204,6 +204,9 @@ class Tokenizers:
             index = self.source.vocab.get(piece, -1)
             known = index >= 0
             ordinary = known and processor.id_to_piece(processor.piece_to_id(piece)) == piece
+        if known and (index in self.special_ids.values() or piece in (UNK_PIECE, EOS_PIECE, PAD_PIECE)):
+            raise ValueError(f"{piece!r} is a special token of {origin} (pad, bos, eos or unk), which the model reads "
+                             "as such: choose a reserved piece")
         if ordinary:
             raise ValueError(f"{piece!r} collides with the vocabulary piece {piece!r} (id {index}) of {origin}: text "
                              f"encodes to it, so it cannot tag a corpus; choose a reserved one")

@@ -55,8 +55,9 @@ class Shortlist:
                   metadata={"format": FORMAT})
 
     @classmethod
-    def load(cls, path: str | Path, target_vocab_size: int | None = None) -> Shortlist:
-        """Reads a shortlist `save` wrote; target_vocab_size: the model's, which its ids must fit."""
+    def load(cls, path: str | Path, target_vocab_size: int | None = None, eos_id: int | None = None) -> Shortlist:
+        """Reads a shortlist `save` wrote; target_vocab_size: the model's (its one vocabulary, both sides'), which its
+        rows and ids must fit; eos_id: the model's, which `always` must hold. Anything else is an error naming it."""
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"shortlist {path} does not exist")
@@ -69,16 +70,24 @@ class Shortlist:
         if metadata.get("format") != FORMAT or set(tensors) != {"candidates", "always"}:
             raise ValueError(f"{path} is not a fastformer shortlist (format {metadata.get('format')!r}, tensors "
                              f"{sorted(tensors)})")
-        shortlist = cls(tensors["candidates"].long(), tensors["always"].long())
-        if shortlist.candidates.dim() != 2 or shortlist.always.dim() != 1 or int(shortlist.candidates.min()) < -1 \
-                or int(shortlist.always.min()) < 0:
-            raise ValueError(f"shortlist {path} is corrupt: candidates must be [source_vocab, per_source] ids or -1, "
-                             "always a list of ids")
+        candidates, always = tensors["candidates"], tensors["always"]
+        if any(t.dtype not in (torch.int64, torch.int32) for t in (candidates, always)) or candidates.dim() != 2 \
+                or always.dim() != 1 or 0 in candidates.shape or len(always) == 0 or int(candidates.min()) < -1 \
+                or int(always.min()) < 0:
+            raise ValueError(f"shortlist {path} is corrupt: candidates must be [source_vocab, per_source] integer ids "
+                             "or -1, always a non-empty list of ids")
+        shortlist = cls(candidates.long(), always.long())
         if target_vocab_size is not None:
+            if shortlist.vocab_size != target_vocab_size:
+                raise ValueError(f"shortlist {path} has rows for {shortlist.vocab_size} source ids, the model's "
+                                 f"vocabulary has {target_vocab_size}: it was built for another model")
             largest = max(int(shortlist.candidates.max()), int(shortlist.always.max()))
             if largest >= target_vocab_size:
                 raise ValueError(f"shortlist {path} holds target id {largest}, outside the model's vocabulary of "
                                  f"{target_vocab_size}: it was built for another model")
+        if eos_id is not None and not bool((shortlist.always == eos_id).any()):
+            raise ValueError(f"shortlist {path} does not keep EOS (id {eos_id}) in every batch: it was built for "
+                             "another model, or is corrupt")
         return shortlist
 
 

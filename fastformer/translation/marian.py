@@ -47,8 +47,13 @@ def load_marian(directory: Path) -> tuple[Transformer, MarianTokenizer, MarianTo
     if weights_path is None:
         raise FileNotFoundError(f"{directory} holds no weights: neither {' nor '.join(WEIGHT_FILES)}")
     model = Transformer(config)
+    state = marian_state_dict(_read_weights(weights_path), config, weights_path)
+    for name, tensor in state.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"{weights_path} holds values that are not finite (NaN or inf) in {name}: the file is "
+                             "corrupt")
     try:
-        model.load_state_dict(marian_state_dict(_read_weights(weights_path), config, weights_path))
+        model.load_state_dict(state)
     except RuntimeError as error:  # a weight of another shape than config.json implies
         raise ValueError(f"{weights_path} does not match {directory / CONFIG_FILE}: {error}") from None
     return model.eval(), source, target
@@ -57,26 +62,30 @@ def load_marian(directory: Path) -> tuple[Transformer, MarianTokenizer, MarianTo
 def marian_config(raw: dict, path: Path) -> TransformerConfig:
     """A Marian config.json's settings -> the TransformerConfig of the same network; unsupported ones raise a
     ValueError naming them. Optional settings take transformers' MarianConfig defaults."""
-    def setting(name: str, default=None):
-        if name in raw:
-            return raw[name]
-        if default is None:
+    def setting(name: str, default=None, kind: type | tuple[type, ...] = int):
+        """raw[name] (absent or null: default; None: required), which must be a `kind` (JSON's true/false are no
+        numbers)."""
+        value = default if raw.get(name) is None else raw[name]
+        if value is None:
             raise ValueError(f"{path} has no {name!r}")
-        return default
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            expected = {int: "an integer", bool: "true or false", str: "a string"}.get(kind, "a number")
+            raise ValueError(f"{path}: {name} is {json.dumps(value)}, not {expected}")
+        return value
 
     def unsupported(what: str) -> ValueError:
         return ValueError(f"{path}: {what} is not supported by fastformer")
 
-    if setting("model_type", "marian") != "marian":
+    if setting("model_type", "marian", str) != "marian":
         raise unsupported(f"model_type {raw['model_type']!r} (only 'marian')")
     for name, value in FIXED_SETTINGS.items():
         if raw.get(name, value) != value:
             raise unsupported(f"{name}={json.dumps(raw[name])}")
-    activation = setting("activation_function", "gelu")
+    activation = setting("activation_function", "gelu", str)
     if activation not in ACTIVATIONS:
         raise unsupported(f"activation_function {activation!r} (only {', '.join(ACTIVATIONS)})")
     vocab_size = setting("vocab_size")
-    if raw.get("decoder_vocab_size") not in (None, vocab_size):
+    if setting("decoder_vocab_size", vocab_size) != vocab_size:
         raise unsupported(f"a separate decoder vocabulary (decoder_vocab_size={raw['decoder_vocab_size']} != "
                           f"vocab_size={vocab_size})")
     for encoder_name, decoder_name in (("encoder_attention_heads", "decoder_attention_heads"),
@@ -84,7 +93,7 @@ def marian_config(raw: dict, path: Path) -> TransformerConfig:
         if setting(encoder_name) != setting(decoder_name):
             raise unsupported(f"{encoder_name}={raw[encoder_name]} != {decoder_name}={raw[decoder_name]}")
     d_model, n_heads = setting("d_model"), setting("encoder_attention_heads")
-    if not isinstance(d_model, int) or not isinstance(n_heads, int) or n_heads < 1 or d_model % n_heads:
+    if n_heads < 1 or d_model % n_heads:
         raise unsupported(f"d_model={d_model!r} not divisible by encoder_attention_heads={n_heads!r}")
     if d_model % 2:
         raise unsupported(f"an odd d_model={d_model} (the [sin | cos] positions need an even one)")
@@ -92,16 +101,17 @@ def marian_config(raw: dict, path: Path) -> TransformerConfig:
     bad_words = raw.get("bad_words_ids") or []
     if not isinstance(bad_words, list) or any(words != [pad_id] for words in bad_words):
         raise unsupported(f"bad_words_ids={bad_words} (the search bans only the pad token)")
+    settings = dict(
+        vocab_size=vocab_size, d_model=d_model, n_heads=n_heads, n_encoder_layers=setting("encoder_layers"),
+        n_decoder_layers=setting("decoder_layers"), d_ff=setting("encoder_ffn_dim"),
+        dropout=float(setting("dropout", 0.1, (int, float))),
+        attention_dropout=float(setting("attention_dropout", 0.0, (int, float))),
+        activation=ACTIVATIONS[activation], norm_first=False, tie_embeddings=setting("tie_word_embeddings", True, bool),
+        max_positions=setting("max_position_embeddings"), position_layout="halves",
+        scale_embedding=setting("scale_embedding", False, bool), output_bias=True,
+        pad_id=pad_id, bos_id=setting("decoder_start_token_id", pad_id), eos_id=eos_id)
     try:
-        return TransformerConfig(
-            vocab_size=vocab_size, d_model=d_model, n_heads=n_heads, n_encoder_layers=setting("encoder_layers"),
-            n_decoder_layers=setting("decoder_layers"), d_ff=setting("encoder_ffn_dim"),
-            dropout=float(setting("dropout", 0.1)), attention_dropout=float(setting("attention_dropout", 0.0)),
-            activation=ACTIVATIONS[activation], norm_first=False,
-            tie_embeddings=bool(setting("tie_word_embeddings", True)),
-            max_positions=setting("max_position_embeddings"), position_layout="halves",
-            scale_embedding=bool(setting("scale_embedding", False)), output_bias=True,
-            pad_id=pad_id, bos_id=setting("decoder_start_token_id", pad_id), eos_id=eos_id)
+        return TransformerConfig(**settings)
     except (TypeError, ValueError) as error:
         raise ValueError(f"{path}: {error}") from None
 
