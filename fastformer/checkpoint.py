@@ -211,11 +211,17 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> Che
     if entries.get("version") != VERSION:
         raise ValueError(f"{path} has checkpoint version {entries.get('version')!r}; this fastformer reads {VERSION}")
     loaded = Checkpoint.from_file_dict(entries, path)
-    for name, tensor in loaded.model.items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise UnreadableCheckpointError(f"{path} holds values that are not finite (NaN or inf) in {name}: the "
-                                            "file is corrupt (fastformer never saves such weights)")
+    name = non_finite_tensor(loaded.model)
+    if name is not None:
+        raise UnreadableCheckpointError(f"{path} holds values that are not finite (NaN or inf) in {name}: the file is "
+                                        "corrupt (fastformer never saves such weights)")
     return loaded
+
+
+def non_finite_tensor(state: dict[str, torch.Tensor]) -> str | None:
+    """The name of the first floating-point tensor of a state_dict holding NaN or inf, or None."""
+    return next((name for name, tensor in state.items()
+                 if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())), None)
 
 
 def list_checkpoints(directory: Path) -> list[Path]:

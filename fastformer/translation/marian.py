@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from fastformer.checkpoint import non_finite_tensor
 from fastformer.config import TransformerConfig
 from fastformer.data.tokenizer import (EOS_PIECE, PAD_PIECE, UNK_PIECE, MarianTokenizer, Tokenizers,
                                        load_sentencepiece)
@@ -48,10 +49,9 @@ def load_marian(directory: Path) -> tuple[Transformer, MarianTokenizer, MarianTo
         raise FileNotFoundError(f"{directory} holds no weights: neither {' nor '.join(WEIGHT_FILES)}")
     model = Transformer(config)
     state = marian_state_dict(_read_weights(weights_path), config, weights_path)
-    for name, tensor in state.items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise ValueError(f"{weights_path} holds values that are not finite (NaN or inf) in {name}: the file is "
-                             "corrupt")
+    name = non_finite_tensor(state)
+    if name is not None:
+        raise ValueError(f"{weights_path} holds values that are not finite (NaN or inf) in {name}: the file is corrupt")
     try:
         model.load_state_dict(state)
     except RuntimeError as error:  # a weight of another shape than config.json implies
