@@ -283,12 +283,17 @@ def _file_sha256(path: Path) -> str:
 def _stream(args: argparse.Namespace, inputs: list[LineInput], start: typing.Callable[[], ChunkFunction],
             settings: dict[str, object], read: list[tuple[str, str | Path | None]]) -> None:
     """Streams a command's inputs through its chunk function into --output (or stdout), as --chunk-lines and
-    --resume say, then prints the run's summary line on stderr. read: what the command reads (_check_output)."""
+    --resume say, then prints the run's summary line on stderr. read: what the command reads (_check_output), whose
+    model and shortlist files an output's settings identify by their bytes, so that --resume can tell a changed one
+    at the same path."""
     if args.resume and args.output is None:
         raise ValueError("--resume needs --output: the output of an interrupted run is continued in its file")
     if args.chunk_lines < 1:
         raise ValueError(f"--chunk-lines must be >= 1, got {args.chunk_lines}")
     _check_output(args.output, read)
+    if args.output is not None:  # standard output keeps no settings: reading the model again would be wasted
+        settings = settings | {f"the {option.removeprefix('--')}'s SHA-256": _file_sha256(Path(path))
+                               for option, path in read if option in ("--checkpoint", "--shortlist") and path}
     try:
         summary = stream_chunks(inputs, start, None if args.output is None else Path(args.output), settings,
                                 args.chunk_lines, args.resume, args.command)
@@ -328,11 +333,9 @@ def _run_translate(args: argparse.Namespace) -> None:
     if not path.exists():  # now: the model loads only once a first chunk is read, and an empty input has none
         raise FileNotFoundError(f"checkpoint not found: {path}")
     settings = {"--" + name.replace("_", "-"): getattr(args, name) for name in TRANSLATE_SETTINGS}
-    settings |= {"--checkpoint": str(path.resolve()), "the checkpoint's SHA-256": _file_sha256(path)}
+    settings |= {"--checkpoint": str(path.resolve())}
     settings |= {option: None if value is None else str(Path(value).resolve())
                  for option, value in (("--prefix-file", args.prefix_file), ("--shortlist", args.shortlist))}
-    if args.shortlist is not None:
-        settings["the shortlist's SHA-256"] = _file_sha256(Path(args.shortlist))
 
     def start() -> ChunkFunction:
         translator = load_translator(path, device, args.compute_type)
@@ -382,8 +385,7 @@ def _run_score(args: argparse.Namespace) -> None:
     if not path.exists():  # now: the model loads only once a first chunk is read
         raise FileNotFoundError(f"checkpoint not found: {path}")
     settings = {"--" + name.replace("_", "-"): getattr(args, name) for name in SCORE_SETTINGS}
-    settings |= {"--checkpoint": str(path.resolve()), "the checkpoint's SHA-256": _file_sha256(path),
-                 "--targets": str(Path(args.targets).resolve())}
+    settings |= {"--checkpoint": str(path.resolve()), "--targets": str(Path(args.targets).resolve())}
 
     def start() -> ChunkFunction:
         translator = load_translator(path, device, args.compute_type)
