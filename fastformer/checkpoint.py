@@ -243,7 +243,8 @@ def newest_checkpoint(directory: Path) -> Path:
 
 def load_newest_readable(directory: Path) -> tuple[Path, Checkpoint, list[tuple[Path, str]]]:
     """The newest step checkpoint in directory that torch can read -> (path, checkpoint, each newer one skipped and
-    why). A file that is readable but foreign, or none readable at all, raises the newest file's error."""
+    why). A file that is readable but foreign, or none readable at all, raises the newest file's error. A file gone
+    since the listing (rank 0 of a resumed run renames the unreadable ones while the other ranks look) is skipped."""
     found = list_checkpoints(directory)
     if not found:
         raise FileNotFoundError(f"no checkpoint_*.pt in {directory}")
@@ -251,7 +252,7 @@ def load_newest_readable(directory: Path) -> tuple[Path, Checkpoint, list[tuple[
     for path in reversed(found):
         try:
             return path, load_checkpoint(path), skipped
-        except UnreadableCheckpointError as error:
+        except (UnreadableCheckpointError, FileNotFoundError) as error:
             skipped.append((path, str(error)))
     raise UnreadableCheckpointError(f"no readable checkpoint in {directory}: " + "; ".join(why for _, why in skipped))
 

@@ -156,6 +156,16 @@ def test_average_refuses_mismatched_checkpoints(tmp_path: Path):
         checkpoint.average_checkpoints([a, b])
 
 
+def test_newest_readable_skips_a_file_gone_since_the_listing(tmp_path: Path, monkeypatch):
+    """Rank 0 of a resumed run renames an unreadable newest checkpoint while another rank has listed it already."""
+    checkpoint.save_checkpoint(_state(1), checkpoint.checkpoint_path(tmp_path, 1))
+    gone = checkpoint.checkpoint_path(tmp_path, 2)
+    listed = [checkpoint.checkpoint_path(tmp_path, 1), gone]
+    monkeypatch.setattr(checkpoint, "list_checkpoints", lambda directory: listed)
+    path, loaded, skipped = checkpoint.load_newest_readable(tmp_path)
+    assert loaded.step == 1 and [path for path, _ in skipped] == [gone]
+
+
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_weights_that_are_not_finite_make_a_checkpoint_unreadable(tmp_path: Path, value: float):
     """A corrupt file can hold NaN where the run saved numbers: refused by name on load, skipped by --resume."""

@@ -193,7 +193,7 @@ def _load_resumable(options: TrainOptions, env: _Distributed) -> tuple[Path, che
         # newest by --keep-last (which would then delete the good ones this run saves).
         for unreadable, reason in skipped:
             kept = unreadable.with_name(unreadable.name + ".unreadable")
-            unreadable.replace(kept)
+            unreadable.replace(kept)  # the other ranks, listing the directory meanwhile, skip a file gone
             print(f"warning: {reason}; skipped, renamed to {kept.name}", file=sys.stderr)
         print(f"warning: resuming from {path}, the newest readable checkpoint (step {saved.step})", file=sys.stderr)
     missing = saved.missing_for_resume()
