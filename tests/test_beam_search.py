@@ -390,6 +390,8 @@ def test_translate_of_an_empty_batch_is_empty():
     (dict(max_len_a=-1.0), ValueError),
     (dict(max_len_b=-2), ValueError),
     (dict(length_penalty=float("nan")), ValueError),
+    (dict(length_penalty=1e30), ValueError),
+    (dict(length_penalty=-1e30, length_penalty_form="length"), ValueError),
     (dict(beam_size=2.0), TypeError),
     (dict(length_penalty_form="fairseq"), ValueError),
     (dict(shrink="never"), ValueError),

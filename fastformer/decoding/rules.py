@@ -32,6 +32,19 @@ class Hypothesis(NamedTuple):
     attention: torch.Tensor | None = None
 
 
+LONGEST_CHECKED_TARGET = 65536  # past any position table the model can have
+
+
+def _divisor_stays_in_range(length_penalty: float, form: str) -> bool:
+    """Whether the divisor is finite and non-zero in double at every length up to LONGEST_CHECKED_TARGET."""
+    # Both forms' bases grow with the length from 1, so the longest target is the extreme.
+    try:
+        divisor = length_penalty_divisor(LONGEST_CHECKED_TARGET, length_penalty, form)
+    except OverflowError:
+        return False
+    return 0.0 < divisor < math.inf
+
+
 def check_search_arguments(beam_size: int, length_penalty: float, max_len_a: float, max_len_b: int, min_len: int,
                            n_best: int, length_penalty_form: str = "gnmt", sampling: bool = False) -> None:
     """Raises a ValueError/TypeError naming the first bad argument of a beam search (sampling: n_best counts
@@ -45,6 +58,10 @@ def check_search_arguments(beam_size: int, length_penalty: float, max_len_a: flo
     for name, value in (("length_penalty", length_penalty), ("max_len_a", max_len_a)):
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
             raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if not _divisor_stays_in_range(length_penalty, length_penalty_form):
+        raise ValueError(f"length_penalty={length_penalty!r} makes the length penalty's divisor overflow to inf or "
+                         f"underflow to 0 at {LONGEST_CHECKED_TARGET} tokens, so every score would read 0 or -inf: "
+                         "keep it within +-60")
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
     if n_best < 1 or (n_best > beam_size and not sampling):
