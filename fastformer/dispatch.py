@@ -8,7 +8,8 @@
   naming the input and why, so that whatever runs under "triton" is known to have run the kernels.
 - `"reference"`: plain PyTorch everywhere.
 
-The kernel modules are imported lazily, so a machine without a working Triton can still use the reference.
+Every backend refuses malformed arguments alike (triton_kernels.inputs, which imports no Triton). The kernel modules
+are imported lazily, so a machine without a working Triton can still use the reference.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 
 from fastformer import reference
 from fastformer.torch_version import major_minor
+from triton_kernels import inputs
 
 BACKENDS = ("auto", "triton", "reference")
 
@@ -105,6 +107,9 @@ def attention(q: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | 
 
     check_lengths=False skips the kernel's check of the length values (a host sync) for lengths already checked.
     """
+    views = inputs.split_packed(q, k, v)
+    inputs.check_attention(*views, q_lengths, k_lengths, dropout_p)
+
     def unsupported_reason() -> str | None:
         if attn_mask is not None:
             return "an explicit attn_mask (the kernel takes lengths and a causal flag)"
@@ -115,9 +120,8 @@ def attention(q: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | 
         from triton_kernels.attention import flash_attention
         return flash_attention(q, k, v, q_lengths=q_lengths, k_lengths=k_lengths, causal=causal, dropout_p=dropout_p,
                                check_lengths=check_lengths)
-    if check_lengths and (q_lengths is not None or k_lengths is not None):
-        from triton_kernels.attention import validate_lengths
-        validate_lengths(q, k, v, q_lengths, k_lengths)
+    if check_lengths:
+        inputs.check_length_values(q_lengths, k_lengths, views[0].shape[1], views[1].shape[1])
     return reference.attention(q, k, v, q_lengths=q_lengths, k_lengths=k_lengths, causal=causal,
                                attn_mask=attn_mask, dropout_p=dropout_p)
 
@@ -128,6 +132,8 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
 
     check_targets=False skips the kernel's check of the class ids (a host sync) for targets already checked.
     """
+    inputs.check_cross_entropy(logits, target, ignore_index, label_smoothing, reduction)
+
     def unsupported_reason() -> str | None:
         from triton_kernels.cross_entropy import unsupported_reason as kernel_reason
         return kernel_reason(logits)
@@ -144,6 +150,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
                          bias: torch.Tensor | None = None, ignore_index: int = -100, label_smoothing: float = 0.0,
                          reduction: str = "mean", check_targets: bool = True) -> torch.Tensor:
     """hidden: [N, d], weight: [V, d], target: [N] -> loss of the logits hidden @ weight.T (+ bias)."""
+    inputs.check_linear_cross_entropy(hidden, weight, target, bias, ignore_index, label_smoothing, reduction)
+
     def unsupported_reason() -> str | None:
         from triton_kernels.cross_entropy import unsupported_reason as kernel_reason
         return kernel_reason(hidden)
@@ -159,6 +167,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
 def residual_layer_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor,
                         eps: float = 1e-5, dropout_p: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """x, residual: [..., d] -> (LayerNorm(residual + dropout(x)), residual + dropout(x))."""
+    inputs.check_residual_layer_norm(x, residual, weight, bias, eps, dropout_p)
+
     def unsupported_reason() -> str | None:
         from triton_kernels.layernorm_residual import unsupported_reason as kernel_reason
         return kernel_reason(x, residual, weight, bias)

@@ -98,7 +98,7 @@ def test_fused_training_step_checks_its_batch_with_one_host_sync(monkeypatch):
     def no_check(*args):
         raise AssertionError("a kernel checked values the model had already checked")
 
-    monkeypatch.setattr("triton_kernels.attention._check_length_values", no_check)
+    monkeypatch.setattr("triton_kernels.attention.check_length_values", no_check)
     monkeypatch.setattr("triton_kernels.cross_entropy._check_class_ids", no_check)
     model = training_model(2)
     src, tgt = batch([5, 2, 4], 5), batch([4, 3, 1], 6)

@@ -1,11 +1,14 @@
 """The nn modules under the reference backend against PyTorch's own modules: values and gradients, fp32."""
 
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import fastformer
 from fastformer.nn import LabelSmoothedCrossEntropyLoss, MultiheadAttention, ResidualLayerNorm
+from triton_kernels import inputs
 from tolerances import FP32
 
 
@@ -70,6 +73,52 @@ def test_lengths_are_checked_under_the_reference_as_under_the_kernel(lengths, er
     query, memory = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
     with pytest.raises((ValueError, TypeError), match=error):
         attention(query, memory, memory, **lengths)
+
+
+def test_the_reference_and_its_checks_need_no_triton(monkeypatch):
+    """The kernels' input checks run under the reference too, from a module that does not import Triton."""
+    monkeypatch.setitem(sys.modules, "triton", None)  # any `import triton` now raises ImportError
+    for name in [name for name in sys.modules if name.startswith("triton_kernels.") and name != inputs.__name__]:
+        monkeypatch.delitem(sys.modules, name)
+    attention = MultiheadAttention(16, 2, batch_first=True)
+    x = torch.randn(2, 5, 16)
+    lengths = torch.tensor([5, 3])
+    out = attention(x, x, x, key_padding_mask=padding_mask([5, 3], 5))[0]
+    torch.testing.assert_close(out, attention(x, x, x, key_lengths=lengths)[0], **FP32)
+    with pytest.raises(ValueError, match=r"k_lengths must lie in \[1, 5\]"):
+        attention(x, x, x, key_lengths=torch.tensor([6, 3]))
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_self_attention_projects_packed_qkv_in_either_layout(monkeypatch, batch_first):
+    forms = []
+    attend = fastformer.dispatch.attention
+
+    def recording(q, k=None, v=None, **kwargs):
+        forms.append("qkv" if k is None else ("q, kv" if v is None else "q, k, v"))
+        return attend(q, k, v, **kwargs)
+
+    monkeypatch.setattr(fastformer.dispatch, "attention", recording)
+    attention = MultiheadAttention(16, 2, batch_first=batch_first)
+    x, memory = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
+    if not batch_first:
+        x, memory = x.transpose(0, 1), memory.transpose(0, 1)
+    attention(x, x, x)
+    attention(x, memory, memory)
+    attention(x, memory, memory.clone())
+    assert forms == ["qkv", "q, kv", "q, k, v"]
+
+
+def test_positional_arguments_are_torchs():
+    """The 7th positional argument is average_attn_weights, as in torch: is_causal is the 8th."""
+    torch.manual_seed(4)
+    ours, theirs = attention_pair()
+    x = torch.randn(2, 5, 16)
+    expected = theirs(x, x, x, None, False, None, True)[0]
+    torch.testing.assert_close(ours(x, x, x, None, False, None, True)[0], expected, **FP32)
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(5)
+    torch.testing.assert_close(ours(x, x, x, None, False, causal, True, True)[0],
+                               theirs(x, x, x, None, False, causal, True, True)[0], **FP32)
 
 
 def test_cross_attention_with_left_padding_and_float_mask_matches_torch():
@@ -162,6 +211,47 @@ def test_residual_layer_norm_matches_torch(with_residual):
         inputs = [x, ours.weight, ours.bias]
     assert_same_values_and_grads(y, expected, inputs, [x, residual, theirs.weight, theirs.bias][: len(inputs)]
                                  if with_residual else [x, theirs.weight, theirs.bias])
+
+
+@pytest.mark.parametrize("normalized_shape", [16, (16,), [16], torch.Size([16])])
+def test_residual_layer_norm_takes_torchs_shape_forms(normalized_shape):
+    norm, theirs = ResidualLayerNorm(normalized_shape), torch.nn.LayerNorm(normalized_shape)
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(norm(x), theirs(x), **FP32)
+
+
+BAD_INPUTS = {
+    "int32 q": (lambda: fastformer.dispatch.attention(*[torch.ones(1, 3, 2, 8, dtype=torch.int32)] * 3),
+                "q must be a floating-point tensor"),
+    "3-D q": (lambda: fastformer.dispatch.attention(*[torch.randn(1, 3, 8)] * 3), "q must be 4-D"),
+    "no key": (lambda: fastformer.dispatch.attention(torch.randn(1, 3, 2, 8), *[torch.randn(1, 0, 2, 8)] * 2),
+               "k_len 0"),
+    "k of another dtype": (lambda: fastformer.dispatch.attention(torch.randn(1, 3, 2, 8),
+                                                                 torch.randn(1, 3, 2, 8).double(),
+                                                                 torch.randn(1, 3, 2, 8)), "k has dtype"),
+    "int32 x": (lambda: fastformer.dispatch.residual_layer_norm(torch.ones(2, 4, dtype=torch.int32), None,
+                                                                torch.ones(4), torch.zeros(4)),
+                "x must be a floating-point tensor"),
+    "0-d x": (lambda: fastformer.dispatch.residual_layer_norm(torch.tensor(1.0), None, torch.ones(4), torch.zeros(4)),
+              "non-empty last dimension"),
+    "negative eps": (lambda: fastformer.dispatch.residual_layer_norm(torch.randn(2, 4), None, torch.ones(4),
+                                                                     torch.zeros(4), eps=-1.0), "eps must be positive"),
+    "0-d x to the module": (lambda: ResidualLayerNorm(4)(torch.tensor(1.0)), r"x must be \[\.\.\., 4\]"),
+    "int64 logits": (lambda: fastformer.dispatch.cross_entropy(torch.ones(2, 4, dtype=torch.int64),
+                                                               torch.zeros(2).long()),
+                     "logits must be a floating-point tensor"),
+    "3-D hidden": (lambda: fastformer.dispatch.linear_cross_entropy(torch.randn(2, 3, 4), torch.randn(5, 4),
+                                                                    torch.zeros(2).long()), "hidden must be"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_the_reference_refuses_what_the_kernels_refuse(case):
+    """On the CPU the default backend runs the reference: it refuses malformed inputs with the kernels' messages."""
+    call, message = BAD_INPUTS[case]
+    for backend in ("auto", "reference"):
+        with fastformer.backend(backend), pytest.raises((TypeError, ValueError), match=message):
+            call()
 
 
 def test_residual_layer_norm_dropout_only_in_training():

@@ -36,10 +36,10 @@ import triton
 import triton.language as tl
 
 from triton_kernels._host import cdiv, dropout_scale, next_power_of_2, seed_tensor
+from triton_kernels.inputs import check_attention, check_length_values, split_packed
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 SUPPORTED_HEAD_DIMS = (32, 64, 128)
-LENGTH_DTYPES = (torch.int32, torch.int64)
 LOG2_E = 1.4426950408889634
 # Triton's interpreter runs programs one after another: one small fixed tile keeps it quick (autotuning there would
 # run every config), and makes the CPU tests cross many block boundaries with short sequences.
@@ -795,21 +795,6 @@ def _strides(t: torch.Tensor) -> tuple[int, ...]:
     return tuple(t.stride())
 
 
-def _check_length_values(q_lengths: Optional[torch.Tensor], k_lengths: Optional[torch.Tensor], q_len: int,
-                         k_len: int) -> None:
-    """Lengths must lie in [0, q_len] for queries and [1, k_len] for keys (one host sync for both)."""
-    named = [(name, t) for name, t in (("q_lengths", q_lengths), ("k_lengths", k_lengths)) if t is not None]
-    if not named or named[0][1].numel() == 0:
-        return
-    bounds = torch.stack([torch.stack([t.min(), t.max()]).to(torch.int64) for _, t in named]).tolist()
-    for (name, _), (low, high) in zip(named, bounds):
-        lowest, highest = (0, q_len) if name == "q_lengths" else (1, k_len)
-        if name == "k_lengths" and low == 0:
-            raise ValueError("k_lengths has a 0: attention over no key is undefined")
-        if low < lowest or high > highest:
-            raise ValueError(f"{name} must lie in [{lowest}, {highest}], got values in [{low}, {high}]")
-
-
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lengths: Optional[torch.Tensor],
              k_lengths: Optional[torch.Tensor], causal: bool, dropout_p: float, seed: Optional[torch.Tensor],
              check_lengths: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -817,7 +802,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lengths: Optio
     batch, q_len, heads, head_dim = q.shape
     k_len = k.shape[1]
     if check_lengths:
-        _check_length_values(q_lengths, k_lengths, q_len, k_len)
+        check_length_values(q_lengths, k_lengths, q_len, k_len)
     out = torch.empty((batch, q_len, heads, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads, q_len), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
@@ -1005,90 +990,16 @@ def _packed_backward_autograd(ctx, dout: torch.Tensor, _lse_grad: Optional[torch
 _flash_attention_packed_op.register_autograd(_packed_backward_autograd, setup_context=_setup_packed_context)
 
 
-def split_packed(q: torch.Tensor, k: Optional[torch.Tensor],
-                 v: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(q, k, v), (qkv, None, None) or (q, kv, None) -> q, k, v views [batch, len, heads, D]; raises for any other
-    form. qkv: [batch, len, 3, heads, D]; kv: [batch, k_len, 2, heads, D]."""
-    for name, tensor in (("q", q), ("k", k), ("v", v)):
-        if (tensor is not None or name == "q") and not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-    if k is None:
-        if v is not None:
-            raise ValueError("v given without k: pass q, k, v, or a packed qkv alone, or q and a packed kv")
-        if q.dim() != 5 or q.shape[2] != 3:
-            raise ValueError(f"packed qkv (k and v None) must be [batch, len, 3, heads, head_dim], got shape "
-                             f"{tuple(q.shape)}")
-        return tuple(q.unbind(2))
-    if v is None:
-        if k.dim() != 5 or k.shape[2] != 2:
-            raise ValueError(f"packed kv (v None) must be [batch, k_len, 2, heads, head_dim], got shape "
-                             f"{tuple(k.shape)}")
-        return (q, *k.unbind(2))
-    return q, k, v
-
-
 def unsupported_reason(q: torch.Tensor, k: Optional[torch.Tensor] = None,
                        v: Optional[torch.Tensor] = None) -> Optional[str]:
-    """Why the kernel cannot take these (well-formed; packed forms as in flash_attention) inputs, or None if it
-    can."""
-    q, k, v = split_packed(q, k, v)
+    """Why the kernel cannot take these inputs, well-formed as inputs.check_attention requires (packed forms as in
+    flash_attention), or None if it can."""
+    q, _, _ = split_packed(q, k, v)
     if q.dtype not in SUPPORTED_DTYPES:
         return f"q has dtype {q.dtype}; the kernel takes float32, float16 and bfloat16"
-    for name, tensor in (("k", k), ("v", v)):
-        if tensor.dtype != q.dtype:
-            return f"{name} has dtype {tensor.dtype} but q has {q.dtype}; the kernel needs one dtype"
-        if tensor.device != q.device:
-            return f"{name} is on {tensor.device} but q is on {q.device}"
     if q.shape[-1] not in SUPPORTED_HEAD_DIMS:
         return f"head_dim is {q.shape[-1]}; the kernel takes {', '.join(map(str, SUPPORTED_HEAD_DIMS))}"
     return None
-
-
-def _validate_lengths(name: str, lengths: Optional[torch.Tensor], q: torch.Tensor) -> None:
-    if lengths is None:
-        return
-    if not isinstance(lengths, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(lengths).__name__}")
-    if lengths.dtype not in LENGTH_DTYPES:
-        raise TypeError(f"{name} must have dtype torch.int32 or torch.int64, got {lengths.dtype}")
-    if tuple(lengths.shape) != (q.shape[0],):
-        raise ValueError(f"{name} must have shape ({q.shape[0]},) (one length per batch element), got "
-                         f"{tuple(lengths.shape)}")
-    if lengths.device != q.device:
-        raise ValueError(f"{name} is on {lengths.device} but q is on {q.device}")
-
-
-def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lengths: Optional[torch.Tensor],
-              k_lengths: Optional[torch.Tensor], dropout_p: float) -> None:
-    """Checks shapes, dtypes and devices; the length values are checked where the kernel runs (see _forward)."""
-    for name, tensor in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-        if tensor.dim() != 4:
-            raise ValueError(f"{name} must be 4-D [batch, len, heads, head_dim], got shape {tuple(tensor.shape)}")
-    if k.shape != v.shape:
-        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
-    if (k.shape[0], k.shape[2], k.shape[3]) != (q.shape[0], q.shape[2], q.shape[3]):
-        raise ValueError(f"k {tuple(k.shape)} must match q {tuple(q.shape)} in batch, heads and head_dim")
-    if k.shape[1] == 0:
-        raise ValueError("k has no key (k_len 0): attention over no key is undefined")
-    reason = unsupported_reason(q, k, v)
-    if reason is not None:
-        raise ValueError(f"flash_attention: {reason}")
-    _validate_lengths("q_lengths", q_lengths, q)
-    _validate_lengths("k_lengths", k_lengths, q)
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-
-
-def validate_lengths(q: torch.Tensor, k: Optional[torch.Tensor] = None, v: Optional[torch.Tensor] = None,
-                     q_lengths: Optional[torch.Tensor] = None, k_lengths: Optional[torch.Tensor] = None) -> None:
-    """The lengths' types, shapes, devices and values as flash_attention checks them (one host sync), for another
-    attention that takes the same lengths: the reference, which dispatch runs in the kernel's place."""
-    q, k, _ = split_packed(q, k, v)
-    _validate_lengths("q_lengths", q_lengths, q)
-    _validate_lengths("k_lengths", k_lengths, q)
-    _check_length_values(q_lengths, k_lengths, q.shape[1], k.shape[1])
 
 
 def flash_attention(q: torch.Tensor, k: Optional[torch.Tensor] = None, v: Optional[torch.Tensor] = None,
@@ -1111,7 +1022,10 @@ def flash_attention(q: torch.Tensor, k: Optional[torch.Tensor] = None, v: Option
     resident; longer ones the flash tiles (`attention_path` says which).
     """
     views = split_packed(q, k, v)
-    _validate(*views, q_lengths, k_lengths, dropout_p)
+    check_attention(*views, q_lengths, k_lengths, dropout_p)
+    reason = unsupported_reason(*views)
+    if reason is not None:
+        raise ValueError(f"flash_attention: {reason}")
     flags = (q_lengths, k_lengths, bool(causal), float(dropout_p), seed_tensor(seed, dropout_p, views[0].device),
              bool(check_lengths))
     if k is None:

@@ -28,9 +28,9 @@ import triton
 import triton.language as tl
 
 from triton_kernels._host import next_power_of_2
+from triton_kernels.inputs import check_cross_entropy, check_linear_cross_entropy
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-REDUCTIONS = ("mean", "sum", "none")
 # Bytes of logits a program sweeps per step (4096 fp32 or 8192 fp16/bf16 elements): wide enough that a 37k vocab
 # takes a handful of steps, narrow enough to stay in registers.
 MAX_BLOCK_BYTES = 16384
@@ -571,38 +571,11 @@ def unsupported_reason(tensor: torch.Tensor) -> Optional[str]:
     return None
 
 
-def _validate_options(ignore_index: int, label_smoothing: float, reduction: str) -> None:
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    if not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing!r}")
-    if not isinstance(ignore_index, int):
-        raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
-
-
-def _validate_tensors(op: str, named: dict[str, Optional[torch.Tensor]]) -> None:
-    """Types, supported dtypes and one device for the floating-point tensors of `op`."""
+def _check_supported(op: str, named: dict[str, Optional[torch.Tensor]]) -> None:
     for name, tensor in named.items():
-        if tensor is not None and not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
         reason = None if tensor is None else unsupported_reason(tensor)
         if reason is not None:
             raise ValueError(f"{op}: {name} has {reason}")
-    first_name, first = next(iter(named.items()))
-    for name, tensor in named.items():
-        if tensor is not None and tensor.device != first.device:
-            raise ValueError(f"{name} is on {tensor.device} but {first_name} is on {first.device}")
-
-
-def _validate_target(target: torch.Tensor, n_rows: int, rows_name: str, device: torch.device) -> None:
-    if not isinstance(target, torch.Tensor):
-        raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
-    if target.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"target must hold int64 or int32 class ids, got {target.dtype}")
-    if tuple(target.shape) != (n_rows,):
-        raise ValueError(f"target must have shape ({n_rows},) to match {rows_name}, got {tuple(target.shape)}")
-    if target.device != device:
-        raise ValueError(f"target is on {target.device} but {rows_name} is on {device}")
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
@@ -620,11 +593,8 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     skips the check of the class ids (a host sync) for targets already checked; an id outside [0, V) then reads
     outside the logits.
     """
-    _validate_tensors("cross_entropy", {"logits": logits})
-    if logits.dim() != 2 or logits.shape[1] == 0:
-        raise ValueError(f"logits must be [N, V] with V >= 1, got shape {tuple(logits.shape)}")
-    _validate_target(target, logits.shape[0], "logits", logits.device)
-    _validate_options(ignore_index, label_smoothing, reduction)
+    check_cross_entropy(logits, target, ignore_index, label_smoothing, reduction)
+    _check_supported("cross_entropy", {"logits": logits})
     compute_grad = torch.is_grad_enabled() and logits.requires_grad
     if overwrite_logits and compute_grad and logits.is_leaf:
         raise ValueError("overwrite_logits=True needs logits computed from something else (e.g. an output "
@@ -662,16 +632,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     With reduction "mean" or "sum", forward computes the gradients and backward scales them in place (one backward
     per graph, as for cross_entropy). check_targets: as for cross_entropy.
     """
-    _validate_tensors("linear_cross_entropy", {"hidden": hidden, "weight": weight, "bias": bias})
-    if hidden.dim() != 2:
-        raise ValueError(f"hidden must be [N, d], got shape {tuple(hidden.shape)}")
-    if weight.dim() != 2 or weight.shape[1] != hidden.shape[1] or weight.shape[0] == 0:
-        raise ValueError(f"weight must be [V, {hidden.shape[1]}] with V >= 1 to match hidden [N, "
-                         f"{hidden.shape[1]}], got {tuple(weight.shape)}")
-    if bias is not None and tuple(bias.shape) != weight.shape[:1]:
-        raise ValueError(f"bias must have shape ({weight.shape[0]},) to match weight, got {tuple(bias.shape)}")
-    _validate_target(target, hidden.shape[0], "hidden", hidden.device)
-    _validate_options(ignore_index, label_smoothing, reduction)
+    check_linear_cross_entropy(hidden, weight, target, bias, ignore_index, label_smoothing, reduction)
+    _check_supported("linear_cross_entropy", {"hidden": hidden, "weight": weight, "bias": bias})
     matmul_dtype = _matmul_dtype(hidden, weight, bias)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
     loss, *_ = _linear_cross_entropy_op(hidden.contiguous(), weight.contiguous(), target.contiguous(), bias,

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from triton_kernels._host import cdiv, dropout_scale, next_power_of_2, seed_tensor
+from triton_kernels.inputs import check_residual_layer_norm
 
 MAX_D = 8192
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -394,43 +395,14 @@ _residual_layer_norm_op.register_autograd(_backward_autograd, setup_context=_set
 
 def unsupported_reason(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor,
                        bias: torch.Tensor) -> Optional[str]:
-    """Why the kernel cannot take these (well-formed) inputs, or None if it can."""
+    """Why the kernel cannot take these inputs, well-formed as inputs.check_residual_layer_norm requires, or None if
+    it can."""
     for name, tensor in (("x", x), ("residual", residual), ("weight", weight), ("bias", bias)):
         if tensor is not None and tensor.dtype not in SUPPORTED_DTYPES:
             return f"{name} has dtype {tensor.dtype}; the kernel takes float32, float16 and bfloat16"
     if x.shape[-1] > MAX_D:
         return f"x's last dimension is {x.shape[-1]}; the kernel normalizes rows of at most {MAX_D}"
     return None
-
-
-def _validate(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor, bias: torch.Tensor,
-              eps: float, dropout_p: float) -> None:
-    for name, tensor in (("x", x), ("weight", weight), ("bias", bias)):
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-    if residual is not None and not isinstance(residual, torch.Tensor):
-        raise TypeError(f"residual must be a torch.Tensor or None, got {type(residual).__name__}")
-    if x.dim() == 0 or x.shape[-1] == 0:
-        raise ValueError(f"x must have a non-empty last dimension to normalize, got shape {tuple(x.shape)}")
-    reason = unsupported_reason(x, residual, weight, bias)
-    if reason is not None:
-        raise ValueError(f"residual_layer_norm: {reason}")
-    if residual is not None and residual.shape != x.shape:
-        raise ValueError(f"residual {tuple(residual.shape)} and x {tuple(x.shape)} must have the same shape")
-    n_cols = x.shape[-1]
-    for name, tensor in (("weight", weight), ("bias", bias)):
-        if tuple(tensor.shape) != (n_cols,):
-            raise ValueError(f"{name} must have shape ({n_cols},) to match x's last dimension, got "
-                             f"{tuple(tensor.shape)}")
-    if weight.dtype != bias.dtype:
-        raise TypeError(f"weight ({weight.dtype}) and bias ({bias.dtype}) must have the same dtype")
-    for name, tensor in (("residual", residual), ("weight", weight), ("bias", bias)):
-        if tensor is not None and tensor.device != x.device:
-            raise ValueError(f"{name} is on {tensor.device} but x is on {x.device}")
-    if not eps > 0.0:
-        raise ValueError(f"eps must be positive, got {eps}")
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
 
 
 def residual_layer_norm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor, bias: torch.Tensor,
@@ -442,7 +414,10 @@ def residual_layer_norm(x: torch.Tensor, residual: Optional[torch.Tensor], weigh
     with respect to x, residual, weight and bias. The dropout mask is a function of `seed` (drawn on x's device from
     torch's generator when None) and the element's position.
     """
-    _validate(x, residual, weight, bias, eps, dropout_p)
+    check_residual_layer_norm(x, residual, weight, bias, eps, dropout_p)
+    reason = unsupported_reason(x, residual, weight, bias)
+    if reason is not None:
+        raise ValueError(f"residual_layer_norm: {reason}")
     y, s, _, _ = _residual_layer_norm_op(x, residual, weight, bias, float(eps), float(dropout_p),
                                          seed_tensor(seed, dropout_p, x.device))
     return y, s

@@ -42,7 +42,8 @@ class MultiheadAttention(nn.Module):
     Its default layout is torch's too: [len, batch, embed_dim] unless batch_first=True.
 
     Beyond torch's arguments, `query_lengths`/`key_lengths` ([batch] ints) describe right-padded batches directly:
-    keys past a length are ignored, and query rows past a length output zero, so no mask needs building. Their
+    keys past a length are ignored, and query rows past a length attend to nothing (their output is out_proj's
+    bias), so no mask needs building. Their
     values are checked (a host sync per call) unless `check_lengths=False` says they already were.
     """
 
@@ -78,24 +79,28 @@ class MultiheadAttention(nn.Module):
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 key_padding_mask: torch.Tensor | None = None, need_weights: bool = False,
-                attn_mask: torch.Tensor | None = None, is_causal: bool = False, *,
+                attn_mask: torch.Tensor | None = None, average_attn_weights: bool = True, is_causal: bool = False, *,
                 query_lengths: torch.Tensor | None = None, key_lengths: torch.Tensor | None = None,
                 check_lengths: bool = True) -> tuple[torch.Tensor, None]:
         """query: [q_len, batch, embed_dim], key/value: [k_len, batch, embed_dim] -> ([q_len, batch, embed_dim], None);
-        batch first ([batch, len, embed_dim]) with batch_first=True."""
+        batch first ([batch, len, embed_dim]) with batch_first=True. average_attn_weights is taken for torch's
+        positional order; with no weights returned it changes nothing."""
         if need_weights:
             raise ValueError("need_weights=True is not supported: the fused kernel never forms the attention weights; "
                              "call with need_weights=False (or use torch.nn.MultiheadAttention)")
+        # Packed q/k/v reach the kernel as one tensor, so that their gradient is the projection's gradient as it is
+        # (separate views would have autograd stack three gradients into it). Transposing makes new tensors: tell
+        # first.
+        same_kv = key is value
+        same_qkv = same_kv and query is key
         if not self.batch_first:
             query, key, value = (t.transpose(0, 1) for t in (query, key, value))
         batch, q_len, _ = query.shape
         k_len = key.shape[1]
         e = self.embed_dim
-        # Packed q/k/v reach the kernel as one tensor, so that their gradient is the projection's gradient as it is
-        # (separate views would have autograd stack three gradients into it).
-        if query is key and key is value:
+        if same_qkv:
             q, k, v = self._project(query, slice(0, 3 * e), 3), None, None
-        elif key is value:
+        elif same_kv:
             q, k, v = self._project(query, slice(0, e), 1), self._project(key, slice(e, 3 * e), 2), None
         else:
             q = self._project(query, slice(0, e), 1)

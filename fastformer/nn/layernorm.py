@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
@@ -11,10 +13,11 @@ from fastformer import dispatch
 class ResidualLayerNorm(nn.Module):
     """`nn.LayerNorm`'s parameters (so its state_dict loads) applied to `residual + Dropout(x)` in one kernel."""
 
-    def __init__(self, normalized_shape: int | tuple[int], eps: float = 1e-5, dropout: float = 0.0,
+    def __init__(self, normalized_shape: int | Sequence[int], eps: float = 1e-5, dropout: float = 0.0,
                  device=None, dtype=None) -> None:
         super().__init__()
-        if isinstance(normalized_shape, tuple):
+        if not isinstance(normalized_shape, int):
+            normalized_shape = tuple(normalized_shape)
             if len(normalized_shape) != 1:
                 raise ValueError(f"only the last dimension can be normalized, got normalized_shape={normalized_shape}")
             (normalized_shape,) = normalized_shape
@@ -31,8 +34,8 @@ class ResidualLayerNorm(nn.Module):
         Without a residual this is a plain LayerNorm of x: dropout belongs to the branch being added. Both outputs
         have the dtype of residual + x, or autocast's dtype where autocast is on.
         """
-        if x.shape[-1] != self.normalized_shape[0]:
-            raise ValueError(f"x's last dimension is {x.shape[-1]}, expected {self.normalized_shape[0]}")
+        if x.dim() == 0 or x.shape[-1] != self.normalized_shape[0]:
+            raise ValueError(f"x must be [..., {self.normalized_shape[0]}], got shape {tuple(x.shape)}")
         if residual is not None and residual.shape != x.shape:
             raise ValueError(f"residual {tuple(residual.shape)} and x {tuple(x.shape)} must have the same shape")
         dropout_p = self.dropout if self.training and residual is not None else 0.0
