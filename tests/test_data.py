@@ -41,6 +41,17 @@ def test_read_lines_returns_the_lines_without_line_ends(tmp_path: Path):
     assert read_lines(path) == ["Hello world.", "Äpfel und Birnen.", "last line without newline"]
 
 
+def test_a_byte_order_mark_is_no_part_of_the_first_sentence(tmp_path: Path):
+    """Training text, BLEU references and sentences to translate are read alike: without a leading BOM."""
+    path = tmp_path / "valid.de"
+    path.write_bytes("\ufeffEin Satz.\nZwei.\n".encode())
+    assert read_lines(path) == ["Ein Satz.", "Zwei."]
+    assert decode_sentences(path.read_bytes().splitlines(keepends=True), "stdin") == ["Ein Satz.", "Zwei."]
+    path.write_bytes("\ufeff\n".encode())
+    with pytest.raises(ValueError, match=rf"{path}:1: empty line"):
+        read_lines(path)
+
+
 def test_missing_file_names_the_path(tmp_path: Path):
     missing = tmp_path / "nowhere" / "train.en"
     with pytest.raises(FileNotFoundError, match=str(missing)):
@@ -125,6 +136,17 @@ def test_tokenizer_round_trips_and_has_the_model_special_ids(tokenizer, bundled_
 def test_corpus_and_tokenizer_share_one_set_of_special_ids(corpus, tokenizer):
     assert tokenizer.special_ids == {"pad_id": PAD_ID, "bos_id": BOS_ID, "eos_id": EOS_ID}
     assert (corpus.pad_id, corpus.bos_id, corpus.eos_id) == (PAD_ID, BOS_ID, EOS_ID)
+
+
+def test_the_same_corpus_gives_the_same_tokenizer_bytes_on_any_core_count(bundled_pairs, monkeypatch):
+    """The model file records its training's thread count: a fixed one, so another machine's vocabulary is this
+    one's byte for byte (a resumed run compares them)."""
+    sentences = [sentence for pair in bundled_pairs[:500] for sentence in pair]
+    made = []
+    for cores in (2, 64):
+        monkeypatch.setattr("os.cpu_count", lambda: cores)
+        made.append(train_tokenizer(sentences, vocab_size=150).model_proto)
+    assert made[0] == made[1]
 
 
 def test_tokenizer_rejects_a_file_that_is_no_sentencepiece_model(tmp_path: Path):

@@ -7,6 +7,9 @@ import errno
 import gzip
 import os
 import random
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +37,11 @@ def _slice(directory: Path, train: int = 400, valid: int = 20, gz: bool = False)
             else:
                 (directory / f"{split}.{lang}").write_bytes(text)
     return directory
+
+
+def _visible(directory: Path) -> list[str]:
+    """What a user sees in directory: its entries but the preparations' lock files."""
+    return sorted(name for name in os.listdir(directory) if not name.endswith(".lock"))
 
 
 def _files(data_dir: Path) -> dict:
@@ -132,9 +140,52 @@ def test_a_truncated_preparation_is_made_anew_and_a_foreign_directory_is_refused
     foreign = tmp_path / "photos"
     foreign.mkdir()
     (foreign / "holiday.jpg").write_bytes(b"\xff\xd8")
-    with pytest.raises(ValueError, match=f"{foreign} exists and is not a prepared corpus"):
+    with pytest.raises(ValueError, match=f"{foreign} is not a prepared corpus and holds other files \\(holiday.jpg\\)"):
         ensure_prepared(_files(data_dir), SETTINGS, foreign, progress=False)
     assert (foreign / "holiday.jpg").exists()
+
+
+@pytest.mark.parametrize("case", ["the data directory", "another tool's manifest", "a stale preparation"])
+def test_a_directory_holding_other_files_is_never_replaced(tmp_path: Path, case):
+    """Only a directory of nothing but a preparation's own files is prepared anew in place."""
+    data_dir = _slice(tmp_path / "data")
+    path = {"the data directory": data_dir}.get(case, tmp_path / "prepared")
+    if case == "another tool's manifest":
+        path.mkdir()
+        (path / prepared.MANIFEST).write_text('{"name": "my-web-app"}')
+        (path / "results.txt").write_text("precious")
+    if case == "a stale preparation":
+        ensure_prepared(_files(data_dir), SETTINGS, path, progress=False)
+        (path / "notes.txt").write_text("precious")
+        (data_dir / "train.de").write_text((data_dir / "train.de").read_text().replace("Der", "Die", 1))
+    before = sorted(os.listdir(path))
+    with pytest.raises(ValueError, match="holds other files"):
+        ensure_prepared(_files(data_dir), SETTINGS, path, progress=False)
+    assert sorted(os.listdir(path)) == before
+
+
+def test_a_second_process_waits_for_the_preparation_in_progress(tmp_path: Path, capsys):
+    """One process at a time prepares a directory (a lock shared storage passes between hosts); the next waits, then
+    opens what the first made."""
+    data_dir = _slice(tmp_path / "data")
+    path = tmp_path / "prepared"
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(path.parent / f".{path.name}.lock")],
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "locked\n"
+    started = time.monotonic()
+    corpus = ensure_prepared(_files(data_dir), SETTINGS, path, progress=False)
+    assert holder.wait() == 0 and time.monotonic() - started >= 1.0
+    assert "waiting for another process preparing" in capsys.readouterr().err
+    assert len(corpus.train) > 0
+
+
+LOCK_HOLDER = """
+import fcntl, sys, time
+with open(sys.argv[1], "a") as lock:
+    fcntl.lockf(lock, fcntl.LOCK_EX)
+    print("locked", flush=True)
+    time.sleep(1.5)
+"""
 
 
 def test_mismatched_line_counts_are_one_error_before_any_work(tmp_path: Path):
@@ -144,7 +195,7 @@ def test_mismatched_line_counts_are_one_error_before_any_work(tmp_path: Path):
     with pytest.raises(ValueError, match=f"{data_dir / 'train.en'} has 400 lines but {data_dir / 'train.de'} has "
                                          f"401"):
         ensure_prepared(_files(data_dir), SETTINGS, tmp_path / "prepared", progress=False)
-    assert os.listdir(tmp_path) == ["data"]
+    assert _visible(tmp_path) == ["data"]
 
 
 def test_gzipped_input_prepares_the_same_corpus_as_plain_text(tmp_path: Path):
@@ -206,13 +257,13 @@ def test_a_full_disk_during_preparation_leaves_nothing_that_looks_complete(tmp_p
     monkeypatch.setattr(prepared, "open", lambda *args, **kwargs: FullDisk(open(*args, **kwargs)), raising=False)
     with pytest.raises(OSError, match=rf"preparing {path} failed, nothing was kept: .*No space left on device"):
         ensure_prepared(_files(data_dir), SETTINGS, path, progress=False)
-    assert os.listdir(path.parent) == []
+    assert _visible(path.parent) == []
     # What a killed preparation leaves (its process gone) is removed by the next one.
     (path.parent / f".{path.name}.tmp-{2 ** 22 + 1}").mkdir()
     monkeypatch.undo()
     assert len(ensure_prepared(_files(data_dir), SETTINGS, path, progress=False).train) == len(
         ensure_prepared(_files(data_dir), SETTINGS, tmp_path / "elsewhere", progress=False).train)
-    assert os.listdir(path.parent) == ["prepared"]
+    assert _visible(path.parent) == ["prepared"]
 
 
 def test_prepare_cli_then_train_opens_it_without_preparing_again(tmp_path: Path):

@@ -15,8 +15,9 @@ import torch
 
 from fastformer import Transformer, TransformerConfig, checkpoint
 from fastformer.data import BUNDLED_CORPUS
+from fastformer.data.prepared import DEFAULT_VOCAB
 from fastformer.training.metrics import METRICS_FILE, read_records
-from fastformer.training.options import TrainOptions
+from fastformer.training.options import TrainOptions, changed_resume_options
 from fastformer.training.trainer import inverse_sqrt_schedule
 from fastformer_process import run
 from tolerances import FP32
@@ -194,6 +195,18 @@ def test_a_validation_split_it_cannot_run_on_is_an_error_before_any_update(tmp_p
     assert "more than the model's max_positions=256" in _fail(flags + ["--data-dir", str(long)])
     assert not checkpoint.list_checkpoints(out_dir)
     _run(flags + ["--data-dir", str(long), "--valid-every", "0"])
+    # Without validation, no validation split is needed.
+    train_only = _corpus_slice(tmp_path / "train_only", {"train": 20})
+    assert "no valid split in" in _fail(flags + ["--data-dir", str(train_only), "--out-dir", str(tmp_path / "a")])
+    _run(flags + ["--data-dir", str(train_only), "--valid-every", "0", "--out-dir", str(tmp_path / "b")])
+    assert checkpoint.list_checkpoints(tmp_path / "b")
+
+
+def test_resume_takes_the_default_vocabulary_size_spelled_out():
+    saved = {"vocab_size": None, "data_dir": "/data/wmt14", "init_from": None}
+    assert changed_resume_options(saved, TrainOptions(data_dir="/data/wmt14", vocab_size=DEFAULT_VOCAB)) == []
+    assert changed_resume_options(saved, TrainOptions(data_dir="/data/wmt14", vocab_size=32000)) == [
+        f"--vocab-size 32000 (checkpoint: {DEFAULT_VOCAB})"]
 
 
 def test_fresh_run_refuses_an_old_runs_directory_and_foreign_checkpoints(data_dir: Path, tmp_path: Path):

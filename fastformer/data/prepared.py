@@ -19,6 +19,7 @@ chunk is ever held as Python objects.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import itertools
 import json
@@ -27,6 +28,7 @@ import shutil
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
@@ -37,7 +39,8 @@ from tqdm import tqdm
 from fastformer.data.batching import LengthFilter, TokenArrays, TokenizedCorpus
 from fastformer.data.reading import (SplitFiles, check_line_counts, count_lines, decode_line, iter_parallel,
                                      open_binary, read_parallel)
-from fastformer.data.tokenizer import SHARED_FILE, TRAINING_SEED, Tokenizer, Tokenizers, train_tokenizer
+from fastformer.data.tokenizer import (MARIAN_FILES, SHARED_FILE, TRAINING_SEED, Tokenizer, Tokenizers,
+                                       train_tokenizer)
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -178,6 +181,8 @@ def read_manifest(path: Path) -> dict:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
         files = manifest["files"]
         format_version = manifest["key"]["format"]
+        manifest["key"]["settings"], manifest["splits"]["train"]  # noqa: B018 (what PreparedCorpus reads)
+        manifest.get("tokenizer_files") or manifest["tokenizer_sha256"]  # noqa: B018
     except (ValueError, KeyError, TypeError) as error:
         raise ValueError(f"{manifest_path} is not a fastformer prepared-corpus manifest ({error})") from None
     if format_version != FORMAT_VERSION:
@@ -198,30 +203,63 @@ def _map(path: Path, files: dict) -> np.ndarray:
     return np.memmap(path, dtype=entry["dtype"], mode="r", shape=(entry["count"],))
 
 
+def _prepared_file_names() -> set[str]:
+    arrays = {f"{split}.{side}.{part}" for split in SPLITS for side in SIDES for part in ("ids", "offsets", "lengths")}
+    return arrays | {MANIFEST, SHARED_FILE, *MARIAN_FILES}
+
+
+def _foreign_entries(path: Path) -> list[str]:
+    """What in the directory `path` no preparation writes: a directory holding any is never replaced."""
+    known = _prepared_file_names()
+    return sorted(entry.name for entry in path.iterdir() if entry.name not in known or not entry.is_file())
+
+
+@contextmanager
+def _preparation_lock(path: Path) -> Iterator[None]:
+    """Holds the lock file beside `path` (a POSIX lock, which shared storage passes between hosts), so that one
+    process at a time checks, prepares and opens it: another waits, then opens what the first made."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{path.name}.lock", "a") as lock:
+        try:
+            fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            print(f"fastformer: waiting for another process preparing {path}", file=sys.stderr)
+            fcntl.lockf(lock, fcntl.LOCK_EX)
+        yield
+
+
 def ensure_prepared(files: dict[str, SplitFiles], settings: PrepareSettings, path: Path,
                     progress: bool = True) -> PreparedCorpus:
     """The preparation of `files` at `path`: opened if it is complete and its key matches, else made (anew, with the
-    reason on stderr). A directory at `path` that is not a preparation is refused rather than replaced."""
+    reason on stderr). A directory at `path` holding anything a preparation does not write is refused rather than
+    replaced."""
     path = Path(path)
     key = preparation_key(files, settings)
-    if path.exists():
-        try:
-            corpus = PreparedCorpus(path)
-        except ValueError as error:
-            if not path.is_dir() or (any(path.iterdir()) and not (path / MANIFEST).exists()
-                                     and not (path / TOKENIZER_FILE).exists()):
-                raise ValueError(f"{path} exists and is not a prepared corpus: choose another --prepared-dir, or "
-                                 f"remove it") from None
-            print(f"fastformer: preparing {path} anew: {error}", file=sys.stderr)
-        else:
-            reasons = stale_reasons(corpus.manifest["key"], key)
-            if not reasons:
-                return corpus
-            print(f"fastformer: preparing {path} anew: " + "; ".join(reasons), file=sys.stderr)
-    elif progress:
-        print(f"fastformer: preparing the corpus in {path} (once: later runs map it)", file=sys.stderr)
-    prepare(files, settings, path, progress)
-    return PreparedCorpus(path)
+    with _preparation_lock(path):
+        if path.exists():
+            try:
+                corpus = PreparedCorpus(path)
+            except ValueError as error:
+                foreign = _foreign_entries(path) if path.is_dir() else [path.name]
+                if foreign:
+                    raise ValueError(f"{path} is not a prepared corpus and holds other files ({', '.join(foreign[:3])}"
+                                     f"{', ...' if len(foreign) > 3 else ''}): choose another --prepared-dir, or "
+                                     f"remove it") from None
+                print(f"fastformer: preparing {path} anew: {error}", file=sys.stderr)
+            else:
+                reasons = stale_reasons(corpus.manifest["key"], key)
+                if not reasons:
+                    return corpus
+                foreign = _foreign_entries(path)
+                if foreign:
+                    raise ValueError(f"{path} needs preparing anew ({'; '.join(reasons)}) but holds other files "
+                                     f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}): choose "
+                                     f"another --prepared-dir, or remove them") from None
+                print(f"fastformer: preparing {path} anew: " + "; ".join(reasons), file=sys.stderr)
+        elif progress:
+            print(f"fastformer: preparing the corpus in {path} (once: later runs map it)", file=sys.stderr)
+        prepare(files, settings, path, progress)
+        return PreparedCorpus(path)
 
 
 def prepare(files: dict[str, SplitFiles], settings: PrepareSettings, path: Path, progress: bool = True) -> dict:
@@ -385,22 +423,10 @@ def _count_dropped(dropped: dict, lengths: list[np.ndarray], keep: np.ndarray, l
 
 
 def _remove_abandoned(path: Path) -> None:
-    """Removes what a killed preparation of `path` left beside it: a temporary directory whose process is gone."""
+    """Removes what killed preparations of `path` left beside it. Called under _preparation_lock, which every
+    preparation holds until it ends, so no temporary directory there is still being written."""
     for temp in path.parent.glob(f".{path.name}.tmp-*"):
-        pid = temp.name.rsplit("-", 1)[1]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
-            shutil.rmtree(temp, ignore_errors=True)
-    shutil.rmtree(path.parent / f".{path.name}.tmp-{os.getpid()}", ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0: only asks whether the process exists
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, as another user's
-        pass
-    return True
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def _replace(temp: Path, path: Path) -> None:

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 BUNDLED_CORPUS = Path(__file__).resolve().parent / "corpus"
+# Some editors start a UTF-8 file with one; it is no part of the first sentence.
+UTF8_BOM = "\ufeff".encode()
 # WMT14 En-De as the paper: newstest2013 to validate, newstest2014 to test.
 SPLIT_ALIASES = {"train": ("train",), "valid": ("valid", "newstest2013"), "test": ("test", "newstest2014")}
 # sacreBLEU's cache (~/.sacrebleu): <set>/<set>.<src>-<tgt>.src|ref holds the processed plain text.
@@ -58,7 +60,7 @@ def iter_lines(path: Path) -> Iterator[str]:
         number = 0
         with _gzip_errors(path, "while reading"):
             for number, raw in enumerate(file, start=1):
-                yield decode_line(raw, path, number)
+                yield decode_line(raw.removeprefix(UTF8_BOM) if number == 1 else raw, path, number)
 
 
 def decode_line(raw: bytes, path: Path, number: int) -> str:
@@ -103,6 +105,8 @@ def decode_sentences(raw_lines: Iterable[bytes], name: str, first: int = 1) -> l
     (the first of raw_lines being line `first`)."""
     lines = []
     for number, raw in enumerate(raw_lines, start=first):
+        if number == 1:
+            raw = raw.removeprefix(UTF8_BOM)
         try:
             lines.append(raw.decode("utf-8").rstrip("\r\n"))
         except UnicodeDecodeError as error:

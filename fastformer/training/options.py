@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastformer.config import TransformerConfig
-from fastformer.data.prepared import DEFAULT_BUNDLED_VOCAB
+from fastformer.data.prepared import DEFAULT_BUNDLED_VOCAB, default_vocab_size
 from fastformer.dispatch import BACKENDS
 
 PRESETS = {"tiny": TransformerConfig.tiny, "base": TransformerConfig.base, "big": TransformerConfig.big}
@@ -155,6 +155,10 @@ def changed_resume_options(saved: dict, options: TrainOptions) -> list[str]:
         old, new = saved[name], getattr(options, name)
         if name in ("data_dir", "init_from") and old is not None and new is not None:
             old, new = str(Path(old).resolve()), str(Path(new).resolve())
+        if name == "vocab_size" and saved["init_from"] is None and options.init_from is None:
+            # The default spelled out is the same vocabulary.
+            old = default_vocab_size(saved.get("data_dir")) if old is None else old
+            new = default_vocab_size(options.data_dir) if new is None else new
         if name == "extra_data" and old is not None and new is not None:
             old, new = [str(Path(path).resolve()) for path in old], [str(Path(path).resolve()) for path in new]
         if old != new:

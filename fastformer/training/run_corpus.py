@@ -25,9 +25,16 @@ PREPARE_TIMEOUT = timedelta(hours=24)
 
 
 def corpus_files(options: TrainOptions) -> dict[str, SplitFiles]:
-    """The run's train and valid files: a missing one is an error before anything is written."""
+    """The run's train and valid files: a missing one is an error before anything is written, except a valid split
+    that a run without validation (--valid-every 0) does without."""
     data_dir = None if options.data_dir is None else Path(options.data_dir)
-    return {split: find_split(data_dir, split, options.src_lang, options.tgt_lang) for split in ("train", "valid")}
+    files = {"train": find_split(data_dir, "train", options.src_lang, options.tgt_lang)}
+    try:
+        files["valid"] = find_split(data_dir, "valid", options.src_lang, options.tgt_lang)
+    except FileNotFoundError:
+        if options.valid_every:
+            raise
+    return files
 
 
 def extra_corpus_files(options: TrainOptions) -> list[SplitFiles]:
