@@ -35,6 +35,18 @@ void check_int32(const at::Tensor& t, const char* name, const at::Device& device
   check_placed(t, device, name);
 }
 
+// The first `count` values of a contiguous int32 tensor lie in [low, high). On the CPU only: a CUDA tensor is read
+// where the search's own kernels wrote it, and reading it here would wait for them.
+void check_values_in(const at::Tensor& t, int64_t count, int64_t low, int64_t high, const char* name,
+                     int64_t first = 0) {
+  if (!t.is_cpu()) return;
+  const int32_t* values = t.data_ptr<int32_t>() + first;
+  for (int64_t i = 0; i < count; ++i) {
+    TORCH_CHECK(values[i] >= low && values[i] < high, name, " must lie in [", low, ", ", high, "), got ", values[i],
+                " at ", i);
+  }
+}
+
 void check_like(const at::Tensor& t, const at::Tensor& like, const char* name, bool contiguous = true) {
   TORCH_CHECK(t.scalar_type() == like.scalar_type(), name, " must have dtype ", like.scalar_type(), ", got ",
               t.scalar_type());
@@ -262,6 +274,14 @@ at::Tensor self_attention_step(const at::Tensor& qkv, const at::Tensor& k_cache,
   check_int32(indirection, "indirection", qkv.device());
   check_int32(row_slots, "row_slots", qkv.device());
   check_step(step, cache_len, qkv.device());
+  check_values_in(row_slots, n_rows, 0, n_slots, "row_slots");
+  if (qkv.is_cpu()) {
+    // The cache positions a row reads: its slot's indirection up to the step.
+    const int32_t* slots = row_slots.data_ptr<int32_t>();
+    for (int64_t row = 0; row < n_rows; ++row) {
+      check_values_in(indirection, *step.data_ptr<int32_t>(), 0, beam_size, "indirection", slots[row] * cache_len);
+    }
+  }
   at::Tensor out = at::empty({n_rows, heads * head_dim}, qkv.options());
   const SelfAttentionArgs args{qkv.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
                                indirection.data_ptr<int32_t>(), row_slots.data_ptr<int32_t>(), out.data_ptr(),
@@ -310,6 +330,8 @@ at::Tensor attend_sources(const at::Tensor& q, const at::Tensor& k, const at::Te
               " and ", v.strides());
   check_int32(src_lengths, "src_lengths", q.device());
   check_int32(row_slots, "row_slots", q.device());
+  check_values_in(src_lengths, n_sentences, 1, src_len + 1, "src_lengths");
+  check_values_in(row_slots, n_rows, 0, n_sentences * beam_size, "row_slots");
   at::Tensor out = at::empty({n_rows, heads * head_dim}, q.options());
   const CrossAttentionArgs args{q.data_ptr(), k.data_ptr(), v.data_ptr(), src_lengths.data_ptr<int32_t>(),
                                 row_slots.data_ptr<int32_t>(), out.data_ptr(), static_cast<int>(n_rows),

@@ -206,6 +206,32 @@ def test_ops_reject_bad_inputs():
         torch.ops.fastformer.cross_attention(q, flipped, flipped, src_lengths, row_slots, beam)
 
 
+@pytest.mark.parametrize("case", ["src_lengths past src_len", "src_lengths 0", "row_slots past the sentences",
+                                  "row_slots negative", "self row_slots past the slots", "indirection past the beam"])
+def test_ops_refuse_indices_out_of_range(case):
+    """Every index an op reads by is checked on the CPU: out of range, it would read outside the caches."""
+    qkv, k_cache, v_cache, indirection, self_slots, beam, step = self_attention_problem()
+    q, k, v, src_lengths, row_slots, cross_beam = cross_attention_problem()
+    src_len, n_slots = k.shape[2], k_cache.shape[0]
+    bad = {
+        "src_lengths past src_len": ("cross", "src_lengths", src_lengths.clone().fill_(src_len + 1)),
+        "src_lengths 0": ("cross", "src_lengths", src_lengths.clone().fill_(0)),
+        "row_slots past the sentences": ("cross", "row_slots", row_slots.clone().fill_(k.shape[0] * cross_beam)),
+        "row_slots negative": ("cross", "row_slots", row_slots.clone().fill_(-3)),
+        "self row_slots past the slots": ("self", "row_slots", self_slots.clone().fill_(n_slots)),
+        "indirection past the beam": ("self", "indirection", indirection.clone().fill_(beam)),
+    }
+    op, name, value = bad[case]
+    with pytest.raises(RuntimeError, match=f"{name} must lie in"):
+        if op == "cross":
+            arguments = {"src_lengths": src_lengths, "row_slots": row_slots, name: value}
+            torch.ops.fastformer.cross_attention(q, k, v, arguments["src_lengths"], arguments["row_slots"], cross_beam)
+        else:
+            arguments = {"indirection": indirection, "row_slots": self_slots, name: value}
+            torch.ops.fastformer.self_attention_step(qkv, k_cache, v_cache, arguments["indirection"],
+                                                     arguments["row_slots"], beam, step)
+
+
 @pytest.mark.gpu
 def test_cuda_attention_ops_match_cpu_fp32():
     for make, op in ((self_attention_problem, torch.ops.fastformer.self_attention_step),

@@ -122,6 +122,20 @@ def test_translate_with_a_shortlist_equals_the_reference_with_the_other_logits_m
     assert all(set(h.tokens) <= set(ids.tolist()) for sentence in got for h in sentence)
 
 
+@pytest.mark.parametrize("compute_type", ["float32", "int8", "bfloat16"])
+@pytest.mark.parametrize("sampling", [{}, {"sampling_topk": 5, "seed": 2}])
+def test_greedy_search_and_sampling_take_a_shortlist_without_scores(compute_type, sampling):
+    """The tokens outside a shortlist have logits of -inf: the greedy path without scores takes them as barred, not
+    as a row that is not finite."""
+    model = make_model(eos_scale=1.5, output_bias=True)
+    src = padded_sources(model, LENGTHS)
+    search = dict(beam_size=1, max_len_b=6, shortlist=small_shortlist(model), compute_type=compute_type, **sampling)
+    with_scores = model.translate(src, return_scores=True, **search)
+    without = model.translate(src, return_scores=False, **search)
+    assert [[h.tokens for h in sentence] for sentence in without] == \
+        [[h.tokens for h in sentence] for sentence in with_scores]
+
+
 def test_the_groups_of_a_two_thread_search_share_the_shortlist():
     model = make_model(eos_scale=1.5, output_bias=True)
     src = padded_sources(model, LENGTHS * 6)
