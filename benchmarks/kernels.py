@@ -601,7 +601,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="default bfloat16 on CUDA; float32 on CPU (the interpreter's bf16 is wrong)")
     parser.add_argument("--ops", default=",".join(SECTIONS), help=f"comma-separated subset of {list(SECTIONS)}")
     parser.add_argument("--quick", action="store_true", help="fewer shapes, shorter timing")
-    parser.add_argument("--out-dir", type=Path, help="default benchmarks/results/<date>-<device>/")
+    parser.add_argument("--out-dir", type=Path, help="default runs/benchmarks/<date>-<device>/")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cpu":

@@ -148,8 +148,11 @@ def _run_train(args: argparse.Namespace) -> TrainResult:
                   + ("" if result.out_of_patience else f", and --max-steps is {options.max_steps}: raise it to train "
                      "further"))
         else:
-            print(f"trained {result.step} steps: {result.tokens_per_second:,.0f} target tokens/s, final train loss "
-                  f"{result.train_loss:.3f}; checkpoint {result.checkpoint}")
+            time_limit = "--minutes" if args.command == "demo" else "--max-minutes"
+            capped = (f" (of {options.max_steps}: {time_limit} {options.max_minutes:g} stopped it)"
+                      if result.step < options.max_steps and not result.out_of_patience else "")
+            print(f"trained {result.step} steps{capped}: {result.tokens_per_second:,.0f} target tokens/s, final train "
+                  f"loss {result.train_loss:.3f}; checkpoint {result.checkpoint}")
     return result
 
 
@@ -459,7 +462,11 @@ def _run_average(args: argparse.Namespace) -> None:
         print(f"fastformer average: warning: --last {last} asks for {last} checkpoints, but {source} has "
               f"only {len(paths)}: averaging {len(paths)}", file=sys.stderr)
     paths = paths[-last:]
+    _check_output(args.output, [(source, path) for path in paths], text=False)
     output = Path(args.output) if args.output else Path(args.out_dir) / "checkpoint_average.pt"
+    if checkpoint.is_step_checkpoint_name(output):
+        raise ValueError(f"--output {output} is named as a training step's checkpoint, which --resume would take for "
+                         "the newest, and an average cannot resume: choose another name (checkpoint_average.pt)")
     checkpoint.save_checkpoint(checkpoint.average_checkpoints(paths), output)
     noun = "checkpoint" if len(paths) == 1 else "checkpoints"
     print(f"averaged {len(paths)} {noun} ({paths[0].name} .. {paths[-1].name}) into {output}")
@@ -474,6 +481,8 @@ def _run_export(args: argparse.Namespace) -> None:
     output = Path(args.output)
     # Replacing an earlier export is the usual case; writing over other files (a Marian model's config.json, say)
     # is done only when asked.
+    if output.exists() and not output.is_dir():
+        raise ValueError(f"--output {output} is a file: export writes a CTranslate2 model directory")
     if output.is_dir() and any(output.iterdir()) and not (output / "model.bin").is_file() and not args.force:
         raise ValueError(f"--output {output} holds files but no CTranslate2 model (model.bin): export would write over "
                          f"them; pass --force to, or choose an empty or new directory")
@@ -483,7 +492,7 @@ def _run_export(args: argparse.Namespace) -> None:
 
 
 def _run_plot(args: argparse.Namespace) -> None:
-    out_dirs = [Path(out_dir) for out_dir in args.out_dir]
+    out_dirs = list(dict.fromkeys(Path(out_dir) for out_dir in args.out_dir))  # a run named twice is one run
     output = plot_curves(out_dirs, out_dirs[0] / CURVES_FILE)
     print(f"drew the curves of {len(out_dirs)} run{'s' if len(out_dirs) > 1 else ''} into {output}")
 

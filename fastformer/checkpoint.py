@@ -203,6 +203,13 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> Che
         # weights_only: a checkpoint holds tensors and plain values only, so nothing in it can run code on load.
         entries = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as error:
+        if "Weights only load failed" in str(error):
+            # torch's message suggests weights_only=False: never for a file of unknown origin. Its detail follows
+            # "WeightsUnpickler error:".
+            detail = [line for line in str(error).partition("WeightsUnpickler error:")[2].splitlines() if line.strip()]
+            raise UnreadableCheckpointError(f"{path} is not a fastformer checkpoint: torch.load cannot read it as "
+                                            f"tensors and plain values ({detail[0].strip() if detail else 'no detail'})"
+                                            ) from None
         raise UnreadableCheckpointError(
             f"{path} is not a readable checkpoint (corrupt or truncated?): "
             f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from None
@@ -222,6 +229,11 @@ def non_finite_tensor(state: dict[str, torch.Tensor]) -> str | None:
     """The name of the first floating-point tensor of a state_dict holding NaN or inf, or None."""
     return next((name for name, tensor in state.items()
                  if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())), None)
+
+
+def is_step_checkpoint_name(path: Path) -> bool:
+    """Whether path is named as a training run's step checkpoint (checkpoint_<step>.pt), which --resume takes."""
+    return _NAME.fullmatch(Path(path).name) is not None
 
 
 def list_checkpoints(directory: Path) -> list[Path]:

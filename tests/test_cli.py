@@ -187,6 +187,30 @@ def test_average_of_fewer_checkpoints_than_asked_warns(trained: Path, tmp_path: 
     assert checkpoint.load_checkpoint(output).averaged_from == [str(checkpoint.list_checkpoints(trained)[0])]
 
 
+def test_average_never_writes_over_a_checkpoint_resume_reads(trained: Path, tmp_path: Path):
+    newest = checkpoint.list_checkpoints(trained)[-1]
+    before = newest.read_bytes()
+    done = run(["average", "--inputs", str(newest), "--output", str(newest)])
+    assert done.returncode == 1 and f"--output {newest} is --inputs {newest}, which this command reads" in done.stderr
+    done = run(["average", "--out-dir", str(trained), "--output", str(tmp_path / "checkpoint_00000099.pt")])
+    assert done.returncode == 1 and "is named as a training step's checkpoint" in done.stderr
+    assert newest.read_bytes() == before and not (tmp_path / "checkpoint_00000099.pt").exists()
+
+
+def test_a_wrong_model_path_is_named_for_what_it_is(trained: Path, tmp_path: Path):
+    ct2 = tmp_path / "ct2"
+    ct2.mkdir()
+    (ct2 / "model.bin").write_bytes(b"\x06\x00")
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    for given, message in ((trained, "is a training run's directory: give one of its checkpoint_*.pt files"),
+                           (ct2, "is a CTranslate2 model directory"),
+                           (tmp_path / "metrics.jsonl", "is not a fastformer checkpoint: torch.load cannot read it")):
+        done = run(["translate", "--checkpoint", str(given)], stdin="Hello.\n")
+        assert done.returncode == 1 and message in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    done = run(["export", "--out-dir", str(trained), "--output", str(tmp_path / "metrics.jsonl")])
+    assert done.returncode == 1 and "is a file: export writes a CTranslate2 model directory" in done.stderr
+
+
 def test_help_names_the_script_and_every_option_has_help():
     parser = build_parser()
     assert "python -m fastformer" not in parser.format_help()

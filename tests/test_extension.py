@@ -2,6 +2,8 @@
 GPU) its CUDA kernels against the CPU ones and the reference."""
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -261,3 +263,18 @@ def plain_attention(q, k, v, k_lengths=None) -> torch.Tensor:
         hidden = torch.arange(k.shape[1], device=k.device)[None, :] >= k_lengths[:, None]
         scores = scores.masked_fill(hidden[:, None, None, :], float("-inf"))
     return (torch.softmax(scores, dim=-1) @ v.transpose(1, 2)).transpose(1, 2)
+
+
+def test_a_missing_extension_is_an_import_error_saying_how_to_build_it(monkeypatch):
+    """An ImportError, which the CLI prints as one line: from a source checkout (which holds no compiled _C after
+    `pip install .`) it names the checkout and how to run the installed package instead."""
+    import fastformer
+    from fastformer.decoding.compiled import extension
+
+    monkeypatch.delattr(fastformer, "_C")
+    monkeypatch.setitem(sys.modules, "fastformer._C", None)
+    with pytest.raises(ImportError) as raised:
+        extension()
+    in_checkout = (Path(fastformer.__file__).resolve().parents[1] / "setup.py").is_file()
+    expected = "was imported from the source checkout" if in_checkout else "fastformer._C is not built"
+    assert expected in str(raised.value)

@@ -69,3 +69,28 @@ def test_plot_overlays_runs_into_a_png_of_the_figure_size(data_dir: Path, tmp_pa
         colours = {colour for _, colour in image.convert("RGB").getcolors(maxcolors=1 << 20)}
         assert (31, 119, 180) in colours and (255, 127, 14) in colours
     assert f"{tmp_path / 'absent' / METRICS_FILE} not found" in _fail(["plot", "--out-dir", str(tmp_path / "absent")])
+    twice = run(["plot", "--out-dir", str(runs[0]), "--out-dir", str(runs[0])])
+    assert twice.stdout == f"drew the curves of 1 run into {runs[0] / 'curves.png'}\n"
+
+
+def test_a_series_of_one_point_is_drawn_as_a_dot(tmp_path: Path, monkeypatch):
+    """A run validated once (a short run, a demo stopped by --minutes) still shows its validation."""
+    import json
+
+    from matplotlib.figure import Figure
+
+    from fastformer.training.curves import plot_curves
+
+    out_dir = tmp_path / "run"
+    out_dir.mkdir()
+    records = [{"step": 10, "train_loss": 5.0}, {"step": 20, "train_loss": 4.0},
+               {"step": 20, "valid_nll": 4.2, "valid_bleu": 3.5}]
+    (out_dir / METRICS_FILE).write_text("".join(json.dumps(record) + "\n" for record in records))
+    drawn = []
+    save = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda figure, *args, **kwargs: drawn.append(figure) or save(
+        figure, *args, **kwargs))
+    plot_curves([out_dir], out_dir / "curves.png")
+    markers = {line.get_label().split()[-1]: line.get_marker() for axis in drawn[0].axes for line in axis.lines}
+    assert markers["valid_bleu"] == "o" and markers["valid_nll"] == "o"
+    assert markers["train_loss"] in ("None", None, "")

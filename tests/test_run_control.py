@@ -238,4 +238,5 @@ def test_max_minutes_stops_after_an_update_with_exit_status_0(data_dir: Path, tm
                               "--max-minutes", "0.02", "--max-steps", "100000"])
     assert done.returncode == 0, done.stderr
     saved = checkpoint.load_checkpoint(checkpoint.list_checkpoints(out_dir)[-1])
-    assert 1 <= saved.step < 100000 and f"trained {saved.step} steps" in done.stdout
+    assert 1 <= saved.step < 100000
+    assert f"trained {saved.step} steps (of 100000: --max-minutes 0.02 stopped it)" in done.stdout

@@ -217,7 +217,8 @@ def test_fresh_run_refuses_an_old_runs_directory_and_foreign_checkpoints(data_di
     assert "--resume" in _fail(flags)
     assert f"{checkpoint.checkpoint_path(out_dir, 5)} is not a fastformer checkpoint" in _fail(flags + ["--resume"])
     checkpoint.checkpoint_path(out_dir, 5).write_bytes(b"\x80\x02garbage")
-    assert f"{checkpoint.checkpoint_path(out_dir, 5)} is not a readable checkpoint" in _fail(flags + ["--resume"])
+    assert f"{checkpoint.checkpoint_path(out_dir, 5)} is not a fastformer checkpoint: torch.load cannot read it" in \
+        _fail(flags + ["--resume"])
 
 
 def test_resume_refuses_changed_options_and_names_them(data_dir: Path, tmp_path: Path):

@@ -37,20 +37,20 @@ DECODER_ROWS, ENCODER_ROWS = 128, 1024
 
 
 def extension():
-    """The compiled extension fastformer._C, or a RuntimeError saying how to build it."""
+    """The compiled extension fastformer._C, or an ImportError saying how to build it (one line from the CLI)."""
     try:
         from fastformer import _C
     except ImportError as error:
         from pathlib import Path
 
-        package_dir = Path(__file__).resolve().parent
+        package_dir = Path(__file__).resolve().parents[1]  # fastformer/, above decoding/
         if (package_dir.parent / "setup.py").is_file():
-            raise RuntimeError(
+            raise ImportError(
                 f"fastformer was imported from the source checkout {package_dir.parent} (e.g. `python -m fastformer` "
                 "run from its root), which holds no compiled fastformer._C: run the installed `fastformer` script "
                 "(under torchrun: `torchrun --no-python ... fastformer train`) or run from another directory, or "
                 "build the extension in place with `python setup.py build_ext --inplace`") from error
-        raise RuntimeError("fastformer._C is not built: install with `pip install --no-build-isolation .`") from error
+        raise ImportError("fastformer._C is not built: install with `pip install --no-build-isolation .`") from error
     return _C
 
 

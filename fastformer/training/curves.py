@@ -51,7 +51,9 @@ def plot_curves(out_dirs: list[Path], output: Path) -> Path:
             for key, style in series:
                 points = [(record["step"], record[key]) for record in records if record.get(key) is not None]
                 if points:
-                    axis.plot(*zip(*points), style, color=f"C{colour}", label=f"{name} {key}")
+                    # A line of one point draws nothing: a single validation shows as a dot.
+                    axis.plot(*zip(*points), style, color=f"C{colour}", label=f"{name} {key}",
+                              marker="o" if len(points) == 1 else None)
         axis.set(title=title, xlabel="step", ylabel=label)
         if axis.has_data():
             axis.legend(fontsize="small")

@@ -208,6 +208,12 @@ def load_translator(path: str | Path, device: str | torch.device | None = None,
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if path.is_dir():
+        if (path / "model.bin").is_file():
+            raise ValueError(f"{path} is a CTranslate2 model directory (what `fastformer export` writes): translate "
+                             "with CTranslate2, or give the fastformer checkpoint it was exported from")
+        if checkpoint.list_checkpoints(path):
+            raise ValueError(f"{path} is a training run's directory: give one of its checkpoint_*.pt files, or "
+                             f"--out-dir {path} for its newest")
         model, source_tokenizer, target_tokenizer = marian.load_marian(path)
     else:
         model, tokenizers = load_checkpoint_tokenizers(path)
