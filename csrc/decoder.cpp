@@ -278,8 +278,9 @@ at::Tensor self_attention_step(const at::Tensor& qkv, const at::Tensor& k_cache,
   if (qkv.is_cpu()) {
     // The cache positions a row reads: its slot's indirection up to the step.
     const int32_t* slots = row_slots.data_ptr<int32_t>();
+    const int32_t positions = *step.data_ptr<int32_t>();
     for (int64_t row = 0; row < n_rows; ++row) {
-      check_values_in(indirection, *step.data_ptr<int32_t>(), 0, beam_size, "indirection", slots[row] * cache_len);
+      check_values_in(indirection, positions, 0, beam_size, "indirection", slots[row] * cache_len);
     }
   }
   at::Tensor out = at::empty({n_rows, heads * head_dim}, qkv.options());

@@ -208,10 +208,15 @@ def _prepared_file_names() -> set[str]:
     return arrays | {MANIFEST, SHARED_FILE, *MARIAN_FILES}
 
 
-def _foreign_entries(path: Path) -> list[str]:
-    """What in the directory `path` no preparation writes: a directory holding any is never replaced."""
+def _refuse_foreign(path: Path, why: str, remedy: str) -> None:
+    """Raises, saying `why` a preparation would replace `path`, where it holds what no preparation writes (a file, or
+    `path` itself, that is not a preparation's): such a directory is never replaced."""
     known = _prepared_file_names()
-    return sorted(entry.name for entry in path.iterdir() if entry.name not in known or not entry.is_file())
+    foreign = sorted(entry.name for entry in path.iterdir() if entry.name not in known or not entry.is_file()) \
+        if path.is_dir() else [path.name]
+    if foreign:
+        raise ValueError(f"{path} {why} and holds other files ({', '.join(foreign[:3])}"
+                         f"{', ...' if len(foreign) > 3 else ''}): choose another --prepared-dir, or {remedy}")
 
 
 @contextmanager
@@ -240,21 +245,13 @@ def ensure_prepared(files: dict[str, SplitFiles], settings: PrepareSettings, pat
             try:
                 corpus = PreparedCorpus(path)
             except ValueError as error:
-                foreign = _foreign_entries(path) if path.is_dir() else [path.name]
-                if foreign:
-                    raise ValueError(f"{path} is not a prepared corpus and holds other files ({', '.join(foreign[:3])}"
-                                     f"{', ...' if len(foreign) > 3 else ''}): choose another --prepared-dir, or "
-                                     f"remove it") from None
+                _refuse_foreign(path, "is not a prepared corpus", "remove it")
                 print(f"fastformer: preparing {path} anew: {error}", file=sys.stderr)
             else:
                 reasons = stale_reasons(corpus.manifest["key"], key)
                 if not reasons:
                     return corpus
-                foreign = _foreign_entries(path)
-                if foreign:
-                    raise ValueError(f"{path} needs preparing anew ({'; '.join(reasons)}) but holds other files "
-                                     f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}): choose "
-                                     f"another --prepared-dir, or remove them") from None
+                _refuse_foreign(path, f"needs preparing anew ({'; '.join(reasons)})", "remove them")
                 print(f"fastformer: preparing {path} anew: " + "; ".join(reasons), file=sys.stderr)
         elif progress:
             print(f"fastformer: preparing the corpus in {path} (once: later runs map it)", file=sys.stderr)
