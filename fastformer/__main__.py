@@ -125,20 +125,23 @@ def _run_train(args: argparse.Namespace) -> TrainResult:
     """Trains (rank 0 holding out_dir's lock); a run stopped by a signal ends here with its resume command and exit
     status run_control.EXIT_STOPPED."""
     options = _train_options(args)
-    check_run(options)
+    checked = check_run(options)
     with run_control.out_dir_lock(Path(options.out_dir), process_rank()):
-        old = _old_checkpoints(options, args.overwrite)
+        # Rank 0 alone, holding the lock, judges the out-dir (another rank would misjudge a busy one) and deletes the
+        # old files (the fresh run retrains the vocabulary); if it refuses, torchrun stops the other ranks.
+        old = _old_checkpoints(options, args.overwrite) if process_rank() == 0 else []
         # Every option, the data and the model are checked (and built) before --overwrite deletes anything.
-        trainer = Trainer(options)
-        # Every rank sees the old files; rank 0 alone deletes them (the fresh run retrains the vocabulary).
+        trainer = Trainer(options, checked)
         if process_rank() == 0:
             for path in old:
                 path.unlink(missing_ok=True)
         result = trainer.run()
     if result.stopped_by is not None:
         if process_rank() == 0:
-            print(run_control.stopped_message(result.step, result.checkpoint, result.stopped_by, args.argv,
-                                              dist.get_world_size() if dist.is_initialized() else 1), file=sys.stderr)
+            world_size = dist.get_world_size() if dist.is_initialized() else 1
+            local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+            print(run_control.stopped_message(result.step, result.checkpoint, result.stopped_by, args.argv, world_size,
+                                              local_world_size), file=sys.stderr)
         raise SystemExit(run_control.EXIT_STOPPED)
     if process_rank() == 0:
         if result.out_of_patience:
@@ -339,6 +342,9 @@ def _run_translate(args: argparse.Namespace) -> None:
     settings |= {"--checkpoint": str(path.resolve())}
     settings |= {option: None if value is None else str(Path(value).resolve())
                  for option, value in (("--prefix-file", args.prefix_file), ("--shortlist", args.shortlist))}
+    if args.shortlist is not None:
+        # A shortlist's vocabulary is its batch's union, so a sentence's output depends on its batch: these fix them.
+        settings |= {"--chunk-lines": args.chunk_lines, "--batch-tokens": args.batch_tokens}
 
     def start() -> ChunkFunction:
         translator = load_translator(path, device, args.compute_type)
@@ -642,7 +648,7 @@ def build_parser() -> argparse.ArgumentParser:
     average.add_argument("--out-dir", default="runs/demo", help="the training run's directory")
     average.add_argument("--last", type=int, help="how many of the newest checkpoints to average (default: 5 of "
                          "--out-dir's, or every one of --inputs)")
-    average.add_argument("--inputs", nargs="*", help="checkpoint files, all averaged unless --last is given "
+    average.add_argument("--inputs", nargs="+", help="checkpoint files, all averaged unless --last is given "
                          "(default: those in --out-dir)")
     average.add_argument("--output", help="the averaged checkpoint (default: <out-dir>/checkpoint_average.pt)")
     average.set_defaults(run=_run_average)

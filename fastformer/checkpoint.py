@@ -47,6 +47,14 @@ class BestScore(TypedDict):
     stale: int  # validations since, none of them better
 
 
+class LowestLoss(TypedDict):
+    """The lowest train loss a run logged so far, and what the loss-rise guard counts (`--max-loss-rise`)."""
+
+    loss: float  # per target token, over one log interval of all ranks
+    step: int  # the log line's step
+    risen: int  # log lines in a row since, each more than --max-loss-rise above it
+
+
 @dataclass
 class Checkpoint:
     """What a checkpoint holds. Every checkpoint has the model; `fastformer train` also writes what resuming needs
@@ -63,6 +71,7 @@ class Checkpoint:
     data: DataPosition | None = None
     options: dict | None = None  # the TrainOptions of the run, as a dict
     best: BestScore | None = None  # the run's best validation score and the validations since
+    lowest_loss: LowestLoss | None = None  # the run's lowest logged train loss and the risen log lines since
     validation_skipped: bool | None = None  # a signal's stop skipped this step's validation: a resumed run does it
     averaged_from: list[str] | None = None  # the files an averaged checkpoint is the mean of
 
@@ -236,13 +245,13 @@ def is_step_checkpoint_name(path: Path) -> bool:
     return _NAME.fullmatch(Path(path).name) is not None
 
 
-def list_checkpoints(directory: Path) -> list[Path]:
-    """The step checkpoints in directory, oldest (lowest step) first."""
+def list_checkpoints(directory: Path, up_to_step: int | None = None) -> list[Path]:
+    """The step checkpoints in directory (of up_to_step or before, when given), oldest (lowest step) first."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
     found = [(int(match.group(1)), path) for path in directory.iterdir() if (match := _NAME.fullmatch(path.name))]
-    return [path for _, path in sorted(found)]
+    return [path for step, path in sorted(found) if up_to_step is None or step <= up_to_step]
 
 
 def newest_checkpoint(directory: Path) -> Path:

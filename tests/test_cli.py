@@ -197,6 +197,13 @@ def test_average_never_writes_over_a_checkpoint_resume_reads(trained: Path, tmp_
     assert newest.read_bytes() == before and not (tmp_path / "checkpoint_00000099.pt").exists()
 
 
+def test_average_of_an_empty_inputs_list_is_refused(trained: Path, tmp_path: Path):
+    """A glob that matched nothing (nullglob, or $(ls ...)) must not fall back to --out-dir's checkpoints."""
+    done = run(["average", "--out-dir", str(trained), "--inputs", "--output", str(tmp_path / "average.pt")])
+    assert done.returncode == 2 and done.stderr.strip().endswith("argument --inputs: expected at least one argument")
+    assert not (tmp_path / "average.pt").exists()
+
+
 def test_a_wrong_model_path_is_named_for_what_it_is(trained: Path, tmp_path: Path):
     ct2 = tmp_path / "ct2"
     ct2.mkdir()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import math
 import random
 from pathlib import Path
@@ -99,6 +100,19 @@ def test_find_split_plain_names_aliases_and_sacrebleu_layout(tmp_path: Path):
     assert find_split(tmp_path, "valid").tgt == tmp_path / "newstest2013.de"
     assert find_split(tmp_path, "test").src == cache / "wmt14.en-de.src"
     assert find_split(tmp_path, "test").tgt == cache / "wmt14.en-de.ref"
+
+
+def test_find_split_takes_each_side_gzipped_or_not_and_names_a_missing_side(tmp_path: Path):
+    (tmp_path / "train.en").write_text("a house\nthe dog\n", encoding="utf-8")
+    with gzip.open(tmp_path / "train.de.gz", "wt", encoding="utf-8") as file:
+        file.write("ein Haus\nder Hund\n")
+    files = find_split(tmp_path, "train")
+    assert (files.src, files.tgt) == (tmp_path / "train.en", tmp_path / "train.de.gz")
+    assert read_parallel(files.src, files.tgt) == [("a house", "ein Haus"), ("the dog", "der Hund")]
+    (tmp_path / "valid.en").write_text("x\n", encoding="utf-8")
+    with pytest.raises(FileNotFoundError, match=r"^no valid split in .+: valid\.en is there, but neither valid\.de "
+                                                r"nor valid\.de\.gz$"):
+        find_split(tmp_path, "valid")
 
 
 def test_find_split_names_what_it_looked_for(tmp_path: Path):

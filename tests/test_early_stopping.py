@@ -14,14 +14,17 @@ from fastformer.training.metrics import METRICS_FILE, read_records
 from fastformer_process import run
 from test_train import TRAIN_FLAGS, _assert_same_tensors, _fail, _run, data_dir, measured_records  # noqa: F401
 
+NO_RISE_GUARD = ["--max-loss-rise", "0"]  # --lr-scale 30 sends the train loss up on purpose
+
 
 def test_the_best_checkpoint_is_the_step_of_the_lowest_validation_loss(data_dir: Path, tmp_path: Path):
     """A run validated after every update with a learning rate high enough that its loss goes up and down: the best
     checkpoint holds the weights of the step whose validation loss was lowest, and every checkpoint counts the
     validations since."""
     out_dir = tmp_path / "run"
-    _run(TRAIN_FLAGS + ["--data-dir", str(data_dir), "--out-dir", str(out_dir), "--max-steps", "8", "--valid-every",
-                        "1", "--save-every", "1", "--keep-last", "8", "--best-metric", "loss", "--lr-scale", "30"])
+    _run(TRAIN_FLAGS + NO_RISE_GUARD + ["--data-dir", str(data_dir), "--out-dir", str(out_dir), "--max-steps", "8",
+                                        "--valid-every", "1", "--save-every", "1", "--keep-last", "8", "--best-metric",
+                                        "loss", "--lr-scale", "30"])
     losses = {record["step"]: record["valid_nll"] for record in read_records(out_dir / METRICS_FILE)
               if "valid_nll" in record}
     assert sorted(losses) == list(range(1, 9))
@@ -107,19 +110,42 @@ trainer.Trainer._update = update_then_signal
 sys.argv = ['fastformer'] + sys.argv[1:]
 runpy.run_module('fastformer', run_name='__main__')
 """
+# The same, the SIGTERM sent during the validation of step STOP instead: validation translates one sentence at a
+# time, and the signal comes as the CHUNK-th of the step's 2 translations starts: the first cuts validation short,
+# the last lets it end.
+SIGNALLED_IN_VALIDATION = """import os, runpy, signal, sys
+from fastformer.training import trainer
+from fastformer.translation.translator import Translator
+trainer.VALID_CHUNK_SENTENCES = 1
+translate = Translator.translate
+calls = []
+def signal_then_translate(self, *args, **kwargs):
+    calls.append(None)
+    if len(calls) == 2 * ({stop} // 2 - 1) + {chunk}:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return translate(self, *args, **kwargs)
+Translator.translate = signal_then_translate
+sys.argv = ['fastformer'] + sys.argv[1:]
+runpy.run_module('fastformer', run_name='__main__')
+"""
 
 
-@pytest.mark.parametrize("stop, extra, patience_step", [(4, ["--lr-scale", "30", "--best-metric", "loss"], None),
-                                                      (6, ["--lr-scale", "0", "--patience", "2"], 6)])
+@pytest.mark.parametrize("stop, extra, patience_step, runner", [
+    (4, ["--lr-scale", "30", "--best-metric", "loss"] + NO_RISE_GUARD, None, SIGNALLED_RUN),
+    (6, ["--lr-scale", "0", "--patience", "2"], 6, SIGNALLED_RUN),
+    (4, ["--lr-scale", "30", "--best-metric", "loss"] + NO_RISE_GUARD, None, SIGNALLED_IN_VALIDATION),
+])
 def test_a_stop_at_a_validation_step_and_resume_keep_the_best_and_the_records_exact(
-        data_dir: Path, tmp_path: Path, stop: int, extra: list[str], patience_step: int | None):
-    """SIGTERM lands on a validation step, whose validation the stop skips; --resume does it first, so the best
-    score, --patience's count, checkpoint_best.pt and metrics.jsonl are those of a run never stopped (with
-    --patience 2 on a frozen model, that resumed validation is the one that ends the run)."""
+        data_dir: Path, tmp_path: Path, stop: int, extra: list[str], patience_step: int | None, runner: str):
+    """SIGTERM lands on a validation step, whose validation the stop skips (or cuts short: a long one would outlast
+    torchrun's --shutdown-timeout); --resume does it first, so the best score, --patience's count,
+    checkpoint_best.pt and metrics.jsonl are those of a run never stopped (with --patience 2 on a frozen model, that
+    resumed validation is the one that ends the run)."""
     flags = TRAIN_FLAGS + ["--data-dir", str(data_dir), "--max-steps", "8", "--save-every", "4"] + extra
     split, straight = tmp_path / "split", tmp_path / "straight"
-    stopped = run(["-c", SIGNALLED_RUN.format(stop=stop)] + flags + ["--out-dir", str(split)], module=False)
+    stopped = run(["-c", runner.format(stop=stop, chunk=1)] + flags + ["--out-dir", str(split)], module=False)
     assert stopped.returncode == run_control.EXIT_STOPPED, stopped.stderr
+    assert f"stopped by SIGTERM after step {stop};" in stopped.stderr
     assert checkpoint.load_checkpoint(checkpoint.checkpoint_path(split, stop)).validation_skipped
     assert stop not in [record["step"] for record in read_records(split / METRICS_FILE) if "valid_nll" in record]
     if patience_step is None:
@@ -140,3 +166,17 @@ def test_a_stop_at_a_validation_step_and_resume_keep_the_best_and_the_records_ex
     assert bests[0].step == bests[1].step == finals[1].best["step"]
     _assert_same_tensors(bests[0].model, bests[1].model, "best checkpoints")
     assert measured_records(split) == measured_records(straight)
+
+
+def test_a_signal_during_the_last_validation_chunk_stops_there_with_the_validation_done(data_dir: Path,
+                                                                                       tmp_path: Path):
+    """A SIGTERM that comes as validation's last chunk starts lets it end, and the run stops at that step (no further
+    update): its checkpoint owes no validation, and the metrics hold it once."""
+    flags = TRAIN_FLAGS + ["--data-dir", str(data_dir), "--max-steps", "8", "--out-dir", str(tmp_path / "run")]
+    stopped = run(["-c", SIGNALLED_IN_VALIDATION.format(stop=4, chunk=2)] + flags, module=False)
+    assert stopped.returncode == run_control.EXIT_STOPPED, stopped.stderr
+    assert "stopped by SIGTERM after step 4;" in stopped.stderr
+    assert checkpoint.list_checkpoints(tmp_path / "run")[-1] == checkpoint.checkpoint_path(tmp_path / "run", 4)
+    assert not checkpoint.load_checkpoint(checkpoint.checkpoint_path(tmp_path / "run", 4)).validation_skipped
+    assert [record["step"] for record in read_records(tmp_path / "run" / METRICS_FILE) if "valid_nll" in record] == [
+        2, 4]

@@ -14,6 +14,7 @@ import shlex
 import signal
 import socket
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,7 +23,7 @@ import torch
 
 from fastformer import checkpoint
 from fastformer.training import run_control
-from fastformer.training.metrics import METRICS_FILE
+from fastformer.training.metrics import METRICS_FILE, read_records
 from fastformer_process import run, start
 from test_train import (TRAIN_FLAGS, _assert_same_tensors, _fail, _resumed_and_straight, _run, data_dir,  # noqa: F401
                         measured_records)
@@ -123,6 +124,53 @@ def test_a_signal_to_one_torchrun_rank_stops_every_rank_after_the_same_update(da
     _assert_resumed_equals_straight(resumed, reference)
 
 
+def test_a_preemption_signalling_every_process_stops_every_rank_with_a_checkpoint(data_dir: Path, tmp_path: Path):
+    """SLURM's preemption signals every process of the job, and torchrun forwards its own SIGTERM to its workers: each
+    worker gets two. The second must not kill it mid-update or mid-save: the run stops with its checkpoint and
+    resumes to the straight run's weights."""
+    flags = LOGGED_FLAGS + ["--data-dir", str(data_dir), "--valid-every", "0"]
+
+    def preempt(launcher: subprocess.Popen) -> None:
+        for rank in (0, 1):
+            os.kill(_rank_pid(launcher.pid, rank), signal.SIGTERM)
+        launcher.send_signal(signal.SIGTERM)
+
+    _, (cause, _, _, _), resumed, reference = _stopped_and_resumed(flags, tmp_path, 8, ranks=2, send_signal=preempt)
+    assert cause == "SIGTERM"
+    _assert_resumed_equals_straight(resumed, reference)
+
+
+@pytest.mark.parametrize("torchrun_worker", [False, True])
+def test_a_repeated_stop_signal_ends_a_lone_process_and_not_a_torchrun_worker(torchrun_worker: bool):
+    """Two SIGTERMs inside StopSignals: a process of its own ends at the second (a second Ctrl-C forces the end); a
+    torchrun worker (TORCHELASTIC_RUN_ID set) records the first and lives on to stop at an update boundary."""
+    code = ("import os, signal\n"
+            "from fastformer.training import run_control\n"
+            "with run_control.StopSignals() as signals:\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    os.kill(os.getpid(), signal.SIGINT)\n"
+            "    print(signals.received)\n")
+    environment = {key: value for key, value in os.environ.items() if key != "TORCHELASTIC_RUN_ID"}
+    if torchrun_worker:
+        environment["TORCHELASTIC_RUN_ID"] = "none"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment, timeout=120)
+    if torchrun_worker:
+        assert done.returncode == 0 and done.stdout == "SIGTERM\n", done.stderr
+    else:
+        assert done.returncode == -signal.SIGINT and done.stdout == ""
+
+
+def test_the_resume_command_of_a_multi_node_run_names_each_nodes_launch():
+    argv = ["train", "--out-dir", "runs/big"]
+    one_node = run_control.stopped_message(7, Path("c.pt"), "SIGTERM", argv, world_size=8, local_world_size=8)
+    assert one_node.endswith("resume with: torchrun --nproc_per_node=8 --no-python fastformer train --out-dir "
+                             "runs/big --resume")
+    two_nodes = run_control.stopped_message(7, Path("c.pt"), "SIGTERM", argv, world_size=16, local_world_size=8)
+    assert two_nodes.endswith("resume with the job's launch on each of its 2 nodes, running: torchrun "
+                              "--nproc_per_node=8 --no-python fastformer train --out-dir runs/big --resume (and the "
+                              "job's --nnodes and rendezvous options)")
+
+
 @pytest.mark.parametrize("raised, status, stderr", [
     ("pass", 0, ""),
     ("raise SystemExit(run_control.EXIT_STOPPED)", run_control.EXIT_STOPPED, ""),
@@ -191,10 +239,12 @@ def _all_finite(path: Path) -> bool:
 
 def test_a_diverging_run_stops_naming_the_newest_finite_checkpoint(data_dir: Path, tmp_path: Path):
     """--lr-scale 1e6: the run stops with one line naming the steps, the newest finite checkpoint and the options to
-    change; no checkpoint of non-finite weights is written, and --keep-last 1 kept the finite one."""
+    change; no checkpoint of non-finite weights is written, and --keep-last 1 kept the finite one. (The loss-rise
+    guard, off here, would stop the run earlier, on a finite loss.)"""
     out_dir = tmp_path / "run"
     stderr = _fail(TRAIN_FLAGS + ["--data-dir", str(data_dir), "--out-dir", str(out_dir), "--lr-scale", "1e6",
-                                  "--save-every", "1", "--keep-last", "1", "--valid-every", "0", "--max-steps", "40"])
+                                  "--save-every", "1", "--keep-last", "1", "--valid-every", "0", "--max-steps", "40",
+                                  "--max-loss-rise", "0"])
     assert stderr.count("\n") == 1, stderr
     match = re.search(r"became non-finite \(nan/inf\) (?:at|between) step (\d+)(?: and step (\d+))?, so nothing of "
                       r"it was saved; the newest finite checkpoint is (\S+)\. Start again with a lower --lr-scale "
@@ -204,6 +254,70 @@ def test_a_diverging_run_stops_naming_the_newest_finite_checkpoint(data_dir: Pat
     assert first <= last < 40
     assert checkpoint.list_checkpoints(out_dir) == [newest] == [checkpoint.checkpoint_path(out_dir, first - 1)]
     assert _all_finite(newest)
+
+
+def _first_stop_by_rise(losses: list[float], max_rise: float) -> int | None:
+    """Brute force of --max-loss-rise's rule: the first log line ending 3 in a row each more than max_rise above the
+    lowest line before them, or None."""
+    return next((end for end in range(3, len(losses))
+                 if all(loss > min(losses[:end - 2]) + max_rise for loss in losses[end - 2:end + 1])), None)
+
+
+def test_the_loss_rise_guard_stops_where_brute_force_says(tmp_path: Path):
+    """Random loss curves (drifting, with spikes): the guard raises at the line brute force picks, naming the newest
+    checkpoint of the lowest line's step or before; with max_rise 0 it never raises."""
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        steps = torch.randint(1, 4, (25,), generator=generator).cumsum(0).tolist()
+        losses = (6.0 + torch.randn(25, generator=generator).cumsum(0) * 0.8).tolist()
+        out_dir = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        out_dir.mkdir()
+        for step in steps[::3]:
+            checkpoint.checkpoint_path(out_dir, step).touch()
+        expected = _first_stop_by_rise(losses, 2.0)
+        guard, never = run_control.LossRiseGuard(2.0), run_control.LossRiseGuard(0.0)
+        stopped = None
+        for line, (step, loss) in enumerate(zip(steps, losses)):
+            never.observe(step, loss, out_dir, 1.0, 4000)
+            try:
+                guard.observe(step, loss, out_dir, 1.0, 4000)
+            except run_control.DivergedError as error:
+                stopped, message = line, str(error)
+                break
+        assert stopped == expected, losses
+        if stopped is not None:
+            lowest_line = min(range(stopped - 2), key=lambda index: (losses[index], index))
+            lowest_step = steps[lowest_line]
+            before = [path for path in checkpoint.list_checkpoints(out_dir)
+                      if int(path.stem.split("_")[1]) <= lowest_step]
+            assert f"{losses[lowest_line]:.3f} at step {lowest_step}, for 3 log lines in a row up to step " \
+                   f"{steps[stopped]}" in message
+            assert (f"is {before[-1]}." if before else "no checkpoint of that step or before is left") in message
+
+
+def test_a_loss_that_rises_and_stays_finite_stops_the_run(data_dir: Path, tmp_path: Path):
+    """--lr-scale 100 sends the loss far above its first log line without reaching inf: the run stops in one line at
+    the third risen line (the metrics say which), before saving that step; the checkpoints carry the guard's state."""
+    out_dir = tmp_path / "run"
+    flags = [flag for flag in TRAIN_FLAGS if flag not in ("--lr-scale", "4", "--warmup")]
+    stderr = _fail(flags + ["--data-dir", str(data_dir), "--out-dir", str(out_dir), "--lr-scale", "100", "--warmup",
+                            "10", "--log-every", "5", "--save-every", "5", "--keep-last", "100", "--valid-every",
+                            "0", "--max-steps", "200"])
+    assert stderr.count("\n") == 1, stderr
+    records = read_records(out_dir / METRICS_FILE)
+    losses = [record["train_loss"] for record in records]
+    stop = _first_stop_by_rise(losses, 2.0)
+    assert stop == len(losses) - 1, losses
+    lowest = min(range(stop - 2), key=lambda index: (losses[index], index))
+    assert (f"training diverged: the train loss was more than --max-loss-rise 2 above its lowest, "
+            f"{losses[lowest]:.3f} at step {records[lowest]['step']}, for 3 log lines in a row up to step "
+            f"{records[stop]['step']} (now {losses[stop]:.3f}); the newest checkpoint of that step or before is "
+            f"{checkpoint.checkpoint_path(out_dir, records[lowest]['step'])}. Start again with a lower --lr-scale "
+            f"(this run: 100)") in stderr
+    saved = checkpoint.list_checkpoints(out_dir)
+    assert saved[-1] == checkpoint.checkpoint_path(out_dir, records[stop - 1]["step"])
+    state = checkpoint.load_checkpoint(saved[-1]).lowest_loss
+    assert state == {"loss": losses[lowest], "step": records[lowest]["step"], "risen": 2}
 
 
 def test_a_checkpoint_that_does_not_fit_names_its_size_and_leaves_the_previous_one(data_dir: Path, tmp_path: Path):

@@ -225,6 +225,24 @@ def test_cli_builds_a_shortlist_and_translates_and_evaluates_with_it(tiny_checkp
     main(["translate", "--checkpoint", path, "--input", str(tmp_path / "in.en"), "--output", str(tmp_path / "out.de"),
           "--shortlist", str(output)])
     assert read_lines(tmp_path / "out.de") == expected
+    # The vocabulary is each batch's union, so a sentence's output depends on its batch: a resume must batch alike.
+    # A run stopped in its 2nd chunk by a line that is not UTF-8 keeps the 1st; the line mended, it resumes.
+    broken = tmp_path / "broken.en"
+    broken.write_bytes("\n".join(sources[:7]).encode() + b"\n\xff\n" + "\n".join(sources[8:]).encode() + b"\n")
+    translate = ["translate", "--checkpoint", path, "--input", str(broken), "--output", str(tmp_path / "resumed.de"),
+                 "--shortlist", str(output), "--chunk-lines", "5"]
+    with pytest.raises(SystemExit, match="not valid UTF-8"):
+        main(translate)
+    broken.write_text("\n".join(sources) + "\n", encoding="utf-8")
+    for option, value in (("--chunk-lines", "7"), ("--batch-tokens", "64")):
+        with pytest.raises(SystemExit, match=rf"cannot resume .*: it was made with {option} \d+, this run has "
+                                             rf"{option} {value}"):
+            main(translate + ["--resume", option, value])
+    main(translate + ["--resume"])
+    straight = [option if option != str(tmp_path / "resumed.de") else str(tmp_path / "straight.de")
+                for option in translate]
+    main(straight)
+    assert (tmp_path / "resumed.de").read_bytes() == (tmp_path / "straight.de").read_bytes()
     main(["evaluate", "--checkpoint", path, "--split", "valid", "--max-sentences", "20", "--shortlist", str(output)])
     assert "BLEU" in capsys.readouterr().out
     # An --output over what the command reads is refused before it writes anything.

@@ -179,7 +179,10 @@ def test_bad_training_input_is_a_clear_error(data_dir: Path, tmp_path: Path):
     broken = _corpus_slice(tmp_path / "no_valid", {"train": 20, "valid": 4})
     (broken / "valid.de").unlink()
     assert "valid.de" in _fail(flags + ["--data-dir", str(broken)])
-    assert "no checkpoint_*.pt" in _fail(flags + ["--data-dir", str(data_dir), "--resume"])
+    # A mistyped --out-dir is named, and not made (nor a lock file left in it).
+    assert f"--resume: no checkpoint_*.pt in {tmp_path / 'typo'} (no such directory)" in _fail(
+        flags + ["--data-dir", str(data_dir), "--out-dir", str(tmp_path / "typo"), "--resume"])
+    assert not (tmp_path / "typo").exists()
 
 
 def test_a_validation_split_it_cannot_run_on_is_an_error_before_any_update(tmp_path: Path):

@@ -133,14 +133,28 @@ def find_split(data_dir: Path | None, split: str, src_lang: str = "en", tgt_lang
     data_dir = BUNDLED_CORPUS if data_dir is None else Path(data_dir)
     if not data_dir.is_dir():
         raise FileNotFoundError(f"data directory not found: {data_dir}")
-    candidates = [SplitFiles(data_dir / f"{name}.{src_lang}{gz}", data_dir / f"{name}.{tgt_lang}{gz}")
-                  for name in SPLIT_ALIASES[split] for gz in ("", ".gz")]
+    # Each side may be gzipped or not, independently of the other.
+    candidates = [SplitFiles(_plain_or_gz(data_dir / f"{name}.{src_lang}"),
+                             _plain_or_gz(data_dir / f"{name}.{tgt_lang}")) for name in SPLIT_ALIASES[split]]
+    tried = [f"{data_dir / name}.{src_lang}[.gz] + {data_dir / name}.{tgt_lang}[.gz]" for name in SPLIT_ALIASES[split]]
     if split in SACREBLEU_SETS:
         test_set = SACREBLEU_SETS[split]
         stem = data_dir / test_set / f"{test_set}.{src_lang}-{tgt_lang}"
         candidates.append(SplitFiles(stem.with_name(stem.name + ".src"), stem.with_name(stem.name + ".ref")))
+        tried.append(f"{candidates[-1].src} + {candidates[-1].tgt}")
     for files in candidates:
         if files.src.is_file() and files.tgt.is_file():
             return files
-    tried = ", ".join(f"{files.src} + {files.tgt}" for files in candidates)
-    raise FileNotFoundError(f"no {split} split in {data_dir}: looked for {tried}")
+    for files in candidates:
+        if files.src.is_file() != files.tgt.is_file():
+            found, missing = (files.src, files.tgt) if files.src.is_file() else (files.tgt, files.src)
+            other = (f"not {missing.name}" if missing.suffix in (".src", ".ref")
+                     else f"neither {missing.name} nor {missing.name}.gz")
+            raise FileNotFoundError(f"no {split} split in {data_dir}: {found.name} is there, but {other}")
+    raise FileNotFoundError(f"no {split} split in {data_dir}: looked for {', '.join(tried)}")
+
+
+def _plain_or_gz(path: Path) -> Path:
+    """path.gz where only it exists, else path."""
+    gzipped = path.with_name(path.name + ".gz")
+    return gzipped if gzipped.is_file() and not path.is_file() else path

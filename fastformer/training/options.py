@@ -54,6 +54,8 @@ class TrainOptions:
     max_steps: int = _option(100_000, "updates to train (in all, counting those a resumed run already did)")
     max_minutes: float = _option(0.0, "also stop after this many minutes of wall-clock time (0: no time limit)")
     log_every: int = _option(100, "updates between log lines")
+    max_loss_rise: float = _option(2.0, "stop the run (diverged) when the train loss of 3 log lines in a row is more "
+                                        "than this many nats above the lowest logged before them (0: never)")
     valid_every: int = _option(1000, "updates between validations (0: none)")
     valid_bleu_sentences: int = _option(200, "validation sentences translated for a BLEU score (0: none, -1: all)")
     valid_beam: int = _option(4, "beam size of the validation BLEU's translations (with translate's length penalty)")
@@ -96,7 +98,7 @@ class TrainOptions:
         for name in ("batch_tokens", "update_tokens", "warmup", "max_steps", "log_every", "keep_last"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("valid_every", "save_every", "max_minutes", "patience", "clip_norm"):
+        for name in ("valid_every", "save_every", "max_minutes", "patience", "clip_norm", "max_loss_rise"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         self._check_validation()

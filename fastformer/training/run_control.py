@@ -1,7 +1,8 @@
 """Run control of `fastformer train`: a stop asked for by SIGTERM or SIGINT, one run per out-dir (an advisory lock),
-and the divergence guard (a non-finite loss, gradient or weight stops the run).
+and the divergence guards (a non-finite loss, gradient or weight stops the run; so does a finite loss that rose and
+stays risen).
 
-A leaf beside checkpoint.py: train.py calls these at its hook points (the update's token sum, logging, saving) and the
+Beside checkpoint.py, which it reads: train.py calls these at its hook points (the update's token sum, logging, saving) and the
 CLI at its start and end.
 """
 
@@ -19,6 +20,9 @@ from pathlib import Path
 
 import torch
 
+from fastformer import checkpoint
+from fastformer.checkpoint import LowestLoss
+
 # sysexits.h's EX_TEMPFAIL, "a temporary failure; the user is invited to retry": the run is unfinished and resumes
 # from the checkpoint it wrote. It differs from 1 (an error to fix) and from 128 + signal (killed, nothing saved), so
 # a job script can requeue exactly these runs.
@@ -29,11 +33,15 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 class StopSignals:
     """While entered, the first SIGTERM or SIGINT is only recorded (`received`, its name), for the loop to stop at an
-    update boundary; its handler then restores the default actions, so a second signal ends the process at once."""
+    update boundary. In a process of its own the handler then restores the default actions, so a second signal (a
+    second Ctrl-C) ends it at once. A torchrun worker keeps recording: a preemption (SLURM's scancel) signals every
+    process, and torchrun forwards its own copy to its workers, so a worker gets two; torchrun's SIGKILL after
+    --shutdown-timeout is its hard stop."""
 
     def __init__(self) -> None:
         self.received: str | None = None
         self._previous: dict[signal.Signals, object] = {}
+        self._repeat_ends_process = "TORCHELASTIC_RUN_ID" not in os.environ
 
     def __enter__(self) -> StopSignals:
         # Python runs signal handlers in the main thread only, and only it may install them.
@@ -47,23 +55,32 @@ class StopSignals:
         self._previous = {}
 
     def _handle(self, number: int, frame: object) -> None:
-        self.received = signal.Signals(number).name
-        for other in STOP_SIGNALS:
-            signal.signal(other, signal.SIG_DFL)
+        self.received = self.received or signal.Signals(number).name
+        if self._repeat_ends_process:
+            for other in STOP_SIGNALS:
+                signal.signal(other, signal.SIG_DFL)
 
     def vote(self) -> float:
         """1.0 once this process got a signal: summed over the ranks with the update's token count."""
         return float(self.received is not None)
 
 
-def stopped_message(step: int, path: Path, stopped_by: str, argv: list[str], world_size: int) -> str:
+def stopped_message(step: int, path: Path, stopped_by: str, argv: list[str], world_size: int,
+                    local_world_size: int) -> str:
     """The one line a stopped run ends with: where it stopped, its checkpoint, and the command (argv: the CLI's
-    arguments) that resumes it."""
+    arguments) that resumes it; on several nodes, what each node's launch runs (its rendezvous options are the
+    job's own)."""
     arguments = [arg for arg in argv if arg != "--overwrite"] + ([] if "--resume" in argv else ["--resume"])
-    launcher = ["fastformer"] if world_size == 1 else ["torchrun", f"--nproc_per_node={world_size}", "--no-python",
-                                                       "fastformer"]
-    return (f"fastformer {argv[0]}: stopped by {stopped_by} after step {step}; checkpoint {path}; resume with: "
-            f"{shlex.join(launcher + arguments)}")
+    if world_size == 1:
+        return (f"fastformer {argv[0]}: stopped by {stopped_by} after step {step}; checkpoint {path}; resume with: "
+                f"{shlex.join(['fastformer'] + arguments)}")
+    launcher = ["torchrun", f"--nproc_per_node={local_world_size}", "--no-python", "fastformer"]
+    if world_size == local_world_size:
+        return (f"fastformer {argv[0]}: stopped by {stopped_by} after step {step}; checkpoint {path}; resume with: "
+                f"{shlex.join(launcher + arguments)}")
+    return (f"fastformer {argv[0]}: stopped by {stopped_by} after step {step}; checkpoint {path}; resume with the "
+            f"job's launch on each of its {world_size // local_world_size} nodes, running: "
+            f"{shlex.join(launcher + arguments)} (and the job's --nnodes and rendezvous options)")
 
 
 class OutDirInUseError(OSError):
@@ -137,6 +154,42 @@ class DivergenceGuard:
                  else f"between step {self.checked_step + 1} and step {step}")
         raise DivergedError(
             f"training diverged: the loss or a gradient became non-finite (nan/inf) {steps}, so nothing of it was "
-            f"saved; {newest}. Start again with a lower "
-            f"--lr-scale (this run: {lr_scale:g}) or a longer --warmup (this run: {warmup}), with --overwrite or in "
-            f"another --out-dir (--resume keeps both options)")
+            f"saved; {newest}. {_restart_advice(lr_scale, warmup)}")
+
+
+def _restart_advice(lr_scale: float, warmup: int) -> str:
+    return (f"Start again with a lower --lr-scale (this run: {lr_scale:g}) or a longer --warmup (this run: {warmup}), "
+            f"with --overwrite or in another --out-dir (--resume keeps both options)")
+
+
+class LossRiseGuard:
+    """Stops a run whose loss diverged and stayed finite: a post-LN Transformer whose learning rate is too high can
+    climb back towards the unigram loss and stay there, and with --keep-last its good checkpoints would rotate out.
+    The run stops when the train loss of RISEN_LOG_LINES log lines in a row is more than max_rise nats above the
+    lowest logged before them. Log lines average an interval over all ranks, so every rank stops at the same line;
+    the state is part of every checkpoint, so a resumed run goes on counting."""
+
+    RISEN_LOG_LINES = 3
+
+    def __init__(self, max_rise: float, saved: LowestLoss | None = None) -> None:
+        self.max_rise = max_rise  # 0: never stop
+        self.state: LowestLoss | None = None if saved is None else LowestLoss(**saved)
+
+    def observe(self, step: int, loss: float, out_dir: Path, lr_scale: float, warmup: int) -> None:
+        """Takes a log line's train loss per token; raises DivergedError on the RISEN_LOG_LINES-th risen line."""
+        if self.state is None or loss < self.state["loss"]:
+            self.state = LowestLoss(loss=loss, step=step, risen=0)
+            return
+        if not self.max_rise or loss <= self.state["loss"] + self.max_rise:
+            self.state["risen"] = 0
+            return
+        self.state["risen"] += 1
+        if self.state["risen"] < self.RISEN_LOG_LINES:
+            return
+        before = checkpoint.list_checkpoints(out_dir, up_to_step=self.state["step"])
+        newest = (f"the newest checkpoint of that step or before is {before[-1]}" if before
+                  else "no checkpoint of that step or before is left")
+        raise DivergedError(
+            f"training diverged: the train loss was more than --max-loss-rise {self.max_rise:g} above its lowest, "
+            f"{self.state['loss']:.3f} at step {self.state['step']}, for {self.RISEN_LOG_LINES} log lines in a row "
+            f"up to step {step} (now {loss:.3f}); {newest}. {_restart_advice(lr_scale, warmup)}")

@@ -10,8 +10,10 @@ on several nodes the prepared directory must be on storage every node mounts (--
 
 from __future__ import annotations
 
+import contextlib
 from datetime import timedelta
 from pathlib import Path
+
 import torch.distributed as dist
 
 from fastformer.data import LengthFilter, SplitFiles, find_split
@@ -89,8 +91,11 @@ def open_run_corpora(options: TrainOptions, rank: int, world_size: int,
     if rank == 0:
         try:
             corpora = prepare_run_corpora(options, tokenizers)
-        except BaseException as error:
-            dist.broadcast_object_list([("error", f"{error}")], src=0, group=group)
+        except Exception as error:
+            # Rank 0 prints the error; the others end without printing it again. A Ctrl-C (torchrun forwards it to
+            # every rank) is not broadcast: the others are ending on it too.
+            with contextlib.suppress(RuntimeError):  # the other ranks are gone
+                dist.broadcast_object_list([("error", f"{error}")], src=0, group=group)
             raise
         message = [[(str(corpus.path), corpus.digest) for corpus in corpora]]
     dist.broadcast_object_list(message, src=0, group=group)
@@ -98,7 +103,7 @@ def open_run_corpora(options: TrainOptions, rank: int, world_size: int,
     if rank == 0:
         return corpora
     if message[0][0] == "error":
-        raise ValueError(f"rank 0 could not prepare the corpus: {message[0][1]}")
+        raise SystemExit(1)  # rank 0 printed why
     return [_open_prepared(Path(path), digest, rank) for path, digest in message[0]]
 
 

@@ -40,6 +40,9 @@ from fastformer.training.run_corpus import corpus_files, extra_corpus_files, ope
 from fastformer.translation import evaluate
 from fastformer.translation.translator import Translator
 
+# Validation translates this many sentences at a time, looking for a stop signal in between.
+VALID_CHUNK_SENTENCES = 32
+
 
 @dataclass
 class TrainResult:
@@ -150,12 +153,22 @@ def check_step(step: str, device: torch.device) -> None:
                          f"--step eager")
 
 
-def check_run(options: TrainOptions) -> InitialModel | None:
-    """What can be checked before any work (and before --overwrite deletes anything): the device, the backend on it,
-    the corpus files, the tensorboard package where --tensorboard-logdir asks for it, and --init-from's model against
-    the options -> that model (None without --init-from)."""
+@dataclass
+class CheckedRun:
+    """The options passed check_run; --init-from's model, loaded and checked (None without --init-from)."""
+
+    initial: InitialModel | None
+
+
+def check_run(options: TrainOptions) -> CheckedRun:
+    """What can be checked before any work (before the out-dir is made or locked, and before --overwrite deletes
+    anything): the out-dir, and a checkpoint in it to --resume from; the device, the backend on it, the corpus files,
+    the tensorboard package where --tensorboard-logdir asks for it, and --init-from's model against the options."""
     if Path(options.out_dir).exists() and not Path(options.out_dir).is_dir():
         raise NotADirectoryError(f"--out-dir {options.out_dir} is a file, not a directory")
+    if options.resume and not checkpoint.list_checkpoints(Path(options.out_dir)):
+        raise FileNotFoundError(f"--resume: no checkpoint_*.pt in {options.out_dir}"
+                                + ("" if Path(options.out_dir).is_dir() else " (no such directory)"))
     device = evaluate.resolve_device(options.device)
     check_backend(options.backend, device)
     check_step(options.step, device)
@@ -164,12 +177,12 @@ def check_run(options: TrainOptions) -> InitialModel | None:
     if options.tensorboard_logdir is not None:
         summary_writer_class()
     if options.init_from is None:
-        return None
+        return CheckedRun(None)
     initial = load_initial_model(options.init_from)
     check_architecture(options, initial)
     if options.tag_extra is not None:
         tag_id(options, initial.tokenizers)
-    return initial
+    return CheckedRun(initial)
 
 
 def tag_id(options: TrainOptions, tokenizers: Tokenizers) -> int:
@@ -274,10 +287,11 @@ class _BatchStream:
 class Trainer:
     """Holds the model, optimizer, data stream and schedule of one training run; `run()` trains to the budget."""
 
-    def __init__(self, options: TrainOptions) -> None:
+    def __init__(self, options: TrainOptions, checked: CheckedRun | None = None) -> None:
+        """checked: check_run's result where the caller ran it (else it runs here)."""
         self.options = options
         self.env = _setup_distributed(options.device)
-        initial = check_run(options)
+        initial = (check_run(options) if checked is None else checked).initial
         resumed = _load_resumable(options, self.env) if options.resume else None
         if self.env.is_main:
             checkpoint.remove_stale_temp_files(Path(options.out_dir))
@@ -305,6 +319,8 @@ class Trainer:
         self.stop_requested = self.out_of_time = False
         self.start = time.perf_counter()
         self.guard = run_control.DivergenceGuard(self.env.device, self.step)
+        self.loss_rise = run_control.LossRiseGuard(options.max_loss_rise,
+                                                   None if resumed is None else resumed[1].lowest_loss)
         sampler_class = BucketBatchSampler if options.batching == "buckets" else TokenBatchSampler
         sampler = sampler_class(self.train_corpus.src_lengths, self.train_corpus.tgt_lengths, options.batch_tokens,
                                 seed=options.seed, rank=self.env.rank, world_size=self.env.world_size)
@@ -484,6 +500,7 @@ class Trainer:
                                              world_size=self.env.world_size),
                 options=asdict(self.options),
                 best=self.best.state,
+                lowest_loss=self.loss_rise.state,
                 validation_skipped=self.validation_skipped,
             )
             if best:
@@ -496,34 +513,48 @@ class Trainer:
             self.newest_checkpoint = path
         return path
 
-    def validate(self) -> dict:
+    def validate(self) -> dict | None:
         """Validation loss per target token (no smoothing) and, unless --valid-bleu-sentences is 0, BLEU of the first
         valid sentences translated as `translate` does (--valid-beam, its length penalty): computed on rank 0,
-        returned on every rank."""
+        returned on every rank -> None on every rank where a stop signal to rank 0 cut it short. A signal to any rank
+        sets stop_requested, so that every rank stops here rather than after another update."""
         names = ["valid_nll"] + (["valid_bleu"] if self.options.valid_bleu_sentences else [])
         results = dict.fromkeys(names, 0.0)
+        cut_short = False
         if self.env.is_main:
             # Validation draws no training randomness, so a resumed run matches an uninterrupted one.
             with torch.random.fork_rng(devices=[self.env.device] if self.env.device.type == "cuda" else []):
                 self.model.eval()
-                results["valid_nll"] = evaluate.corpus_nll(self.model, self.data.valid, self.options.batch_tokens,
-                                                           self.env.device)
-                if "valid_bleu" in results:
-                    results["valid_bleu"] = self._valid_bleu()
+                nll = evaluate.corpus_nll(self.model, self.data.valid, self.options.batch_tokens, self.env.device,
+                                          stop=lambda: self.signals.received is not None)
+                bleu = self._valid_bleu() if "valid_bleu" in results and nll is not None else None
+                cut_short = nll is None or ("valid_bleu" in results and bleu is None)
+                if not cut_short:
+                    results.update(valid_nll=nll, **({} if bleu is None else {"valid_bleu": bleu}))
                 self.model.train()
         # Every rank takes part in keeping the best score and in stopping for --patience.
-        return dict(zip(names, self.env.sum(list(results.values()))))
+        *summed, stop_votes, cut_votes = self.env.sum(list(results.values()) + [self.signals.vote(), float(cut_short)])
+        self.stop_requested = self.stop_requested or stop_votes > 0
+        return None if cut_votes else dict(zip(names, summed))
 
-    def _valid_bleu(self) -> float:
+    def _valid_bleu(self) -> float | None:
+        """BLEU of the validation sentences, translated a chunk at a time -> None where a stop signal came between
+        chunks (a long validation would outlast torchrun's --shutdown-timeout)."""
         count = self.options.valid_bleu_sentences
         pairs = self.data.valid_pairs if count == -1 else self.data.valid_pairs[:count]
         translator = Translator(self.model, self.tokenizers.source, self.tokenizers.target)
-        hypotheses = translator.translate([pair[0] for pair in pairs], beam_size=self.options.valid_beam)
+        hypotheses = []
+        for start in range(0, len(pairs), VALID_CHUNK_SENTENCES):
+            if self.signals.received is not None:
+                return None
+            hypotheses += translator.translate([pair[0] for pair in pairs[start:start + VALID_CHUNK_SENTENCES]],
+                                               beam_size=self.options.valid_beam)
         return evaluate.bleu(hypotheses, [pair[1] for pair in pairs])[0][0]
 
     def _log(self, meter: _Throughput, progress: tqdm) -> float:
         """Logs the interval's loss, lr, gradient norm (of its last update), throughput and real-token share over all
-        ranks to stdout and the metrics -> the interval's train loss per token."""
+        ranks to stdout and the metrics -> the interval's train loss per token; a loss risen for good raises
+        DivergedError."""
         loss_sum, tokens, padded, rate = meter.read(self.env)
         train_loss = loss_sum / max(tokens, 1.0)
         lr = self.scheduler.get_last_lr()[0]
@@ -533,6 +564,11 @@ class Trainer:
                            f"{rate:,.0f} tgt tok/s | epoch {self.stream.epoch}")
         self._record(train_loss=train_loss, lr=lr, grad_norm=grad_norm, tokens_per_second=rate,
                      real_token_share=tokens / max(padded, 1.0))
+        # Only the lines of the --log-every grid: a stop adds one off it, and a resumed run starts its first interval
+        # there, so a run stopped and resumed reaches the verdict of one never stopped.
+        if tokens and self.step % self.options.log_every == 0:
+            self.loss_rise.observe(self.step, train_loss, Path(self.options.out_dir), self.options.lr_scale,
+                                   self.options.warmup)
         return train_loss
 
     def _record(self, **scalars: float) -> None:
@@ -564,7 +600,8 @@ class Trainer:
             out_of_patience = self._validate(meter, progress)
             if out_of_patience:
                 path = self.save()
-        while self.step < options.max_steps and not out_of_patience:
+        # (A signal that cut that validation short ends the session before any update.)
+        while self.step < options.max_steps and not out_of_patience and not self.stop_requested:
             meter.add(*self._update())
             progress.update(1)
             last = self.step >= options.max_steps or self.stop_requested or self.out_of_time
@@ -579,7 +616,8 @@ class Trainer:
             if log:
                 train_loss = self._log(meter, progress)
             out_of_patience = bool(validate) and self._validate(meter, progress)
-            if out_of_patience and not log:  # an end as max_steps' is: its last interval logged
+            last = last or self.stop_requested  # a signal during validation
+            if (out_of_patience or last) and not log:  # an end as max_steps' is: its last interval logged
                 train_loss = self._log(meter, progress)
             if (options.save_every and self.step % options.save_every == 0) or last or out_of_patience:
                 with meter.paused():
@@ -596,9 +634,13 @@ class Trainer:
 
     def _validate(self, meter: _Throughput, progress: tqdm) -> bool:
         """Validates, prints and records the results, and writes checkpoint_best.pt if they are the best so far ->
-        whether --patience is exhausted."""
+        whether --patience is exhausted. A stop signal ends the loop after it (stop_requested)."""
         with meter.paused():
-            self.valid = self.validate()
+            valid = self.validate()
+            if valid is None:  # cut short by a stop signal: the checkpoint notes it, the resumed run does it
+                self.validation_skipped = True
+                return False
+            self.valid = valid
             if self.env.is_main and not self.options.quiet:
                 progress.write(f"step {self.step} | valid " +
                                " | ".join(f"{k} {v:.3f}" for k, v in self.valid.items()))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 
 import sacrebleu
 import torch
@@ -44,11 +45,15 @@ def translate_sentences(model: Transformer, tokenizer: Tokenizer, sentences: lis
 
 
 @torch.no_grad()
-def corpus_nll(model: Transformer, corpus: TokenizedCorpus, batch_tokens: int, device: torch.device) -> float:
-    """Mean negative log-likelihood per target token (no label smoothing) of a tokenized corpus."""
+def corpus_nll(model: Transformer, corpus: TokenizedCorpus, batch_tokens: int, device: torch.device,
+               stop: Callable[[], bool] = lambda: False) -> float | None:
+    """Mean negative log-likelihood per target token (no label smoothing) of a tokenized corpus; None where stop()
+    turned true before a batch."""
     sampler = TokenBatchSampler(corpus.src_lengths, corpus.tgt_lengths, max(batch_tokens, 1024))
     total_loss = total_tokens = 0.0
     for indices in sampler.batches(0):
+        if stop():
+            return None
         src, tgt_in, tgt_out = (tensor.to(device) for tensor in corpus.collate(indices))
         total_loss += model.loss(src, tgt_in, tgt_out, reduction="sum").item()
         total_tokens += int((tgt_out != model.config.pad_id).sum())
