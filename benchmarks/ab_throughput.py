@@ -16,8 +16,9 @@ names this checkout's commit). When the runs translate (anything but `--train`),
 gets it built in place with this Python (`setup.py build_ext --inplace`), this checkout included; training imports
 no extension. Each run uses its own tree's benchmark script with the arguments after `--` (so they must exist at both
 commits), imports its own tree's fastformer (PYTHONPATH), runs from its own folder under DIR (not from a checkout,
-whose source tree would shadow the package) and writes its JSON and log there; DIR/ab_throughput.json has every
-run and the ratios, rewritten after each run.
+whose source tree would shadow the package) and writes its JSON and log there, the JSON naming its own tree's commit
+(FASTFORMER_COMMIT, set per run); DIR/ab_throughput.json has every run and the ratios, rewritten after each run. A
+run that writes no JSON (an argument its script refuses) ends the comparison, naming its log.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+import bench_utils as bu
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -54,23 +57,32 @@ def ensure_built(tree: Path) -> None:
                        stdout=subprocess.DEVNULL)
 
 
-def run_benchmark(benchmark: str, tree: Path, arguments: list[str], out_dir: Path) -> dict:
-    """-> {"rates": {row: tokens/s}, "environment": ...} of one run of `tree`'s benchmarks/BENCHMARK.py: for
-    throughput.py its training and inference rows' medians, for cpu_decoding.py each row's median."""
+def run_benchmark(benchmark: str, tree: Path, commit: str, arguments: list[str], out_dir: Path) -> dict:
+    """-> {"rates": {row: tokens/s}, "environment": ...} of one run of `tree`'s benchmarks/BENCHMARK.py, its JSON
+    recording `commit` (FASTFORMER_COMMIT): for throughput.py its training and inference rows' medians, for
+    cpu_decoding.py each row's median. A run that writes no JSON ends the script, naming its log."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    output = ["--out-dir", str(out_dir)] if benchmark == "throughput" else ["--out", str(out_dir / f"{benchmark}.json")]
-    with open(out_dir / f"{benchmark}.log", "w") as log:
-        subprocess.run([sys.executable, str(tree / "benchmarks" / f"{benchmark}.py"), *arguments, *output],
-                       cwd=out_dir, env=env, check=True, stdout=log, stderr=subprocess.STDOUT)
-    results = json.loads((out_dir / f"{benchmark}.json").read_text())
+    env = {**os.environ, "PYTHONPATH": str(tree), "FASTFORMER_COMMIT": commit}
+    log_path, json_path = out_dir / f"{benchmark}.log", out_dir / f"{benchmark}.json"
+    output = ["--out-dir", str(out_dir)] if benchmark == "throughput" else ["--out", str(json_path)]
+    json_path.unlink(missing_ok=True)  # an earlier ab_throughput.py's JSON in the same folder must not pass for this
+    with open(log_path, "w") as log:
+        done = subprocess.run([sys.executable, str(tree / "benchmarks" / f"{benchmark}.py"), *arguments, *output],
+                              cwd=out_dir, env=env, stdout=log, stderr=subprocess.STDOUT)
+    # throughput.py exits 1 when a row failed, after writing its JSON: the rows that ran still count.
+    if not json_path.is_file():
+        last = (log_path.read_text().strip().splitlines() or ["(no output)"])[-1]
+        raise SystemExit(f"the run of {commit} ({tree}) failed with exit status {done.returncode}, writing no JSON: "
+                         f"{last} (log: {log_path})")
+    results = json.loads(json_path.read_text())
     rates = {}
     if benchmark == "cpu_decoding":
         for row in results["rows"]:
             if row.get("status") == "ok":
                 point = f"threads={row['threads']} beam={row['beam']} sentences={row['sentences']}"
                 rates[f"{row['system']} {row['threading']} {point} source={row['source_tokens']}"] = row["tokens_per_s"]
-        environment = {key: results.get(key) for key in ("cpu", "isa_caps", "torch", "python", "commit", "date")}
+        environment = {key: results.get(key)
+                       for key in ("cpu", "isa_caps", "torch", "python", "commit", "fastformer_path", "date")}
         return {"rates": rates, "environment": environment}
     for section in ("training", "inference"):
         for row in results.get(section, []):
@@ -114,7 +126,7 @@ def main() -> int:
     parser.add_argument("--benchmark", choices=("throughput", "cpu_decoding"), default="throughput",
                         help="the script of benchmarks/ both trees run")
     parser.add_argument("--baseline", required=True, help="the older commit")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=bu.positive_int, default=3)
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/fastformer-ab"))
     parser.add_argument("--baseline-tree", type=Path,
                         help="the baseline's source tree, made beforehand (instead of a worktree of --baseline)")
@@ -127,6 +139,11 @@ def main() -> int:
     script = Path("benchmarks") / f"{args.benchmark}.py"
     if args.baseline_tree is not None and not (args.baseline_tree / script).is_file():
         parser.error(f"--baseline-tree {args.baseline_tree} holds no {script}")
+    if args.baseline_tree is None:
+        try:
+            git("rev-parse", "--verify", "--quiet", f"{args.baseline}^{{commit}}")
+        except (subprocess.CalledProcessError, FileNotFoundError):
+            parser.error(f"--baseline {args.baseline} is no commit of {REPO} (or give --baseline-tree)")
     baseline = args.baseline_tree or baseline_tree(args.baseline, args.work_dir)
     trees = {"baseline": baseline.resolve(), "head": REPO}
     if "--train" not in arguments:
@@ -138,13 +155,17 @@ def main() -> int:
         dirty: bool | None = bool(git("status", "--porcelain", "--untracked-files=no"))
     except (subprocess.CalledProcessError, FileNotFoundError):
         dirty = None  # no git checkout: FASTFORMER_COMMIT's word is all there is
+    # Each run's JSON names its own tree's commit (a run's own git would name the checkout it sits in, or none), the
+    # head's with "+dirty" where its tree has uncommitted changes.
+    run_commits = {"baseline": commits["baseline"], "head": commits["head"] + ("+dirty" if dirty else "")}
     runs: list[dict] = []
     record = {"command": " ".join([sys.executable, *sys.argv]), "commits": commits, "head_dirty": dirty,
               "environment": None, "runs": runs, "summary": {}}
     for round_index in range(args.rounds):
         order = ("baseline", "head") if round_index % 2 == 0 else ("head", "baseline")
         for name in order:
-            run = run_benchmark(args.benchmark, trees[name], arguments, args.out_dir / f"round{round_index}-{name}")
+            run = run_benchmark(args.benchmark, trees[name], run_commits[name], arguments,
+                                args.out_dir / f"round{round_index}-{name}")
             runs.append({"round": round_index, "tree": name, **run})
             print(f"round {round_index} {name}: " + ", ".join(f"{k} {v:,.0f}" for k, v in run["rates"].items()),
                   flush=True)

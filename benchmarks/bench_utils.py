@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import functools
+import importlib.util
 import json
 import math
 import os
@@ -44,6 +46,8 @@ WMT_SOURCE_RATIO_SIGMA = 0.2
 WMT_VOCAB = 37000
 PAD_MULTIPLE = 8  # batches are padded to a multiple of 8 tokens, as fairseq does for tensor cores
 BUCKET_SAMPLE_BATCHES = 400  # batches' worth of pairs drawn to bucket (bucket_sample_size)
+# The packages whose sources a run's commit vouches for (stale_install): fastformer and its Triton kernels.
+SOURCE_PACKAGES = ("fastformer", "triton_kernels")
 
 
 def bf16_peak_tflops(device_name: str) -> float | None:
@@ -60,7 +64,7 @@ def device_name(device: torch.device) -> str:
 
 
 def environment(device: torch.device) -> dict:
-    """Device, versions and commit of this run, for the JSON."""
+    """Device, versions and commit of this run, and where its fastformer was imported from, for the JSON."""
     try:
         import triton
         triton_version = triton.__version__
@@ -74,27 +78,111 @@ def environment(device: torch.device) -> dict:
         "triton": triton_version,
         "python": platform.python_version(),
         "commit": git_commit(),
+        "fastformer_path": str(imported_packages()["fastformer"]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
 
 
 def git_commit() -> str | None:
-    """HEAD's hash, with "+dirty" when the tree has uncommitted changes; outside a git checkout (a copy on the GPU
-    machine), $FASTFORMER_COMMIT or None."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                                check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("FASTFORMER_COMMIT")
-    return commit + ("+dirty" if dirty else "")
+    """$FASTFORMER_COMMIT where set (it names the tree that runs, as ab_throughput.py and a copy without git history
+    set it), else HEAD's hash with "+dirty" when the tree has uncommitted changes (None outside a git checkout); then
+    "+stale-install" when the fastformer imported is not this checkout's source (stale_install)."""
+    commit = os.environ.get("FASTFORMER_COMMIT")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                                    check=True).stdout.strip()
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                                   capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return None
+        commit += "+dirty" if dirty else ""
+    return commit + ("+stale-install" if stale_install(imported_packages(), REPO) else "")
+
+
+def imported_packages() -> dict[str, Path | None]:
+    """-> the folder each of SOURCE_PACKAGES is imported from (None: not found), looked up without importing them
+    (triton_kernels imports triton)."""
+    folders = {}
+    for name in SOURCE_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        folders[name] = Path(spec.origin).resolve().parent if spec and spec.origin else None
+    return folders
+
+
+def stale_install(packages: dict[str, Path | None], checkout: Path) -> bool:
+    """Whether the imported packages' Python sources differ from the checkout's working tree: a file on one side only
+    or with other contents. A non-editable install keeps the sources of when it was installed, so a run after an edit
+    times other code than the commit names; False where the checkout holds no sources (a copy of benchmarks/)."""
+    if not all((checkout / name).is_dir() for name in packages):
+        return False
+
+    def sources(folder: Path | None) -> dict[Path, bytes]:
+        return {} if folder is None else {path.relative_to(folder): path.read_bytes() for path in folder.rglob("*.py")}
+
+    return any(sources(folder) != sources((checkout / name).resolve()) for name, folder in packages.items()
+               if folder != (checkout / name).resolve())
 
 
 def default_out_dir(device: torch.device) -> Path:
-    """runs/benchmarks/<date>-<device>/, the device name reduced to a file-name-safe slug."""
+    """runs/benchmarks/<date>-<device>/, the device name reduced to a file-name-safe slug; the first of -b, -c, ...
+    after it where that folder exists (an earlier run's of the same day)."""
     slug = re.sub(r"[^a-z0-9]+", "-", device_name(device).lower()).strip("-")
-    return RUNS / f"{datetime.date.today().isoformat()}-{slug}"
+    return first_free(RUNS / f"{datetime.date.today().isoformat()}-{slug}")
+
+
+def first_free(folder: Path) -> Path:
+    """folder, or where it exists the first of folder-b, folder-c, ..., folder-z, folder-aa, ... that does not (the
+    results folders' naming)."""
+    candidate, n = folder, 1
+    while candidate.exists():
+        n += 1
+        letters, rest = "", n
+        while rest:
+            rest, digit = divmod(rest - 1, 26)
+            letters = chr(ord("a") + digit) + letters
+        candidate = folder.with_name(f"{folder.name}-{letters}")
+    return candidate
+
+
+def output_problem(path: Path, folder: bool = False) -> str | None:
+    """Why `path` cannot be written as an output file (or, folder, made as an output folder), or None; looks only,
+    so that a run finds out before its timing, not after."""
+    if path.exists():
+        if path.is_dir() != folder:
+            return "is a file, not a folder" if folder else "is a folder, not a file"
+        return None if os.access(path, os.W_OK | (os.X_OK if folder else 0)) else "is not writable"
+    ancestor = path.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"cannot be made: {ancestor} is a file"
+    return None if os.access(ancestor, os.W_OK | os.X_OK) else f"cannot be made: {ancestor} is not writable"
+
+
+def check_output(parser: argparse.ArgumentParser, option: str, path: Path, folder: bool = False) -> None:
+    """parser.error (one line) when `path` cannot be written (output_problem)."""
+    problem = output_problem(path, folder)
+    if problem:
+        parser.error(f"{option} {path} {problem}")
+
+
+def int_at_least(minimum: int, why: str = "") -> Callable[[str], int]:
+    """-> an argparse type: an integer >= minimum, anything else refused in one line (saying why, where given)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}{f' ({why})' if why else ''}, not {value}")
+        return value
+
+    return parse
+
+
+positive_int = int_at_least(1)
+non_negative_int = int_at_least(0)
 
 
 def write_json(path: Path, payload: dict) -> None:

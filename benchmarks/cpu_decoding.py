@@ -99,6 +99,10 @@ THREADINGS = ("intra", "inter")  # CTranslate2's two ways of using several threa
 MAX_WARMUP_CALLS = 8
 STEADY_TOLERANCE = 0.03
 FLOOR_PAIRS = 5  # the GEMM floor and the search, timed in turn (share_of_gemm_floor)
+MIN_VOCAB = 4  # ids 0-2 are padding, BOS and EOS: sources draw theirs from 3 up (sources)
+# fastformer forces the target's length as max_len_b = target - source tokens - 2 >= 0 (fastformer_translator).
+MIN_SOURCE_TOKENS = 2
+vocab_size = bu.int_at_least(MIN_VOCAB, "ids 0-2 are padding, BOS and EOS")  # --vocab's type here and in cpu_options.py
 HEADLINE = dict(beam=4, source_tokens=20, sentences=64)
 # --cap-isa: every library's own cap, so that a newer CPU runs as an older one would (module docstring).
 AVX2_CAPS = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",
@@ -499,19 +503,22 @@ def _label(row: dict) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=("a", "b"), default="b")
-    parser.add_argument("--vocab", type=int, default=37000, help="shared vocabulary size")
+    parser.add_argument("--vocab", type=vocab_size, default=37000, help="shared vocabulary size")
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(DEFAULT_SYSTEMS),
                         help="fastformer-<compute type> and ctranslate2-<compute type> rows")
-    parser.add_argument("--sentences", type=int, nargs="+", default=[64, 1], help="batch sizes to time")
-    parser.add_argument("--threads", type=int, nargs="+", help="thread counts (default: torch's, OMP_NUM_THREADS)")
-    parser.add_argument("--beam", type=int, nargs="+", default=[HEADLINE["beam"]], help="beam sizes (1: greedy)")
-    parser.add_argument("--source-tokens", type=int, nargs="+", default=[HEADLINE["source_tokens"]],
+    parser.add_argument("--sentences", type=bu.positive_int, nargs="+", default=[64, 1], help="batch sizes to time")
+    parser.add_argument("--threads", type=bu.positive_int, nargs="+",
+                        help="thread counts (default: torch's, OMP_NUM_THREADS)")
+    parser.add_argument("--beam", type=bu.positive_int, nargs="+", default=[HEADLINE["beam"]],
+                        help="beam sizes (1: greedy)")
+    parser.add_argument("--source-tokens", nargs="+", default=[HEADLINE["source_tokens"]],
+                        type=bu.int_at_least(MIN_SOURCE_TOKENS, "a shorter one's target is no longer than it with EOS"),
                         help="source lengths without EOS; the target is 1.5x as long, plus one token")
     parser.add_argument("--sweep", action="store_true", help="the sweep's points (module docstring) instead of "
                         "--sentences/--threads/--beam/--source-tokens")
     parser.add_argument("--cap-isa", choices=tuple(ISA_CAPS), help="run this CPU as one with this instruction set at "
                         "most (module docstring: FBGEMM is not capped)")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=bu.positive_int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="JSON to write (default: print only)")
     parser.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)  # one system's timings, for main
@@ -520,7 +527,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main() -> None:
-    args = build_parser().parse_args()
+    parser = build_parser()
+    args = parser.parse_args()
+    if args.out and not args.worker:
+        bu.check_output(parser, "--out", args.out)
     caps = isa_caps(args.cap_isa)
     if any(os.environ.get(name) != value for name, value in caps.items()):
         # The libraries read their caps when they first run: the whole run starts again with them set.

@@ -53,7 +53,7 @@ import torch
 
 import bench_utils as bu
 from baselines import Ctranslate2Mode, ctranslate2_modes
-from cpu_decoding import Point, shape_config, sources, steady_call
+from cpu_decoding import Point, shape_config, sources, steady_call, vocab_size
 from cpu_info import cpu_description
 
 SENTENCES, SOURCE_TOKENS, BEAM, TOP_K = 64, 20, 4, 10
@@ -134,6 +134,14 @@ def model_and_sources(args: argparse.Namespace) -> tuple:
 
 def run_worker(args: argparse.Namespace) -> None:
     """Times args.worker once after reaching steady state; prints {"seconds": s, "tokens": n, "warmup_calls": c}."""
+    if args.worker == "beam4-baseline":
+        import fastformer
+
+        imported = Path(fastformer.__file__).resolve()
+        if not imported.is_relative_to(args.baseline_path.resolve()):
+            # Not the earlier package: a row of the installed one under the baseline's name would compare it to itself.
+            sys.exit(f"beam4-baseline imported fastformer from {imported.parent}, not from --baseline-path "
+                     f"{args.baseline_path}")
     model, src = model_and_sources(args)
     run = (fastformer_run(args.worker, model, src, args.compute_type) if args.worker in FASTFORMER_SYSTEMS
            else ctranslate2_run(args.worker, model, src, args.compute_type, args.threading, args.threads))
@@ -148,8 +156,6 @@ def processes(args: argparse.Namespace) -> list[tuple[str, Ctranslate2Mode | Non
     """(system, mode) of every process a round starts: each of CTranslate2's modes, None for fastformer's one."""
     runs = []
     for system in args.systems:
-        if system == "beam4-baseline" and not args.baseline_path:
-            continue
         modes = ctranslate2_modes(args.threads, isa_capped=False) if system.startswith("ctranslate2") else [None]
         runs += [(system, mode) for mode in modes]
     return runs
@@ -164,11 +170,12 @@ def time_in_rounds(args: argparse.Namespace) -> tuple[dict[tuple[str, str], list
                 continue
             threading, mode_name = (mode.threading, mode.name) if mode else ("intra", "intra")
             env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), **(mode.environment() if mode else {})}
-            if system == "beam4-baseline":
-                env["PYTHONPATH"] = os.pathsep.join([str(args.baseline_path), env.get("PYTHONPATH", "")])
             command = [sys.executable, __file__, "--worker", system, "--threading", threading, "--threads",
                        str(args.threads), "--shape", args.shape, "--vocab", str(args.vocab), "--seed", str(args.seed),
                        "--compute-type", args.compute_type]
+            if system == "beam4-baseline":
+                env["PYTHONPATH"] = os.pathsep.join([str(args.baseline_path), env.get("PYTHONPATH", "")])
+                command += ["--baseline-path", str(args.baseline_path)]
             done = subprocess.run(command, capture_output=True, text=True, env=env)
             if done.returncode != 0:
                 failed[system] = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
@@ -265,27 +272,37 @@ def paired_ratios(timed: dict[tuple[str, str], list[dict]], rounds: int) -> dict
     return paired
 
 
-def build_parser() -> argparse.ArgumentParser:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    parser.add_argument("--systems", nargs="+", choices=SYSTEMS,
+                        help="default: every system (beam4-baseline only with --baseline-path)")
     parser.add_argument("--baseline-path", type=Path, help="a directory holding an installed fastformer package of an "
                         "earlier commit: the beam4-baseline row imports it")
     parser.add_argument("--shape", choices=("a", "b"), default="b", help="a: the tiny preset; b: the base model")
     parser.add_argument("--compute-type", default="int8", choices=("float32", "int8"))
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--vocab", type=int, default=37000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=bu.positive_int, default=torch.get_num_threads())
+    parser.add_argument("--vocab", type=vocab_size, default=37000)
+    parser.add_argument("--rounds", type=bu.positive_int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--one-process", action="store_true", help="time fastformer's systems in one process, in "
                         "turn each round (module docstring)")
     parser.add_argument("--out", type=Path, help="JSON to write (default: print only)")
     parser.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
     parser.add_argument("--threading", choices=("intra", "inter"), default="intra", help=argparse.SUPPRESS)
-    return parser
+    args = parser.parse_args(argv)
+    if args.baseline_path and not (args.baseline_path / "fastformer" / "__init__.py").is_file():
+        parser.error(f"--baseline-path {args.baseline_path} holds no fastformer package (fastformer/__init__.py)")
+    if args.systems is None:
+        args.systems = [system for system in SYSTEMS if system != "beam4-baseline" or args.baseline_path]
+    if "beam4-baseline" in args.systems and not args.baseline_path:
+        parser.error("beam4-baseline times the package in --baseline-path: name one")
+    if args.out and not args.worker:
+        bu.check_output(parser, "--out", args.out)
+    return args
 
 
 def main() -> None:
-    args = build_parser().parse_args()
+    args = parse_args()
     if args.worker:
         run_worker(args)
         return

@@ -27,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -37,6 +38,7 @@ from cpu_info import cpu_description
 from fastformer import Shortlist, Transformer
 
 PER_SOURCE, ALWAYS = 20, 100
+MIN_VOCAB = 3 + ALWAYS  # the always-kept ids are 3 to 3 + ALWAYS - 1 (random_shortlist)
 POINTS = [Point(threads, 4, 20, (1, 8, 64)) for threads in (1, 2)]
 
 
@@ -86,12 +88,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=("a", "b"), default="b", help="cpu_decoding.py's: a tiny, b base")
     parser.add_argument("--compute-type", choices=("float32", "int8"), default="int8")
-    parser.add_argument("--vocab", type=int, default=37000)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--vocab", type=bu.int_at_least(MIN_VOCAB, f"the shortlist always keeps ids 3-{MIN_VOCAB - 1}"),
+                        default=37000)
+    parser.add_argument("--rounds", type=bu.positive_int, default=5)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", help="write the JSON here")
+    parser.add_argument("--out", type=Path, help="write the JSON here")
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)  # THREADS SYSTEM: one worker's rows, for main
     args = parser.parse_args()
+    if args.out and not args.worker:
+        bu.check_output(parser, "--out", args.out)
     if args.worker:
         threads, system = int(args.worker[0]), args.worker[1]
         print(json.dumps(run_worker(next(p for p in POINTS if p.threads == threads), system, args)))
@@ -127,8 +132,7 @@ def main() -> int:
                    "shape": args.shape, "compute_type": args.compute_type, "vocab": args.vocab, "rounds": args.rounds,
                    "per_source": PER_SOURCE, "always": ALWAYS, **bu.environment(torch.device("cpu")),
                    "rows": rows, "speedups": ratios}
-        with open(args.out, "w") as handle:
-            json.dump(payload, handle, indent=1)
+        bu.write_json(args.out, payload)
         print(f"wrote {args.out}")
     return 0
 

@@ -601,8 +601,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="default bfloat16 on CUDA; float32 on CPU (the interpreter's bf16 is wrong)")
     parser.add_argument("--ops", default=",".join(SECTIONS), help=f"comma-separated subset of {list(SECTIONS)}")
     parser.add_argument("--quick", action="store_true", help="fewer shapes, shorter timing")
-    parser.add_argument("--out-dir", type=Path, help="default runs/benchmarks/<date>-<device>/")
+    parser.add_argument("--out-dir", type=Path, help="default runs/benchmarks/<date>-<device>/, or -b, -c, ... after "
+                        "it where an earlier run has it")
     args = parser.parse_args(argv)
+    if args.out_dir:
+        bu.check_output(parser, "--out-dir", args.out_dir, folder=True)
     device = torch.device(args.device)
     if device.type == "cpu":
         # Triton runs on CPU tensors only in its interpreter, chosen when the kernels are defined (imported).
@@ -611,6 +614,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(ops) - set(SECTIONS)
     if unknown:
         parser.error(f"unknown ops {sorted(unknown)}; choose from {list(SECTIONS)}")
+    if not ops:
+        parser.error(f"--ops names no op; choose from {list(SECTIONS)}")
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     out_dir = args.out_dir or bu.default_out_dir(device)
     out_dir.mkdir(parents=True, exist_ok=True)

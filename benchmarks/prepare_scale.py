@@ -28,11 +28,15 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_info import cpu_description, cpu_slug  # noqa: E402
+import bench_utils as bu  # noqa: E402
+from cpu_info import cpu_slug  # noqa: E402
 from synthetic_wmt import write_corpus  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+RUNS = ("first", "second", "resume", "ranks4")  # the module docstring's runs, in order
 # What rank 0 prints after an update with --log-every 1 (the first one a run makes, a fresh or a resumed run).
 FIRST_UPDATE_LINE = b"| loss "
 
@@ -91,16 +95,34 @@ def measured_run(command: list[str], log: Path) -> dict:
             "largest_process_peak_rss_gib": [round(kib / 2 ** 20, 2) for kib in ranks[:4]], "log": str(log)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=4_500_000)
+def run_names(text: str) -> list[str]:
+    """argparse type of --runs: comma-separated names of RUNS."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in RUNS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"choose from {','.join(RUNS)}, not {text!r}")
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pairs", type=bu.positive_int, default=4_500_000)
     parser.add_argument("--work-dir", default="runs/prepare_scale", help="corpus, prepared corpus and runs")
     parser.add_argument("--data-dir", help="an existing corpus (default: write one of --pairs pairs)")
     parser.add_argument("--gz", action="store_true", help="write the corpus gzipped")
-    parser.add_argument("--runs", default="first,second,resume,ranks4")
-    parser.add_argument("--out",
-                        help="result JSON (default: benchmarks/results/<date>-cpu-<name>-<n>core/prepare_scale.json)")
-    args = parser.parse_args()
+    parser.add_argument("--runs", type=run_names, default=list(RUNS),
+                        help=f"comma-separated, of {','.join(RUNS)} (default: all)")
+    parser.add_argument("--out", type=Path, help="result JSON (default: benchmarks/results/<date>-cpu-<name>-<n>core/"
+                        "prepare_scale.json, or -b, -c, ... after that folder where it exists)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    out = args.out or bu.first_free(REPO / "benchmarks" / "results" / f"{datetime.date.today().isoformat()}-"
+                                    f"{cpu_slug()}") / "prepare_scale.json"
+    bu.check_output(parser, "--out", out)
     work = Path(args.work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     data_dir = Path(args.data_dir) if args.data_dir else work / f"corpus-{args.pairs}"
@@ -126,19 +148,18 @@ def main() -> None:
     for name in ("run1", "run2", "run4"):
         shutil.rmtree(work / name, ignore_errors=True)
     results = {}
-    for name in args.runs.split(","):
+    for name in args.runs:
         results[name] = measured_run(plans[name], work / f"{name}.log")
         print(name, json.dumps(results[name]), flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout
-    date = datetime.date.today().isoformat()
-    out = Path(args.out) if args.out else REPO / "benchmarks" / "results" / f"{date}-{cpu_slug()}" / \
-        "prepare_scale.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"command": " ".join([sys.executable] + sys.argv), "commit": commit.strip(),
-                               "device": cpu_description(),
-                               "pairs": args.pairs, "data_dir": str(data_dir), "corpus_generation_s": generation,
-                               "runs": results}, indent=1))
+    command = [sys.executable, __file__, *(sys.argv[1:] if argv is None else argv)]
+    bu.write_json(out, {"command": " ".join(command), **bu.environment(torch.device("cpu")),
+                        "pairs": args.pairs, "data_dir": str(data_dir), "corpus_generation_s": generation,
+                        "runs": results})
     print(f"wrote {out}")
+    failed = [f"{name} (exit status {run['returncode']}, log {run['log']})" for name, run in results.items()
+              if run["returncode"] != 0]
+    if failed:
+        sys.exit(f"failed: {'; '.join(failed)}")
 
 
 if __name__ == "__main__":

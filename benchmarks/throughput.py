@@ -30,7 +30,9 @@ Inference: beam search over newstest-like sources (mean ~27 tokens) on random we
 hypothesis has as many tokens as its source (max_len_a=1, max_len_b=0, min_len=max_positions: forcing EOS wins over
 barring it), so fastformer's systems decode exactly sum(source length + 1) target tokens. CTranslate2 and transformers
 take one length a call, so they decode every sentence of a batch to its longest source + 1: more tokens, where a
-batch's sources differ in length, than fastformer decodes, which their rows' "tokens ok" says (False). Systems:
+batch's sources differ in length, than fastformer decodes. Such a row did other work: its status is "mismatch" (its
+"tokens ok" False), not "ok", and it gets no ratio (splitting the batch by length instead would time the engines on
+smaller calls than fastformer's). Systems:
 "fastformer"
 (model.translate(shrink="buckets"): bucketed rows, on CUDA each bucket's step replayed as a CUDA graph),
 "fastformer-every-step" (model.translate(shrink="every_step"), translate's default: the host waits for every step),
@@ -39,9 +41,9 @@ batch's sources differ in length, than fastformer decodes, which their rows' "to
 "ctranslate2", "ctranslate2-int8" (one batch on intra-op threads: inter_threads=1, intra_threads=T) and, on the CPU,
 "ctranslate2-inter", "ctranslate2-int8-inter" (CTranslate2's throughput mode: inter_threads=T, intra_threads=1,
 max_batch_size=ceil(batch / T), the batch's parts translated in parallel), and "transformers", where installed.
-Each inference row's "x best CTranslate2" is its rate over the best CTranslate2 row (either compute type, either
-threading mode) at the same batch size among those that decoded fastformer's tokens ("tokens ok"): only those did
-the same work. benchmarks/cpu_decoding.py, whose sources all have one length, is the comparison with CTranslate2.
+Each inference row's "x best CTranslate2" is its rate over the best "ok" CTranslate2 row (either compute type,
+either threading mode) at the same batch size. benchmarks/cpu_decoding.py, whose sources all have one length, is the
+comparison with CTranslate2.
 
 Model FLOPs of an update (MFU = FLOPs / time / the device's dense bf16 peak), over the real (unpadded) tokens, with
 S/T the source/target lengths per sentence, d = d_model, f = d_ff, V = vocab:
@@ -393,7 +395,8 @@ def ctranslate2_translator(model: Transformer, settings: Settings, quantization:
 
 
 def transformers_translator(model: Transformer, settings: Settings) -> Callable[[torch.Tensor], list]:
-    """MarianMTModel.generate on fastformer's weights, decoding as many steps as fastformer's forced length."""
+    """MarianMTModel.generate on fastformer's weights, decoding as many steps as fastformer's forced length (the
+    batch's longest source with EOS)."""
     marian, why_not = marian_model(model.float().cpu())
     model.to(dtype=getattr(torch, settings.infer_dtype), device=settings.device)
     if marian is None:
@@ -439,6 +442,7 @@ def run_inference(system: str, model: Transformer, sentences: list[torch.Tensor]
     for sentence in latency_sentences:
         latency += bu.time_calls(lambda: translate(sentence[None].to(device)), device, warmup=1, repeats=1)
     row = {
+        "status": "ok" if decoded_tokens == expected_tokens else "mismatch",
         "sentences": len(sentences),
         "batch_size": batch_size,
         "target_tokens": decoded_tokens,
@@ -447,6 +451,9 @@ def run_inference(system: str, model: Transformer, sentences: list[torch.Tensor]
         "sentences_per_s": bu.summary([len(sentences) / t for t in times]),
         "latency_ms": bu.summary([1000 * t for t in latency]) if latency else None,
     }
+    if row["status"] == "mismatch":
+        # Not the same work as the other systems: its rate is no comparison (tables and targets take "ok" rows).
+        row["error"] = f"decoded {decoded_tokens} target tokens, not the {expected_tokens} of the forced lengths"
     return row, list(outputs)
 
 
@@ -474,7 +481,7 @@ def inference_section(settings: Settings, device: torch.device, record: Recorder
                 elif batch_size in fastformer_outputs and not slow:
                     reference = fastformer_outputs[batch_size]
                     row["same_tokens_as_fastformer"] = sum(a == b for a, b in zip(outputs, reference)) / len(outputs)
-                return {"status": "ok", **row}
+                return row
 
             compute_type = settings.infer_compute_type if system.startswith("fastformer") else None
             record("inference", {"preset": preset, "system": system, "dtype": settings.infer_dtype,
@@ -595,7 +602,7 @@ def tables(results: dict) -> str:
         cached = find(results["inference"], preset=row["preset"], system="cached-pytorch",
                       batch_size=row.get("batch_size"))
         peers = [median_of(peer) for peer in results["inference"]
-                 if peer["system"].startswith("ctranslate2") and peer["status"] == "ok" and peer.get("tokens_match")
+                 if peer["system"].startswith("ctranslate2") and peer["status"] == "ok"
                  and (peer["preset"], peer.get("batch_size")) == (row["preset"], row.get("batch_size"))]
         infer_rows.append({
             **row, "tok_s": median_of(row) if ok else None,
@@ -702,24 +709,25 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, Path]:
     add("--quick", action="store_true", help="fewer batches, repeats and sentences; training on base only")
     sizes = ", ".join(f"{name.replace('_', '-')} {values}" for name, values in MODE_DEFAULTS.items())
     parser.epilog = f"Defaults (full run, --quick, CPU): {sizes}."
-    add("--max-tokens", type=int, help="token budget of a training batch (GPU default 25000; 256 for tiny)")
+    add("--max-tokens", type=bu.positive_int, help="token budget of a training batch (GPU default 25000; 256 for tiny)")
     add("--batching", choices=BATCHINGS, default="buckets",
         help="training batches, the same for every system: static-shape buckets (what fastformer-captured needs) "
              "or fairseq's token-budget batches of free shapes")
-    add("--batches", type=int, help="distinct training batches per pass")
-    add("--warmup", type=int, help="untimed training passes (0 times compilation too: smoke runs only)")
-    add("--repeats", type=int, help="timed training passes")
+    add("--batches", type=bu.positive_int, help="distinct training batches per pass")
+    add("--warmup", type=bu.non_negative_int, help="untimed training passes (0 times compilation too: smoke runs only)")
+    add("--repeats", type=bu.positive_int, help="timed training passes")
     add("--compile-backend", help="torch.compile backend (default inductor on CUDA, aot_eager on CPU)")
     add("--compile-mode", default="default",
         choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
         help="torch.compile mode of the *-compile systems (inductor only); reduce-overhead: CUDA graphs")
-    add("--sentences", type=int, help="sentences to translate")
-    add("--source-len", type=int, help="every source this many tokens plus EOS (default: newstest-like lengths)")
-    add("--batch-sizes", type=lambda text: [int(n) for n in text.split(",")],
+    add("--sentences", type=bu.positive_int, help="sentences to translate")
+    add("--source-len", type=bu.positive_int,
+        help="every source this many tokens plus EOS (default: newstest-like lengths)")
+    add("--batch-sizes", type=lambda text: [bu.positive_int(n) for n in text.split(",")],
         help="sentences per translation call, comma-separated; one row per size")
-    add("--reference-sentences", type=int, help="sentences for the slow reference")
-    add("--latency-sentences", type=int, help="sentences timed one at a time")
-    add("--beam", type=int, default=4)
+    add("--reference-sentences", type=bu.positive_int, help="sentences for the slow reference")
+    add("--latency-sentences", type=bu.non_negative_int, help="sentences timed one at a time")
+    add("--beam", type=bu.positive_int, default=4)
     add("--length-penalty", type=float, default=0.6)
     add("--infer-dtype", choices=("float32", "float16", "bfloat16"),
         help="dtype of the translating model (default float16 on CUDA, float32 on CPU)")
@@ -727,13 +735,15 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, Path]:
         help="fastformer's translate(compute_type=...): its linear layers in float32, bfloat16 or int8 on the CPU, "
              "float16 or bfloat16 on CUDA, or auto (default: --infer-dtype). benchmarks/cpu_decoding.py sets every "
              "CPU compute type of fastformer and CTranslate2 side by side")
-    add("--infer-repeats", type=int, help="timed passes over the sentences")
+    add("--infer-repeats", type=bu.positive_int, help="timed passes over the sentences")
     add("--seed", type=int, default=0)
     add("--time-budget-s", type=float, help="skip (and report as skipped) what would start after this many seconds")
     add("--peak-tflops", type=float, help="the device's dense bf16 peak (default: from its name)")
     add("--out-dir", type=Path, help="where the JSON and chart go (default runs/benchmarks/<date>-<device>/, "
-                                     "which git ignores)")
+                                     "which git ignores, or -b, -c, ... after it where an earlier run has it)")
     args = parser.parse_args(argv)
+    if args.out_dir:
+        bu.check_output(parser, "--out-dir", args.out_dir, folder=True)
 
     cpu = args.device == "cpu"
     mode = 2 if cpu else 1 if args.quick else 0

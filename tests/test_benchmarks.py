@@ -22,9 +22,13 @@ from tolerances import FP32
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
+import ab_throughput  # noqa: E402
 import bench_utils  # noqa: E402
+import cpu_decoding  # noqa: E402
 import cpu_options  # noqa: E402
 import baselines  # noqa: E402
+import prepare_scale  # noqa: E402
+import throughput  # noqa: E402
 from baselines import CachedDecoder, TorchTransformer, cached_beam_search, ctranslate2_modes  # noqa: E402
 from throughput import training_flops  # noqa: E402
 
@@ -210,10 +214,10 @@ def test_throughput_smoke_run_on_cpu(tmp_path):
     for row in results["training"]:
         if row["status"] == "ok":
             assert 0 < row["real_token_ratio"]["source"] <= 1 and 0 < row["real_token_ratio"]["target"] <= 1
+    # An ok row decoded fastformer's forced tokens; the engines, taking one length a call, decode more in a batch of
+    # sources of several lengths, and say so.
     for row in results["inference"]:
-        if row["status"] == "ok":
-            # The engines take one length limit per call, so they decode each batch's longest forced length.
-            assert row["tokens_match"] or row["system"] in engines, row
+        assert row["tokens_match"] == (row["status"] == "ok") or row["status"] not in ("ok", "mismatch"), row
     cached = next(row for row in results["inference"] if row["system"] == "cached-pytorch")
     assert cached["status"] != "ok" or cached["same_tokens_as_fastformer"] == 1.0, cached
     assert [t["target"] for t in results["targets"]]
@@ -506,3 +510,235 @@ def test_cpu_shortlist_smoke_run(tmp_path):
         assert speedup["speedup"] == pytest.approx(short["tokens_per_s"] / full["tokens_per_s"], rel=1e-2)
         for row in (full, short):
             assert row["tokens_per_s"] == pytest.approx(row["sentences"] * 31 / row["seconds"], rel=1e-2)
+
+
+def _sources(root: Path, files: dict[str, str]) -> Path:
+    """A tree of fastformer/ and triton_kernels/ Python files under root -> root."""
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def test_a_run_names_an_install_whose_sources_are_not_the_checkouts_stale(tmp_path, monkeypatch):
+    """An install not redone after an edit: its fastformer or triton_kernels sources differ from the working tree's
+    (a file changed, added or missing), and the commit says so; the environment names the package's folder."""
+    files = {"fastformer/__init__.py": "x = 1\n", "fastformer/data/reading.py": "y = 2\n",
+             "triton_kernels/__init__.py": ""}
+    checkout = _sources(tmp_path / "checkout", files)
+
+    def packages(installed: Path) -> dict:
+        return {name: installed / name if (installed / name).is_dir() else None for name in bench_utils.SOURCE_PACKAGES}
+
+    assert not bench_utils.stale_install(packages(_sources(tmp_path / "same", files)), checkout)
+    assert not bench_utils.stale_install(packages(checkout), checkout)
+    edited = {**files, "fastformer/data/reading.py": "y = 3\n"}
+    assert bench_utils.stale_install(packages(_sources(tmp_path / "edited", edited)), checkout)
+    added = {**files, "fastformer/new.py": ""}
+    assert bench_utils.stale_install(packages(_sources(tmp_path / "added", added)), checkout)
+    no_kernels = {name: text for name, text in files.items() if name.startswith("fastformer/")}
+    assert bench_utils.stale_install(packages(_sources(tmp_path / "no-kernels", no_kernels)), checkout)
+    # A copy of benchmarks/ alone has no sources to compare with.
+    assert not bench_utils.stale_install(packages(tmp_path / "edited"), tmp_path / "empty")
+
+    monkeypatch.setenv("FASTFORMER_COMMIT", "abc1234")
+    monkeypatch.setattr(bench_utils, "imported_packages", lambda: packages(tmp_path / "edited"))
+    assert bench_utils.git_commit() == "abc1234+stale-install"
+    assert bench_utils.environment(torch.device("cpu"))["fastformer_path"] == str(tmp_path / "edited" / "fastformer")
+    monkeypatch.undo()
+    assert bench_utils.environment(torch.device("cpu"))["fastformer_path"] == str(
+        Path(fastformer.__file__).resolve().parent)
+
+
+def test_fastformer_commit_names_the_tree_even_in_a_git_checkout(monkeypatch):
+    monkeypatch.setattr(bench_utils, "imported_packages",
+                        lambda: {name: bench_utils.REPO / name for name in bench_utils.SOURCE_PACKAGES})
+    monkeypatch.setenv("FASTFORMER_COMMIT", "0097ec4")
+    assert bench_utils.git_commit() == "0097ec4"
+    monkeypatch.delenv("FASTFORMER_COMMIT")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=bench_utils.REPO, capture_output=True, text=True)
+    if head.returncode == 0:
+        assert bench_utils.git_commit().split("+")[0] == head.stdout.strip()
+
+
+FAKE_THROUGHPUT = '''import argparse, json, os
+from pathlib import Path
+parser = argparse.ArgumentParser()
+parser.add_argument("--train", action="store_true")
+parser.add_argument("--out-dir", type=Path)
+args = parser.parse_args()
+rows = [{"status": "ok", "preset": "tiny", "system": "fastformer", "tokens_per_s": {"median": 100.0}}]
+environment = {"commit": os.environ.get("FASTFORMER_COMMIT")}
+(args.out_dir / "throughput.json").write_text(json.dumps({"environment": environment, "training": rows}))
+'''
+
+
+def test_ab_runs_record_their_own_trees_commit_and_a_failed_run_names_its_log(tmp_path, monkeypatch):
+    tree = _sources(tmp_path / "tree", {"benchmarks/throughput.py": FAKE_THROUGHPUT})
+    monkeypatch.setenv("FASTFORMER_COMMIT", "the-head")  # the head's, which the baseline's run must not take
+    run = ab_throughput.run_benchmark("throughput", tree, "abc1234", ["--train"], tmp_path / "ok")
+    assert run == {"rates": {"training tiny fastformer": 100.0}, "environment": {"commit": "abc1234"}}
+    with pytest.raises(SystemExit) as failed:
+        ab_throughput.run_benchmark("throughput", tree, "abc1234", ["--train", "--bogus"], tmp_path / "ok")
+    message = str(failed.value)
+    assert "abc1234" in message and "unrecognized arguments: --bogus" in message
+    assert str(tmp_path / "ok" / "throughput.log") in message and "\n" not in message
+
+
+@pytest.mark.parametrize("arguments, error", [
+    (["--baseline", "nosuchcommit"], "--baseline nosuchcommit is no commit of"),
+    (["--baseline", "HEAD", "--rounds", "0"], "argument --rounds: must be at least 1, not 0")])
+def test_ab_refuses_a_baseline_that_is_no_commit_and_zero_rounds(tmp_path, arguments, error):
+    completed = subprocess.run([sys.executable, str(BENCHMARKS / "ab_throughput.py"), *arguments, "--work-dir",
+                                str(tmp_path / "work"), "--out-dir", str(tmp_path / "out"), "--", "--train"],
+                               capture_output=True, text=True, timeout=300, cwd=BENCHMARKS.parent)
+    assert completed.returncode == 2 and error in completed.stderr, completed.stderr
+    assert "Traceback" not in completed.stderr and not (tmp_path / "out").exists()
+
+
+def test_cpu_options_refuses_a_baseline_it_cannot_time(tmp_path, capsys):
+    for arguments, error in ((["--systems", "beam4", "beam4-baseline", "--baseline-path", "/does/not/exist"],
+                              "--baseline-path /does/not/exist holds no fastformer package"),
+                             (["--systems", "beam4-baseline"], "beam4-baseline times the package in --baseline-path")):
+        with pytest.raises(SystemExit):
+            cpu_options.parse_args(arguments)
+        assert error in capsys.readouterr().err
+    assert "beam4-baseline" not in cpu_options.parse_args([]).systems
+    installed = Path(fastformer.__file__).resolve().parent.parent
+    assert "beam4-baseline" in cpu_options.parse_args(["--baseline-path", str(installed)]).systems
+    # A folder that holds a fastformer package the worker does not import: its row fails, naming both.
+    other = _sources(tmp_path / "other", {"fastformer/__init__.py": ""})
+    completed = subprocess.run([sys.executable, str(BENCHMARKS / "cpu_options.py"), "--worker", "beam4-baseline",
+                                "--baseline-path", str(other), "--shape", "a", "--vocab", "64"],
+                               capture_output=True, text=True, timeout=300, cwd=BENCHMARKS.parent)
+    assert completed.returncode != 0 and f"not from --baseline-path {other}" in completed.stderr, completed.stderr
+
+
+def test_an_inference_row_that_decodes_other_tokens_is_no_ok_row(monkeypatch):
+    settings, _ = throughput.parse_args(["--device", "cpu"])
+    model = Transformer(TransformerConfig.tiny(VOCAB)).eval()
+    sentences = throughput.newstest_like_sources(5, model.config, 64, seed=0)
+
+    def run(extra: int) -> dict:
+        def translate(src: torch.Tensor) -> list:  # fastformer's forced lengths, + extra tokens
+            return [[throughput.Best([3] * (int(n) + extra))] for n in (src != 0).sum(dim=1)]
+
+        monkeypatch.setattr(throughput, "translator", lambda *args: translate)
+        row, _ = throughput.run_inference("cached-pytorch", model, sentences, [], settings, torch.device("cpu"), 1, 2)
+        return row
+
+    assert run(0)["status"] == "ok" and run(0)["tokens_match"]
+    mismatch = run(1)
+    assert mismatch["status"] == "mismatch" and not mismatch["tokens_match"]
+    expected = sum(len(s) + 1 for s in sentences)
+    assert f"decoded {expected + 5} target tokens, not the {expected}" in mismatch["error"]
+
+
+def test_outputs_are_checked_before_a_run_and_default_folders_are_not_reused(tmp_path, monkeypatch):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    assert bench_utils.output_problem(tmp_path) == "is a folder, not a file"
+    assert bench_utils.output_problem(a_file, folder=True) == "is a file, not a folder"
+    assert bench_utils.output_problem(a_file / "x" / "out.json") == f"cannot be made: {a_file} is a file"
+    assert bench_utils.output_problem(tmp_path / "new" / "deeper" / "out.json") is None
+    assert bench_utils.output_problem(tmp_path / "new" / "dir", folder=True) is None
+    assert not (tmp_path / "new").exists()  # it only looks
+
+    base = tmp_path / "2026-12-01-cpu"
+    assert bench_utils.first_free(base) == base
+    for suffix in ("", "-b", "-c"):
+        Path(f"{base}{suffix}").mkdir()
+    assert bench_utils.first_free(base) == tmp_path / "2026-12-01-cpu-d"
+    for letter in "defghijklmnopqrstuvwxyz":
+        (tmp_path / f"2026-12-01-cpu-{letter}").mkdir()
+    assert bench_utils.first_free(base) == tmp_path / "2026-12-01-cpu-aa"
+    monkeypatch.setattr(bench_utils, "RUNS", tmp_path / "runs")
+    first = bench_utils.default_out_dir(torch.device("cpu"))
+    first.mkdir(parents=True)
+    assert bench_utils.default_out_dir(torch.device("cpu")) == first.with_name(first.name + "-b")
+
+    for script, arguments in (("cpu_decoding.py", ["--out", str(tmp_path)]),
+                              ("cpu_shortlist.py", ["--out", str(a_file / "out.json")]),
+                              ("cpu_options.py", ["--out", str(tmp_path)]),
+                              ("throughput.py", ["--device", "cpu", "--out-dir", str(a_file)]),
+                              ("kernels.py", ["--device", "cpu", "--out-dir", str(a_file / "sub")])):
+        completed = subprocess.run([sys.executable, str(BENCHMARKS / script), *arguments], capture_output=True,
+                                   text=True, timeout=300, cwd=BENCHMARKS.parent)
+        assert completed.returncode == 2, (script, completed.stdout + completed.stderr)
+        assert completed.stderr.strip().splitlines()[-1].startswith(f"{script}: error: --out"), completed.stderr
+        assert "Traceback" not in completed.stderr
+
+
+@pytest.mark.parametrize("arguments, error", [
+    (["--rounds", "0"], "argument --rounds: must be at least 1, not 0"),
+    (["--sentences", "0"], "argument --sentences: must be at least 1, not 0"),
+    (["--threads", "0"], "argument --threads: must be at least 1, not 0"),
+    (["--beam", "0"], "argument --beam: must be at least 1, not 0"),
+    (["--vocab", "0"], "argument --vocab: must be at least 4"),
+    (["--source-tokens", "1"], "argument --source-tokens: must be at least 2")])
+def test_cpu_decoding_refuses_numbers_it_cannot_run(arguments, error, capsys):
+    with pytest.raises(SystemExit):
+        cpu_decoding.build_parser().parse_args(arguments)
+    assert error in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arguments, error", [
+    (["--sentences", "0"], "argument --sentences: must be at least 1, not 0"),
+    (["--sentences", "-3"], "argument --sentences: must be at least 1, not -3"),
+    (["--batch-sizes", "8,0"], "argument --batch-sizes: must be at least 1, not 0"),
+    (["--infer-repeats", "0"], "argument --infer-repeats: must be at least 1, not 0"),
+    (["--repeats", "0"], "argument --repeats: must be at least 1, not 0")])
+def test_throughput_refuses_numbers_it_cannot_run(arguments, error, capsys):
+    with pytest.raises(SystemExit):
+        throughput.parse_args(["--device", "cpu", *arguments])
+    assert error in capsys.readouterr().err
+
+
+def test_the_other_scripts_refuse_numbers_and_choices_they_cannot_run(monkeypatch, capsys):
+    import cpu_shortlist
+    import kernels
+
+    with pytest.raises(SystemExit):
+        cpu_options.parse_args(["--rounds", "0"])
+    assert "argument --rounds: must be at least 1, not 0" in capsys.readouterr().err
+    for arguments, error in ((["--rounds", "0"], "argument --rounds: must be at least 1, not 0"),
+                             (["--vocab", "102"], "argument --vocab: must be at least 103 (the shortlist always "
+                                                  "keeps ids 3-102), not 102")):
+        monkeypatch.setattr(sys, "argv", ["cpu_shortlist.py", *arguments])
+        with pytest.raises(SystemExit):
+            cpu_shortlist.main()
+        assert error in capsys.readouterr().err
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # kernels.main sets it for a CPU run
+    with pytest.raises(SystemExit):
+        kernels.main(["--device", "cpu", "--ops", ","])
+    assert "--ops names no op" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        prepare_scale.build_parser().parse_args(["--runs", "first,bogus"])
+    assert "argument --runs: choose from first,second,resume,ranks4" in capsys.readouterr().err
+
+
+def test_prepare_scale_fails_naming_a_failed_run(tmp_path, monkeypatch):
+    """Every run is recorded, with the commit as the other benchmarks record it, and a run that failed makes the
+    script fail, naming it; --help has the whole docstring."""
+    assert prepare_scale.build_parser().description == prepare_scale.__doc__
+    corpus = _sources(tmp_path / "corpus", {"train.en": "a\n", "train.de": "b\n"})
+
+    def measured_run(command: list[str], log: Path) -> dict:
+        return {"command": " ".join(command), "returncode": 1 if log.stem == "second" else 0, "log": str(log)}
+
+    monkeypatch.setattr(prepare_scale, "measured_run", measured_run)
+    out = tmp_path / "out.json"
+    with pytest.raises(SystemExit) as failed:
+        prepare_scale.main(["--work-dir", str(tmp_path / "work"), "--data-dir", str(corpus), "--runs", "first,second",
+                            "--out", str(out)])
+    assert str(failed.value) == f"failed: second (exit status 1, log {tmp_path / 'work' / 'second.log'})"
+    results = json.loads(out.read_text())
+    assert [run["returncode"] for run in results["runs"].values()] == [0, 1]
+    assert results["commit"] == bench_utils.git_commit() and results["device"] == bench_utils.cpu_description()
+    # The default results folder of the day is not written over: the next free one is taken.
+    monkeypatch.setattr(prepare_scale, "REPO", tmp_path)
+    taken = bench_utils.first_free(tmp_path / "benchmarks" / "results" /
+                                   f"{prepare_scale.datetime.date.today().isoformat()}-{prepare_scale.cpu_slug()}")
+    taken.mkdir(parents=True)
+    prepare_scale.main(["--work-dir", str(tmp_path / "work"), "--data-dir", str(corpus), "--runs", "first"])
+    assert not any(taken.iterdir()) and (taken.with_name(taken.name + "-b") / "prepare_scale.json").is_file()
