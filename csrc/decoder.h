@@ -132,6 +132,13 @@ struct DecoderLinears {
   // logits into the vocabulary's columns, -inf elsewhere. Unset: output is the whole vocabulary's.
   std::optional<at::Tensor> output_ids;
 
+  // Whether a search with these linears keeps its keys and values in float16 (CachedDecoder): on the CPU in int8 and
+  // bfloat16, whose linear layers round their inputs more than float16 does, where the loops widen float16 a vector at
+  // a time. The scorer rounds its keys and values alike (round_as_caches), so that a score is the search's.
+  bool float16_caches(const at::Device& device) const;
+  // rows' values rounded in place as float16_caches keeps them; rows: float32.
+  void round_as_caches(const at::Tensor& rows) const;
+
   // These linears, the output projection restricted to ids ([n_ids] int64 sorted vocabulary ids of weights).
   std::shared_ptr<const DecoderLinears> with_output_shortlist(const DecoderWeights& weights, const at::Tensor& ids,
                                                               int64_t rows) const;

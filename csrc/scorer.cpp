@@ -58,6 +58,7 @@ void score_sentences(const at::Tensor& memory, const at::Tensor& src_lengths, co
   auto self_block = [&](const at::Tensor& h, int64_t layer) {
     const DecoderLayerLinears& linear = linears.layers[layer];
     const at::Tensor projected = linear.self_qkv(h);
+    linears.round_as_caches(projected.narrow(1, d_model, 2 * d_model));
     const at::Tensor qkv = split_heads(projected, n, tgt_len, 3, heads);
     if (on_cpu) {
       return linear.self_out(
@@ -68,7 +69,9 @@ void score_sentences(const at::Tensor& memory, const at::Tensor& src_lengths, co
   };
   auto cross_block = [&](const at::Tensor& h, int64_t layer) {
     const DecoderLayerLinears& linear = linears.layers[layer];
-    const at::Tensor keys_values = split_heads(linear.cross_kv(memory_rows), n, src_len, 2, heads);
+    const at::Tensor projected = linear.cross_kv(memory_rows);
+    linears.round_as_caches(projected);
+    const at::Tensor keys_values = split_heads(projected, n, src_len, 2, heads);
     if (on_cpu) {
       return linear.cross_out(
           block_attention(linear.cross_q(h), keys_values[0], keys_values[1], source_keys, /*causal=*/false));
