@@ -1,7 +1,7 @@
 """Builds fastformer and its extension fastformer._C against the torch already installed.
 
-Install with `pip install --no-build-isolation .`: an isolated build would install its own torch from the
-registry (the multi-gigabyte CUDA build) instead of compiling against yours.
+Install with `pip install --no-build-isolation .`: pip's isolated build environment holds no torch, and fastformer
+declares none to fetch there (one from the package index would be the multi-gigabyte CUDA build, and not yours).
 """
 
 import glob
@@ -14,8 +14,9 @@ try:
     import torch
     from torch.utils import cpp_extension
 except ImportError:
-    sys.exit("fastformer compiles against the installed torch: install torch first, then run "
-             "`pip install --no-build-isolation .`")
+    sys.exit("fastformer compiles against the installed torch, and torch is not importable here: pip's build "
+             "isolation hides it (use `pip install --no-build-isolation .`), or it is not installed (install it "
+             "first: `pip install -r requirements.txt`)")
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from fastformer import checkpoint
 from fastformer.data import find_split, read_parallel
 from fastformer.data.reading import count_lines, open_binary
-from fastformer.decoding.compiled import COMPUTE_TYPES
+from fastformer.decoding.compiled import COMPUTE_TYPES, extension
 from fastformer.decoding.rules import (LENGTH_PENALTY_FORMS, check_history_arguments, check_sampling_arguments,
                                       check_search_arguments)
 from fastformer.decoding.shortlist import Shortlist, build_shortlist
@@ -176,6 +176,7 @@ def _run_prepare(args: argparse.Namespace) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> None:
+    extension()  # the demo ends translating: without the compiled search, fail before training, not after
     result = _run_train(args)
     if process_rank() == 0:
         _evaluate(result.checkpoint, None if args.data_dir is None else Path(args.data_dir), "test",

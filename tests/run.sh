@@ -17,6 +17,9 @@ say "virtual environment .venv with the pinned dependencies (requirements.txt)"
 python3 -m venv .venv
 .venv/bin/pip install -q -r requirements.txt
 say "build and install fastformer and its C++ extension"
+# setuptools never prunes build/lib: a module deleted or renamed since the last build would be installed and tested
+# still. build/temp keeps ninja's objects, so a rebuild compiles only what changed.
+rm -rf build/lib.* build/bdist.*
 .venv/bin/pip install -q --no-build-isolation .
 if command -v nvcc >/dev/null; then
     say "nvcc: compile every csrc/*.cu for sm_80 and sm_90a"

@@ -266,15 +266,32 @@ def plain_attention(q, k, v, k_lengths=None) -> torch.Tensor:
 
 
 def test_a_missing_extension_is_an_import_error_saying_how_to_build_it(monkeypatch):
-    """An ImportError, which the CLI prints as one line: from a source checkout (which holds no compiled _C after
-    `pip install .`) it names the checkout and how to run the installed package instead."""
+    """An ImportError, which the CLI prints as one line, saying why (unloadable_extension_message's cases below)."""
     import fastformer
-    from fastformer.decoding.compiled import extension
+    from fastformer.decoding.compiled import extension, unloadable_extension_message
 
     monkeypatch.delattr(fastformer, "_C")
     monkeypatch.setitem(sys.modules, "fastformer._C", None)
     with pytest.raises(ImportError) as raised:
         extension()
-    in_checkout = (Path(fastformer.__file__).resolve().parents[1] / "setup.py").is_file()
-    expected = "was imported from the source checkout" if in_checkout else "fastformer._C is not built"
-    assert expected in str(raised.value)
+    package_dir = Path(fastformer.__file__).resolve().parent
+    assert str(raised.value) == unloadable_extension_message(package_dir, raised.value.__cause__)
+
+
+def test_the_missing_extensions_message_tells_each_case_apart(tmp_path):
+    """A built extension that does not load (another torch's: an undefined symbol) is named with the loader's
+    reason, not called unbuilt; a source checkout without one says to run the installed package; else: build it."""
+    from fastformer.decoding.compiled import unloadable_extension_message
+
+    package = tmp_path / "fastformer"
+    package.mkdir()
+    error = ImportError("/x/_C.so: undefined symbol: _ZN3c10foo\nmore")
+    assert unloadable_extension_message(package, error) == ("fastformer._C is not built: install with "
+                                                            "`pip install --no-build-isolation .`")
+    (tmp_path / "setup.py").write_text("")
+    assert "was imported from the source checkout " + str(tmp_path) in unloadable_extension_message(package, error)
+    (package / "_C.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")
+    message = unloadable_extension_message(package, error)
+    assert message.startswith(f"fastformer's compiled extension {package / '_C.cpython-311-x86_64-linux-gnu.so'} "
+                              "does not load (/x/_C.so: undefined symbol: _ZN3c10foo): it was built against another "
+                              "torch or Python") and "\n" not in message

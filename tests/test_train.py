@@ -185,6 +185,31 @@ def test_bad_training_input_is_a_clear_error(data_dir: Path, tmp_path: Path):
     assert not (tmp_path / "typo").exists()
 
 
+WITHOUT_EXTENSION = """import runpy, sys
+sys.modules['fastformer._C'] = None  # as where it is not built
+sys.argv = ['fastformer'] + sys.argv[1:]
+runpy.run_module('fastformer', run_name='__main__')
+"""
+
+
+@pytest.mark.parametrize("command", ["train", "demo"])
+def test_without_the_compiled_search_a_run_that_translates_fails_before_training(command: str, data_dir: Path,
+                                                                                  tmp_path: Path):
+    """Validation's BLEU (and the demo's test translation) need the compiled search: its absence is one line before
+    the out-dir is even made, not an error after hours of training; a run that never translates does not need it."""
+    out_dir = tmp_path / "run"
+    flags = TRAIN_FLAGS[1:] + ["--data-dir", str(data_dir), "--max-steps", "2"] if command == "train" else []
+    done = run(["-c", WITHOUT_EXTENSION, command] + flags + ["--out-dir", str(out_dir)], module=False)
+    # (Which of unloadable_extension_message's cases depends on where fastformer is imported from.)
+    assert done.returncode == 1 and done.stderr.startswith(f"fastformer {command}: error: fastformer") and (
+        "_C" in done.stderr) and done.stderr.count("\n") == 1, done.stderr
+    assert not out_dir.exists()
+    if command == "train":
+        done = run(["-c", WITHOUT_EXTENSION, "train"] + flags + ["--out-dir", str(out_dir), "--valid-bleu-sentences",
+                                                                 "0"], module=False)
+        assert done.returncode == 0, done.stderr
+
+
 def test_a_validation_split_it_cannot_run_on_is_an_error_before_any_update(tmp_path: Path):
     out_dir = tmp_path / "run"
     flags = TRAIN_FLAGS + ["--max-steps", "4", "--out-dir", str(out_dir)]

@@ -21,6 +21,7 @@ through `.data` (`p.data.copy_(q)`, as some averaging code makes them), and edit
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -41,17 +42,25 @@ def extension():
     try:
         from fastformer import _C
     except ImportError as error:
-        from pathlib import Path
+        # fastformer/, above decoding/
+        raise ImportError(unloadable_extension_message(Path(__file__).resolve().parents[1], error)) from error
+    return _C
 
-        package_dir = Path(__file__).resolve().parents[1]  # fastformer/, above decoding/
-        if (package_dir.parent / "setup.py").is_file():
-            raise ImportError(
-                f"fastformer was imported from the source checkout {package_dir.parent} (e.g. `python -m fastformer` "
+
+def unloadable_extension_message(package_dir: Path, error: ImportError) -> str:
+    """Why fastformer._C did not import from package_dir (error), and what to do: rebuild one that is there but does
+    not load, run the installed package rather than a source checkout, or build one."""
+    built = sorted(package_dir.glob("_C*.so"))
+    if built:
+        return (f"fastformer's compiled extension {built[0]} does not load ({str(error).splitlines()[0]}): it was "
+                "built against another torch or Python; rebuild it with `pip install --no-build-isolation .` (in a "
+                "checkout, `python setup.py build_ext --inplace`)")
+    if (package_dir.parent / "setup.py").is_file():
+        return (f"fastformer was imported from the source checkout {package_dir.parent} (e.g. `python -m fastformer` "
                 "run from its root), which holds no compiled fastformer._C: run the installed `fastformer` script "
                 "(under torchrun: `torchrun --no-python ... fastformer train`) or run from another directory, or "
-                "build the extension in place with `python setup.py build_ext --inplace`") from error
-        raise ImportError("fastformer._C is not built: install with `pip install --no-build-isolation .`") from error
-    return _C
+                "build the extension in place with `python setup.py build_ext --inplace`")
+    return "fastformer._C is not built: install with `pip install --no-build-isolation .`"
 
 
 def has_int8_linear() -> bool:

@@ -28,6 +28,7 @@ from fastformer.data import Batch, BucketBatch, BucketBatchSampler, TokenBatchSa
 from fastformer.data.batching import mixed_corpus
 from fastformer.data.prepared import PreparedCorpus
 from fastformer.data.tokenizer import Tokenizers
+from fastformer.decoding.compiled import extension
 from fastformer.model import Transformer
 from fastformer.training import gradients, run_control
 from fastformer.training.captured_step import CapturedStep
@@ -162,13 +163,16 @@ class CheckedRun:
 
 def check_run(options: TrainOptions) -> CheckedRun:
     """What can be checked before any work (before the out-dir is made or locked, and before --overwrite deletes
-    anything): the out-dir, and a checkpoint in it to --resume from; the device, the backend on it, the corpus files,
+    anything): the out-dir, and a checkpoint in it to --resume from; the compiled extension where validation
+    translates; the device, the backend on it, the corpus files,
     the tensorboard package where --tensorboard-logdir asks for it, and --init-from's model against the options."""
     if Path(options.out_dir).exists() and not Path(options.out_dir).is_dir():
         raise NotADirectoryError(f"--out-dir {options.out_dir} is a file, not a directory")
     if options.resume and not checkpoint.list_checkpoints(Path(options.out_dir)):
         raise FileNotFoundError(f"--resume: no checkpoint_*.pt in {options.out_dir}"
                                 + ("" if Path(options.out_dir).is_dir() else " (no such directory)"))
+    if options.valid_every and options.valid_bleu_sentences:
+        extension()  # validation translates: without the compiled search, fail now, not at the first validation
     device = evaluate.resolve_device(options.device)
     check_backend(options.backend, device)
     check_step(options.step, device)
