@@ -669,28 +669,29 @@ def test_outputs_are_checked_before_a_run_and_default_folders_are_not_reused(tmp
         assert "Traceback" not in completed.stderr
 
 
-@pytest.mark.parametrize("arguments, error", [
-    (["--rounds", "0"], "argument --rounds: must be at least 1, not 0"),
-    (["--sentences", "0"], "argument --sentences: must be at least 1, not 0"),
-    (["--threads", "0"], "argument --threads: must be at least 1, not 0"),
-    (["--beam", "0"], "argument --beam: must be at least 1, not 0"),
-    (["--vocab", "0"], "argument --vocab: must be at least 4"),
-    (["--source-tokens", "1"], "argument --source-tokens: must be at least 2")])
-def test_cpu_decoding_refuses_numbers_it_cannot_run(arguments, error, capsys):
-    with pytest.raises(SystemExit):
-        cpu_decoding.build_parser().parse_args(arguments)
-    assert error in capsys.readouterr().err
+def _cpu_decoding_arguments(arguments: list[str]) -> object:
+    return cpu_decoding.build_parser().parse_args(arguments)
 
 
-@pytest.mark.parametrize("arguments, error", [
-    (["--sentences", "0"], "argument --sentences: must be at least 1, not 0"),
-    (["--sentences", "-3"], "argument --sentences: must be at least 1, not -3"),
-    (["--batch-sizes", "8,0"], "argument --batch-sizes: must be at least 1, not 0"),
-    (["--infer-repeats", "0"], "argument --infer-repeats: must be at least 1, not 0"),
-    (["--repeats", "0"], "argument --repeats: must be at least 1, not 0")])
-def test_throughput_refuses_numbers_it_cannot_run(arguments, error, capsys):
+def _throughput_arguments(arguments: list[str]) -> object:
+    return throughput.parse_args(["--device", "cpu", *arguments])
+
+
+@pytest.mark.parametrize("parse, arguments, error", [
+    (_cpu_decoding_arguments, ["--rounds", "0"], "argument --rounds: must be at least 1, not 0"),
+    (_cpu_decoding_arguments, ["--sentences", "0"], "argument --sentences: must be at least 1, not 0"),
+    (_cpu_decoding_arguments, ["--threads", "0"], "argument --threads: must be at least 1, not 0"),
+    (_cpu_decoding_arguments, ["--beam", "0"], "argument --beam: must be at least 1, not 0"),
+    (_cpu_decoding_arguments, ["--vocab", "0"], "argument --vocab: must be at least 4"),
+    (_cpu_decoding_arguments, ["--source-tokens", "1"], "argument --source-tokens: must be at least 2"),
+    (_throughput_arguments, ["--sentences", "0"], "argument --sentences: must be at least 1, not 0"),
+    (_throughput_arguments, ["--sentences", "-3"], "argument --sentences: must be at least 1, not -3"),
+    (_throughput_arguments, ["--batch-sizes", "8,0"], "argument --batch-sizes: must be at least 1, not 0"),
+    (_throughput_arguments, ["--infer-repeats", "0"], "argument --infer-repeats: must be at least 1, not 0"),
+    (_throughput_arguments, ["--repeats", "0"], "argument --repeats: must be at least 1, not 0")])
+def test_cpu_decoding_and_throughput_refuse_numbers_they_cannot_run(parse, arguments, error, capsys):
     with pytest.raises(SystemExit):
-        throughput.parse_args(["--device", "cpu", *arguments])
+        parse(arguments)
     assert error in capsys.readouterr().err
 
 

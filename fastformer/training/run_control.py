@@ -2,8 +2,8 @@
 and the divergence guards (a non-finite loss, gradient or weight stops the run; so does a finite loss that rose and
 stays risen).
 
-Beside checkpoint.py, which it reads: train.py calls these at its hook points (the update's token sum, logging, saving) and the
-CLI at its start and end.
+Beside checkpoint.py, which it reads: train.py calls these at its hook points (the update's token sum, logging,
+saving) and the CLI at its start and end.
 """
 
 from __future__ import annotations
@@ -71,16 +71,13 @@ def stopped_message(step: int, path: Path, stopped_by: str, argv: list[str], wor
     arguments) that resumes it; on several nodes, what each node's launch runs (its rendezvous options are the
     job's own)."""
     arguments = [arg for arg in argv if arg != "--overwrite"] + ([] if "--resume" in argv else ["--resume"])
-    if world_size == 1:
-        return (f"fastformer {argv[0]}: stopped by {stopped_by} after step {step}; checkpoint {path}; resume with: "
-                f"{shlex.join(['fastformer'] + arguments)}")
-    launcher = ["torchrun", f"--nproc_per_node={local_world_size}", "--no-python", "fastformer"]
-    if world_size == local_world_size:
-        return (f"fastformer {argv[0]}: stopped by {stopped_by} after step {step}; checkpoint {path}; resume with: "
-                f"{shlex.join(launcher + arguments)}")
-    return (f"fastformer {argv[0]}: stopped by {stopped_by} after step {step}; checkpoint {path}; resume with the "
-            f"job's launch on each of its {world_size // local_world_size} nodes, running: "
-            f"{shlex.join(launcher + arguments)} (and the job's --nnodes and rendezvous options)")
+    launcher = (["fastformer"] if world_size == 1 else
+                ["torchrun", f"--nproc_per_node={local_world_size}", "--no-python", "fastformer"])
+    command = shlex.join(launcher + arguments)
+    resume = (f"resume with: {command}" if world_size == local_world_size else
+              f"resume with the job's launch on each of its {world_size // local_world_size} nodes, running: "
+              f"{command} (and the job's --nnodes and rendezvous options)")
+    return f"fastformer {argv[0]}: stopped by {stopped_by} after step {step}; checkpoint {path}; {resume}"
 
 
 class OutDirInUseError(OSError):

@@ -91,11 +91,11 @@ def open_run_corpora(options: TrainOptions, rank: int, world_size: int,
     if rank == 0:
         try:
             corpora = prepare_run_corpora(options, tokenizers)
-        except Exception as error:
+        except Exception:
             # Rank 0 prints the error; the others end without printing it again. A Ctrl-C (torchrun forwards it to
             # every rank) is not broadcast: the others are ending on it too.
             with contextlib.suppress(RuntimeError):  # the other ranks are gone
-                dist.broadcast_object_list([("error", f"{error}")], src=0, group=group)
+                dist.broadcast_object_list([("error",)], src=0, group=group)
             raise
         message = [[(str(corpus.path), corpus.digest) for corpus in corpora]]
     dist.broadcast_object_list(message, src=0, group=group)

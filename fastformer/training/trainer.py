@@ -164,8 +164,8 @@ class CheckedRun:
 def check_run(options: TrainOptions) -> CheckedRun:
     """What can be checked before any work (before the out-dir is made or locked, and before --overwrite deletes
     anything): the out-dir, and a checkpoint in it to --resume from; the compiled extension where validation
-    translates; the device, the backend on it, the corpus files,
-    the tensorboard package where --tensorboard-logdir asks for it, and --init-from's model against the options."""
+    translates; the device, the backend on it, the corpus files, the tensorboard package where --tensorboard-logdir
+    asks for it, and --init-from's model against the options."""
     if Path(options.out_dir).exists() and not Path(options.out_dir).is_dir():
         raise NotADirectoryError(f"--out-dir {options.out_dir} is a file, not a directory")
     if options.resume and not checkpoint.list_checkpoints(Path(options.out_dir)):
