@@ -55,6 +55,15 @@ class LowestLoss(TypedDict):
     risen: int  # log lines in a row since, each more than --max-loss-rise above it
 
 
+class LogInterval(TypedDict):
+    """One rank's training since the last log line on the --log-every grid: a resumed run's first line on the grid
+    covers the same updates as a run never stopped."""
+
+    loss_sum: float  # summed label-smoothed loss
+    tokens: int  # target tokens
+    padded: int  # padded target positions
+
+
 @dataclass
 class Checkpoint:
     """What a checkpoint holds. Every checkpoint has the model; `fastformer train` also writes what resuming needs
@@ -73,6 +82,7 @@ class Checkpoint:
     best: BestScore | None = None  # the run's best validation score and the validations since
     lowest_loss: LowestLoss | None = None  # the run's lowest logged train loss and the risen log lines since
     validation_skipped: bool | None = None  # a signal's stop skipped this step's validation: a resumed run does it
+    log_interval: list[LogInterval] | None = None  # every rank's, by rank
     averaged_from: list[str] | None = None  # the files an averaged checkpoint is the mean of
 
     RESUME_FIELDS = ("step", "optimizer", "schedule", "rng", "data", "tokenizer")

@@ -4,6 +4,7 @@ work; a SIGTERM stop and --resume keep the best score, --patience's count and me
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -166,6 +167,28 @@ def test_a_stop_at_a_validation_step_and_resume_keep_the_best_and_the_records_ex
     assert bests[0].step == bests[1].step == finals[1].best["step"]
     _assert_same_tensors(bests[0].model, bests[1].model, "best checkpoints")
     assert measured_records(split) == measured_records(straight)
+
+
+def test_updates_since_the_last_log_line_carry_over_a_stop_and_a_crash(data_dir: Path, tmp_path: Path):
+    """--log-every 4, checkpoints every 2 updates: a SIGTERM's stop after update 6 logs updates 5-6, and a crash after
+    update 7 resumes from step 6 too; either way the resumed run's line at step 8 covers updates 5-8, as a run never
+    stopped logs it (the records are that run's, with the stop's own line besides)."""
+    flags = TRAIN_FLAGS + ["--data-dir", str(data_dir), "--max-steps", "8", "--log-every", "4", "--valid-every", "4"]
+    split, crashed, straight = tmp_path / "split", tmp_path / "crashed", tmp_path / "straight"
+    _run(flags + ["--out-dir", str(straight)])
+    reference = measured_records(straight)
+    lines = [record for record in reference if "train_loss" in record]
+    assert [line["step"] for line in lines] == [4, 8]
+    stopped = run(["-c", SIGNALLED_RUN.format(stop=6)] + flags + ["--out-dir", str(split)], module=False)
+    assert stopped.returncode == run_control.EXIT_STOPPED, stopped.stderr
+    shutil.copytree(straight, crashed)
+    checkpoint.checkpoint_path(crashed, 8).unlink()
+    for out_dir in (split, crashed):
+        _run(flags + ["--out-dir", str(out_dir), "--resume"])
+    stop_line = [record for record in measured_records(split) if record["step"] == 6]
+    assert len(stop_line) == 1 and stop_line[0]["train_loss"] != lines[-1]["train_loss"]
+    assert [record for record in measured_records(split) if record["step"] != 6] == reference
+    assert measured_records(crashed) == reference
 
 
 def test_a_signal_during_the_last_validation_chunk_stops_there_with_the_validation_done(data_dir: Path,

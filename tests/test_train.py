@@ -119,6 +119,8 @@ def test_resume_is_exact_under_torchrun(data_dir: Path, tmp_path: Path):
     _assert_same_tensors(*bests, "best checkpoints")
     for rank in (0, 1):
         assert torch.equal(resumed.rng[rank]["torch"], reference.rng[rank]["torch"])
+    # Step 3's lines end the first run; each rank's checkpoint carries update 3 into the line at 4, as straight.
+    assert [record for record in measured_records(split) if record["step"] != 3] == measured_records(straight)
     # Checkpoints 3 and 6 of the split run and 2, 4, 6 of the straight one (keep_last 3).
     assert [p.name for p in checkpoint.list_checkpoints(straight)] == [
         checkpoint.checkpoint_path(straight, step).name for step in (2, 4, 6)]

@@ -318,6 +318,8 @@ class Trainer:
         self.newest_checkpoint = None if resumed is None else resumed[0]
         self.best = BestTracker(options.best_metric, None if resumed is None else resumed[1].best)
         self.validation_skipped = bool(resumed is not None and resumed[1].validation_skipped and options.valid_every)
+        carried = None if resumed is None or resumed[1].log_interval is None else resumed[1].log_interval[self.env.rank]
+        self.meter = _Throughput(self.env.device, carried)
         self.valid: dict = {}
         self.signals = run_control.StopSignals()
         self.stop_requested = self.out_of_time = False
@@ -486,7 +488,7 @@ class Trainer:
         finite are never written (DivergedError)."""
         self.guard.observe(tensors=self.model.parameters())
         self._check_finite()
-        rng_states = self.env.gather(_rng_state(self.env.device))
+        rng_states, log_intervals = zip(*self.env.gather((_rng_state(self.env.device), self.meter.log_interval())))
         out_dir = Path(self.options.out_dir)
         path = checkpoint.checkpoint_path(out_dir, self.step)
         if self.env.is_main:
@@ -498,7 +500,7 @@ class Trainer:
                 optimizer=portable_optimizer_state(self.optimizer),
                 schedule={key: [item.item() if isinstance(item, torch.Tensor) else item for item in value]
                           if isinstance(value, list) else value for key, value in self.scheduler.state_dict().items()},
-                rng=rng_states,
+                rng=list(rng_states),
                 data=checkpoint.DataPosition(epoch=self.stream.epoch, index=self.stream.index, seed=self.options.seed,
                                              batch_tokens=self.options.batch_tokens,
                                              world_size=self.env.world_size),
@@ -506,6 +508,7 @@ class Trainer:
                 best=self.best.state,
                 lowest_loss=self.loss_rise.state,
                 validation_skipped=self.validation_skipped,
+                log_interval=list(log_intervals),
             )
             if best:
                 checkpoint.save_checkpoint(saved, checkpoint.best_checkpoint_path(out_dir))
@@ -555,11 +558,12 @@ class Trainer:
                                                beam_size=self.options.valid_beam)
         return evaluate.bleu(hypotheses, [pair[1] for pair in pairs])[0][0]
 
-    def _log(self, meter: _Throughput, progress: tqdm) -> float:
+    def _log(self, progress: tqdm) -> float:
         """Logs the interval's loss, lr, gradient norm (of its last update), throughput and real-token share over all
         ranks to stdout and the metrics -> the interval's train loss per token; a loss risen for good raises
         DivergedError."""
-        loss_sum, tokens, padded, rate = meter.read(self.env)
+        on_grid = self.step % self.options.log_every == 0
+        loss_sum, tokens, padded, rate = self.meter.read(self.env, on_grid)
         train_loss = loss_sum / max(tokens, 1.0)
         lr = self.scheduler.get_last_lr()[0]
         grad_norm = self.grad_norm.item()
@@ -568,9 +572,9 @@ class Trainer:
                            f"{rate:,.0f} tgt tok/s | epoch {self.stream.epoch}")
         self._record(train_loss=train_loss, lr=lr, grad_norm=grad_norm, tokens_per_second=rate,
                      real_token_share=tokens / max(padded, 1.0))
-        # Only the lines of the --log-every grid: a stop adds one off it, and a resumed run starts its first interval
-        # there, so a run stopped and resumed reaches the verdict of one never stopped.
-        if tokens and self.step % self.options.log_every == 0:
+        # Only the lines of the --log-every grid: a stop adds one off it, whose updates the checkpoint carries into
+        # the resumed run's next line, so a run stopped and resumed reaches the verdict of one never stopped.
+        if tokens and on_grid:
             self.loss_rise.observe(self.step, train_loss, Path(self.options.out_dir), self.options.lr_scale,
                                    self.options.warmup)
         return train_loss
@@ -595,18 +599,18 @@ class Trainer:
         # The bar counts towards max_steps (its ETA assumes no time limit stops the run first).
         progress = tqdm(total=options.max_steps, initial=self.step, disable=options.quiet or not self.env.is_main,
                         mininterval=2.0, dynamic_ncols=True, unit="step", desc="train")
-        meter = _Throughput(self.env.device)
+        self.meter.start_clock()
         path = None
         train_loss = math.nan
         out_of_patience = False
         if self.validation_skipped:  # by a signal's stop: done now, as the run never stopped did it
             self.validation_skipped = False
-            out_of_patience = self._validate(meter, progress)
+            out_of_patience = self._validate(progress)
             if out_of_patience:
                 path = self.save()
         # (A signal that cut that validation short ends the session before any update.)
         while self.step < options.max_steps and not out_of_patience and not self.stop_requested:
-            meter.add(*self._update())
+            self.meter.add(*self._update())
             progress.update(1)
             last = self.step >= options.max_steps or self.stop_requested or self.out_of_time
             log = self.step % options.log_every == 0 or last
@@ -618,13 +622,13 @@ class Trainer:
             if log or validate:
                 self._check_finite()
             if log:
-                train_loss = self._log(meter, progress)
-            out_of_patience = bool(validate) and self._validate(meter, progress)
+                train_loss = self._log(progress)
+            out_of_patience = bool(validate) and self._validate(progress)
             last = last or self.stop_requested  # a signal during validation
             if (out_of_patience or last) and not log:  # an end as max_steps' is: its last interval logged
-                train_loss = self._log(meter, progress)
+                train_loss = self._log(progress)
             if (options.save_every and self.step % options.save_every == 0) or last or out_of_patience:
-                with meter.paused():
+                with self.meter.paused():
                     path = self.save()
             if last:
                 break
@@ -632,14 +636,14 @@ class Trainer:
         if path is None:  # resumed at or past max_steps: nothing trained, the resumed checkpoint is the result
             path = checkpoint.checkpoint_path(Path(options.out_dir), self.step)
         stopped = self.stop_requested and self.step < options.max_steps
-        return TrainResult(self.step, path, meter.overall_rate(), train_loss, self.valid,
+        return TrainResult(self.step, path, self.meter.overall_rate(), train_loss, self.valid,
                            (self.signals.received or "a signal to another rank") if stopped else None,
                            self.best.state, out_of_patience)
 
-    def _validate(self, meter: _Throughput, progress: tqdm) -> bool:
+    def _validate(self, progress: tqdm) -> bool:
         """Validates, prints and records the results, and writes checkpoint_best.pt if they are the best so far ->
         whether --patience is exhausted. A stop signal ends the loop after it (stop_requested)."""
-        with meter.paused():
+        with self.meter.paused():
             valid = self.validate()
             if valid is None:  # cut short by a stop signal: the checkpoint notes it, the resumed run does it
                 self.validation_skipped = True
@@ -655,22 +659,32 @@ class Trainer:
 
 
 class _Throughput:
-    """Sums loss and target tokens between log lines, and times training alone: validation and checkpointing run
-    inside `paused()` and are not counted."""
+    """Sums this rank's loss and target tokens since the last log line on the --log-every grid, and times training
+    alone since the last log line: validation and checkpointing run inside `paused()` and are not counted."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.loss_sum = torch.zeros((), device=device)
-        self.tokens = 0
-        self.padded = 0
-        self.interval_start = time.perf_counter()
-        self.interval_paused = 0.0
+    def __init__(self, device: torch.device, carried: checkpoint.LogInterval | None = None) -> None:
+        """carried: the sums a resumed checkpoint holds."""
+        carried = carried or {"loss_sum": 0.0, "tokens": 0, "padded": 0}
+        self.loss_sum = torch.tensor(carried["loss_sum"], dtype=torch.float32, device=device)
+        self.tokens = carried["tokens"]
+        self.padded = carried["padded"]
+        self.timed_tokens = 0  # this session's, for the rate
         self.total_tokens = 0.0
         self.total_seconds = 0.0
+        self.start_clock()
+
+    def start_clock(self) -> None:
+        self.interval_start = time.perf_counter()
+        self.interval_paused = 0.0
 
     def add(self, loss_sum: torch.Tensor, tokens: int, padded: int) -> None:
         self.loss_sum += loss_sum
         self.tokens += tokens
         self.padded += padded
+        self.timed_tokens += tokens
+
+    def log_interval(self) -> checkpoint.LogInterval:
+        return {"loss_sum": self.loss_sum.item(), "tokens": self.tokens, "padded": self.padded}
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -680,19 +694,23 @@ class _Throughput:
         finally:
             self.interval_paused += time.perf_counter() - begin
 
-    def read(self, env: _Distributed) -> tuple[float, float, float, float]:
-        """-> (summed loss, target tokens, padded target positions, target tokens/s) of the interval over all ranks;
-        starts a new interval."""
+    def read(self, env: _Distributed, on_grid: bool) -> tuple[float, float, float, float]:
+        """-> (summed loss, target tokens, padded target positions) since the last line on the grid and target
+        tokens/s since the last line, over all ranks; a line on the grid starts a new interval (one off it, a run's
+        last, leaves its sums for the checkpoint)."""
         # The loss is read back only here, so the steps in between queue on a GPU without a host sync.
-        loss_sum, tokens, padded = env.sum([self.loss_sum.item(), float(self.tokens), float(self.padded)])
+        loss_sum, tokens, padded, timed_tokens = env.sum([self.loss_sum.item(), float(self.tokens),
+                                                          float(self.padded), float(self.timed_tokens)])
         now = time.perf_counter()
         seconds = max(now - self.interval_start - self.interval_paused, 1e-9)
-        self.total_tokens += tokens
+        self.total_tokens += timed_tokens
         self.total_seconds += seconds
-        self.loss_sum.zero_()
-        self.tokens = self.padded = 0
+        if on_grid:
+            self.loss_sum.zero_()
+            self.tokens = self.padded = 0
+        self.timed_tokens = 0
         self.interval_start, self.interval_paused = now, 0.0
-        return loss_sum, tokens, padded, tokens / seconds
+        return loss_sum, tokens, padded, timed_tokens / seconds
 
     def overall_rate(self) -> float:
         return self.total_tokens / max(self.total_seconds, 1e-9)
