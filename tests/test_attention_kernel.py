@@ -549,6 +549,14 @@ def test_dispatch_refuses_an_explicit_mask_under_triton(kernel_calls):
     assert not kernel_calls
 
 
+@pytest.mark.skipif(DEVICE == "cuda", reason="a limit of Triton's interpreter")
+def test_dispatch_refuses_bfloat16_in_the_interpreter(kernel_calls):
+    q = torch.randn(1, 4, 2, 32, dtype=torch.bfloat16)
+    with fastformer.backend("triton"), pytest.raises(dispatch.UnsupportedInputError, match="bfloat16 on the CPU"):
+        dispatch.attention(q, q, q)
+    assert not kernel_calls
+
+
 def test_dispatch_falls_back_for_an_explicit_mask_under_auto(monkeypatch, kernel_calls):
     monkeypatch.setattr(dispatch, "_auto_runs_triton", lambda tensor: True)
     q = torch.randn(1, 4, 2, 32, device=DEVICE)

@@ -3,6 +3,7 @@
 import functools
 import itertools
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import torch.nn.functional as F
 
 import fastformer
 from fastformer import Transformer, TransformerConfig
+from fastformer.decoding import search
 from fastformer.decoding.compiled import extension
 from fastformer.reference.beam_search import Hypothesis, beam_search, length_penalty_divisor
 
@@ -321,6 +323,28 @@ def test_translate_is_inference_whatever_the_models_mode():
         assert_same_hypotheses(model.translate(src, beam_size=3, n_best=3, max_len_b=8), expected)
     assert model.training and model.encoder.training and model.embed_dropout.training
     assert not model.decoder.training and not model.decoder.layers[0].training
+
+
+def test_threads_translating_one_model_keep_eval_mode_until_the_last_ends():
+    """Threads translate one model at once (the search releases the GIL), their eval_mode blocks overlapping without
+    nesting: the model stays in eval mode until the last block ends, which gives every module its mode back."""
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig.tiny(VOCAB, dropout=0.3, attention_dropout=0.3)).train()
+    first, second = search.eval_mode(model), search.eval_mode(model)
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert not any(module.training for module in model.modules()), "the second block runs on in eval mode"
+    second.__exit__(None, None, None)
+    assert all(module.training for module in model.modules())
+    sources = [padded_sources(model, [7, 2, 5, 9], seed=seed) for seed in range(8)]
+    expected = [model.eval().translate(src, beam_size=2, max_len_b=8) for src in sources]
+    model.train()
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda src: model.translate(src, beam_size=2, max_len_b=8), sources * 3))
+    for got, want in zip(results, expected * 3):
+        assert_same_hypotheses(got, want)
+    assert all(module.training for module in model.modules())
 
 
 def put_non_finite_weight(model: Transformer, where: str) -> None:

@@ -167,6 +167,8 @@ def test_attention_bad_input():
         ours(x, x, x, key_padding_mask=torch.ones(2, 3, dtype=torch.bool))
     with pytest.raises(ValueError, match="key_padding_mask"):
         ours(x, x, x, key_padding_mask=torch.zeros(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"must be batched, \[batch, len, embed_dim\]: got shapes \(3, 16\)"):
+        ours(x[0], x[0], x[0])
 
 
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1])

@@ -93,6 +93,10 @@ class MultiheadAttention(nn.Module):
         # first.
         same_kv = key is value
         same_qkv = same_kv and query is key
+        if any(t.dim() != 3 for t in (query, key, value)):
+            layout = "[batch, len, embed_dim]" if self.batch_first else "[len, batch, embed_dim]"
+            raise ValueError(f"query, key and value must be batched, {layout}: got shapes {tuple(query.shape)}, "
+                             f"{tuple(key.shape)} and {tuple(value.shape)} (unsqueeze an unbatched input's batch dim)")
         if not self.batch_first:
             query, key, value = (t.transpose(0, 1) for t in (query, key, value))
         batch, q_len, _ = query.shape
