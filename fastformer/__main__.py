@@ -42,7 +42,7 @@ from fastformer.training.options import TrainOptions
 from fastformer.training.trainer import Trainer, TrainResult, check_run, process_rank
 from fastformer.translation import evaluate, export
 from fastformer.translation.output import OUTPUT_FORMATS, format_results
-from fastformer.translation.streaming import ChunkFunction, ChunkOutput, LineInput, stream_chunks
+from fastformer.translation.streaming import ChunkFunction, ChunkOutput, LineInput, StdinLines, stream_chunks
 from fastformer.translation.translator import OnTruncated, Translator, load_checkpoint_tokenizers, load_translator
 
 # The demo fits the bundled corpus and a few CPU minutes: small updates, so that it takes many steps, with a short
@@ -245,7 +245,11 @@ def _line_input(stack: contextlib.ExitStack, flag: str, path: str | None) -> Lin
     """An input of a streamed command: `flag`'s file, counted first (for the progress bar and the checks made before
     any work), a pipe (`<(zcat f.gz)`, read once, so not counted), or stdin where path is None."""
     if path is None:
-        return LineInput("stdin", sys.stdin.buffer)
+        fd = _stdin_fd()
+        if fd is None:
+            return LineInput("stdin", sys.stdin.buffer)
+        stdin = StdinLines(fd)
+        return LineInput("stdin", stdin, ready=stdin.ready)
     if not Path(path).exists():
         raise FileNotFoundError(f"{flag} file not found: {path}")
     if Path(path).is_dir():
@@ -254,16 +258,37 @@ def _line_input(stack: contextlib.ExitStack, flag: str, path: str | None) -> Lin
     return LineInput(path, stack.enter_context(open_binary(Path(path))), count)
 
 
+def _stdin_fd() -> int | None:
+    """sys.stdin's file descriptor; None for a stand-in without one (a program that runs main() on a StringIO)."""
+    try:
+        return sys.stdin.fileno()
+    except (AttributeError, OSError):
+        return None
+
+
+def _read(flag: str, path: str | None) -> tuple[str, str | None]:
+    """A streamed input as _check_output takes it: standard input's file where path is None (`--output F < F`)."""
+    if path is not None:
+        return flag, path
+    fd = _stdin_fd()
+    return "standard input", None if fd is None else f"/dev/fd/{fd}"
+
+
 def _check_output(output: str | None, read: list[tuple[str, str | Path | None]], text: bool = True) -> None:
     """--output must not be, nor lie in, what the command reads (read: (option, path) pairs, a path None where not
     given: its inputs, the model file or directory, a shortlist), which the first write would destroy; and a text
     output must not be named .gz (it is written as plain text)."""
     if output is None:
         return
-    if text and output.endswith(".gz"):
-        raise ValueError(f"--output {output} ends in .gz, but the output is written as plain text: drop the .gz, or "
-                         f"leave out --output and pipe standard output through gzip")
     target = Path(output)
+    if text:
+        if output.endswith(".gz"):
+            raise ValueError(f"--output {output} ends in .gz, but the output is written as plain text: drop the .gz, "
+                             f"or leave out --output and pipe standard output through gzip")
+        if target.is_dir():
+            raise IsADirectoryError(f"--output {output} is a directory, not a file to write")
+        if not target.resolve().parent.is_dir():
+            raise FileNotFoundError(f"--output {output}: its directory does not exist")
     for option, path in read:
         if path is None or not Path(path).exists():
             continue
@@ -355,7 +380,9 @@ def _run_translate(args: argparse.Namespace) -> None:
         inputs = [_line_input(stack, "--input", args.input)]
         if args.prefix_file is not None:
             inputs.append(_line_input(stack, "--prefix-file", args.prefix_file))
-        _stream(args, inputs, start, settings, [("--input", args.input), ("--prefix-file", args.prefix_file),
+        if args.shortlist is not None:  # whole chunks from standard input too, whenever its lines come
+            inputs = [item._replace(ready=None) for item in inputs]
+        _stream(args, inputs, start, settings, [_read("--input", args.input), ("--prefix-file", args.prefix_file),
                                                 ("--checkpoint", path), ("--shortlist", args.shortlist)])
 
 
@@ -394,8 +421,11 @@ def _run_score(args: argparse.Namespace) -> None:
     path = _newest_checkpoint(args)
     if not path.exists():  # now: the model loads only once a first chunk is read
         raise FileNotFoundError(f"checkpoint not found: {path}")
+    if args.input is None and args.targets is None:
+        raise ValueError("--input and --targets both read standard input: give one of them as a file")
     settings = {"--" + name.replace("_", "-"): getattr(args, name) for name in SCORE_SETTINGS}
-    settings |= {"--checkpoint": str(path.resolve()), "--targets": str(Path(args.targets).resolve())}
+    settings |= {"--checkpoint": str(path.resolve()),
+                 "--targets": "stdin" if args.targets is None else str(Path(args.targets).resolve())}
 
     def start() -> ChunkFunction:
         translator = load_translator(path, device, args.compute_type)
@@ -403,7 +433,7 @@ def _run_score(args: argparse.Namespace) -> None:
 
     with contextlib.ExitStack() as stack:
         inputs = [_line_input(stack, "--input", args.input), _line_input(stack, "--targets", args.targets)]
-        _stream(args, inputs, start, settings, [("--input", args.input), ("--targets", args.targets),
+        _stream(args, inputs, start, settings, [_read("--input", args.input), _read("--targets", args.targets),
                                                 ("--checkpoint", path)])
 
 
@@ -669,6 +699,10 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     args.argv = argv
+    if args.command in ("translate", "score"):  # "-": standard input or output, as Unix tools take it
+        for name in ("input", "output", "targets"):
+            if getattr(args, name, None) == "-":
+                setattr(args, name, None)
     try:
         args.run(args)
     except (ValueError, OSError, ImportError) as error:

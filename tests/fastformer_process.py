@@ -30,12 +30,13 @@ def _command(args: list[str], ranks: int, module: bool = True) -> list[str]:
     return launcher + (["-m", "fastformer"] if module else []) + args
 
 
-def start(args: list[str], scratch: Path, stderr: Path, ranks: int = 1) -> subprocess.Popen:
+def start(args: list[str], scratch: Path, stderr: Path, ranks: int = 1, stdin: int | None = None) -> subprocess.Popen:
     """Starts `python -m fastformer ARGS` in the directory scratch, under torchrun when ranks > 1, unbuffered: its
-    stdout is piped as text, line by line as it is written, and its stderr goes to the file stderr."""
+    stdout is piped as text, line by line as it is written, and its stderr goes to the file stderr (stdin:
+    subprocess.PIPE to write to it)."""
     with open(stderr, "wb") as error_file:
-        return subprocess.Popen(_command(args, ranks), cwd=scratch, stdout=subprocess.PIPE, stderr=error_file,
-                                text=True, env={**_child_env(), "PYTHONUNBUFFERED": "1"})
+        return subprocess.Popen(_command(args, ranks), cwd=scratch, stdin=stdin, stdout=subprocess.PIPE,
+                                stderr=error_file, text=True, env={**_child_env(), "PYTHONUNBUFFERED": "1"})
 
 
 def run(args: list[str], ranks: int = 1, stdin: str | bytes | None = None, timeout: float = 300,

@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import select
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,9 +20,11 @@ from fastformer import checkpoint
 from fastformer.__main__ import main
 from fastformer.data import BUNDLED_CORPUS, EOS_ID, read_lines, train_tokenizer
 from fastformer.decoding.alignment import hard_alignment
+from fastformer.translation import streaming
 from fastformer.translation import translator as translator_module
 from fastformer.translation.streaming import ChunkOutput, LineInput, StreamSummary, progress_path, stream_chunks
 from fastformer.translation.translator import BLANK, TranslationResult
+from fastformer_process import start
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -219,6 +223,29 @@ def test_ctrl_c_keeps_the_chunks_written_and_exits_without_a_traceback(tiny, tmp
     assert capsys.readouterr().err == (f"fastformer translate: stopped after line 5: {output} holds the output of "
                                        f"every line before it, and --resume continues from there\n")
     assert _lines(output) == translator.translate(LINES[:5])
+
+
+def test_a_failed_write_names_the_last_line_written(tiny, tmp_path, monkeypatch, capsys):
+    """A full disk in the 3rd chunk's write: the stop line and the progress file both say 6 lines, and --resume
+    finishes the output as one run would."""
+    path, _ = tiny
+    source, whole, output = _write(tmp_path / "in.en", LINES), tmp_path / "whole.de", tmp_path / "out.de"
+    _translate(path, "--input", str(source), "--output", str(whole))
+    real, calls = streaming._Writer.write, []
+
+    def write(self, lines, progress):
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        real(self, lines, progress)
+    with monkeypatch.context() as patched:
+        patched.setattr(streaming._Writer, "write", write)
+        with pytest.raises(SystemExit, match="No space left on device"):
+            _translate(path, "--input", str(source), "--output", str(output), "--chunk-lines", "3")
+    assert "stopped after line 6:" in capsys.readouterr().err
+    assert json.loads(progress_path(output).read_text())["rows"] == 6
+    _translate(path, "--input", str(source), "--output", str(output), "--resume")
+    assert output.read_bytes() == whole.read_bytes()
 
 
 def _interrupted(tiny, tmp_path, monkeypatch) -> tuple[Path, Path]:
@@ -430,6 +457,15 @@ def test_outputs_and_inputs_it_cannot_take_are_refused_before_any_work(tiny, tmp
             str(source), command="score")
     refused(f"--output {path} is --checkpoint {path}", "--input", str(source), "--output", str(path))
     refused("--output out.de.gz ends in .gz", "--input", str(source), "--output", "out.de.gz")
+    refused(f"--output {tmp_path / 'absent' / 'out.de'}: its directory does not exist", "--input", str(source),
+            "--output", str(tmp_path / "absent" / "out.de"))
+    refused(f"--output {tmp_path} is a directory", "--input", str(source), "--output", str(tmp_path))
+    with open(source, "rb") as same:  # `--output F < F`
+        monkeypatch.setattr("sys.stdin", same)
+        refused(f"--output {source} is standard input /dev/fd/{same.fileno()}, which this command reads", "--output",
+                str(source))
+        refused("--input and --targets both read standard input", "--targets", "-", command="score")
+    assert source.read_text(encoding="utf-8") == "".join(line + "\n" for line in LINES)
     blanks = _write(tmp_path / "blanks.en", ["", " "])
     refused("beam_size must be >= 1, got 0", "--input", str(blanks), "--beam", "0", "--output",
             str(tmp_path / "o.de"))
@@ -453,6 +489,33 @@ def test_a_pipe_in_and_dev_null_out_translate(tiny, tmp_path, capsys):
     assert "3 lines" in capsys.readouterr().err
 
 
+def test_a_dash_is_standard_input_and_output(tiny, tmp_path, monkeypatch, capsys):
+    path, translator = tiny
+    with open(_write(tmp_path / "in.en", LINES[:3]), "rb") as source:
+        monkeypatch.setattr("sys.stdin", source)
+        _translate(path, "--input", "-", "--output", "-", "--beam", "1")
+    assert capsys.readouterr().out.splitlines() == translator.translate(LINES[:3], beam_size=1)
+    assert not (tmp_path / "-").exists() and not Path("-").exists()
+
+
+def test_standard_input_gets_each_line_answered_before_the_next_comes(tiny, tmp_path):
+    """A program that writes a line to `fastformer translate` and waits reads its translation (as from
+    fairseq-interactive): a chunk ends where standard input has no further line yet."""
+    path, translator = tiny
+    process = start(["translate", "--checkpoint", str(path), "--device", "cpu", "--beam", "1"], tmp_path,
+                    tmp_path / "stderr", stdin=subprocess.PIPE)
+    try:
+        for line in LINES[:2]:
+            process.stdin.write(line + "\n")
+            process.stdin.flush()
+            assert select.select([process.stdout], [], [], 120)[0], (tmp_path / "stderr").read_text()
+            assert process.stdout.readline() == translator.translate([line], beam_size=1)[0] + "\n"
+        process.stdin.close()
+        assert process.wait(timeout=60) == 0, (tmp_path / "stderr").read_text()
+    finally:
+        process.kill()
+
+
 def test_a_prefix_too_long_is_named_by_its_line(tiny, tmp_path):
     path, _ = tiny
     sources = _write(tmp_path / "in.en", ["Hallo."] * 12)
@@ -461,3 +524,21 @@ def test_a_prefix_too_long_is_named_by_its_line(tiny, tmp_path):
                                          r"more than its length limit"):
         _translate(path, "--input", str(sources), "--prefix-file", str(prefixes), "--chunk-lines", "5", "--output",
                    str(tmp_path / "out.de"))
+
+
+def test_texts_the_translator_cannot_take_are_named(tiny):
+    """A str for a list, text of no tokens (a zero-width space: translated as a blank line is, refused by score),
+    and text that is not valid Unicode (a lone surrogate, which the tokenizer refuses) are each named."""
+    _, translator = tiny
+    with pytest.raises(TypeError, match="sentences must be a list of texts, one per sentence, not a str"):
+        translator.translate("Hello.")
+    with pytest.raises(TypeError, match="targets must be a list of texts"):
+        translator.score(["Hello."], "Hallo.")
+    assert translator.translate(["\u200b", LINES[0]]) == ["", translator.translate([LINES[0]])[0]]
+    with pytest.raises(ValueError, match="^line 2: the source has no tokens"):
+        translator.score([LINES[0], "\u200b"], ["Hallo."] * 2)
+    with pytest.raises(ValueError, match=r"^line 3: the source is not valid Unicode text \(surrogates not allowed at "
+                                         r"character 1\)"):
+        translator.translate([LINES[0], "", "a\ud800"])
+    with pytest.raises(ValueError, match="^line 1: the target is not valid Unicode text"):
+        translator.score(["Hallo."], ["\udc80"])

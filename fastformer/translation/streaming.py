@@ -12,7 +12,8 @@ at most one chunk of input is held, whatever the files' size. An output file get
 rows done and of those bytes, and the settings that shape the output. It is removed when the run ends. `resume=True`
 continues from it: the output is cut back to the last chunk it records, and a changed input (its rows done differ,
 or it has fewer), changed settings or a changed output are refused before any work. An output that is not a regular
-file (/dev/null, a pipe) is written without a sidecar, and cannot be resumed.
+file (/dev/null, a pipe) is written without a sidecar, and cannot be resumed. A chunk also ends where standard input
+(StdinLines) has no line ready, so that a program that sends a line and waits gets its translation.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import select
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice, zip_longest
@@ -42,6 +45,41 @@ class LineInput(NamedTuple):
     name: str  # as messages name it: its path, "stdin"
     lines: Iterable[bytes]  # its raw lines, line ends included
     count: int | None = None  # its number of lines where known before reading (a file), checked before any work
+    ready: Callable[[], bool] | None = None  # whether a next line can be read without waiting; None: always
+
+
+class StdinLines:
+    """Standard input's raw lines (line ends included), read straight from its file descriptor, and whether the next
+    one can be read without waiting: what a pipe or terminal holds is known, which a buffered reader's is not."""
+
+    def __init__(self, fd: int = 0) -> None:
+        self.fd = fd
+        self.lines: deque[bytes] = deque()
+        self.partial = b""
+        self.ended = False
+
+    def _read(self) -> None:
+        data = os.read(self.fd, 1 << 20)
+        if not data:
+            self.ended = True
+            if self.partial:
+                self.lines.append(self.partial)
+                self.partial = b""
+            return
+        parts = (self.partial + data).split(b"\n")
+        self.partial = parts.pop()
+        self.lines.extend(part + b"\n" for part in parts)
+
+    def __iter__(self) -> Iterator[bytes]:
+        while True:
+            while not self.lines and not self.ended:
+                self._read()
+            if not self.lines:
+                return
+            yield self.lines.popleft()
+
+    def ready(self) -> bool:
+        return bool(self.lines) or self.ended or bool(select.select([self.fd], [], [], 0)[0])
 
 
 class ChunkOutput(NamedTuple):
@@ -111,7 +149,7 @@ def stream_chunks(inputs: list[LineInput], start: Callable[[], ChunkFunction], o
     summary = StreamSummary(0, 0, 0, 0.0, done)
     process, bar = None, None
     try:
-        while chunk := list(islice(rows, chunk_lines)):
+        while chunk := _next_chunk(rows, inputs, chunk_lines):
             digest.update(chunk)
             # Decoded by column, so that a line that is not UTF-8 is named by its input and line.
             columns = [decode_sentences(column, item.name, first=done + 1) for column, item in zip(zip(*chunk), inputs)]
@@ -122,9 +160,9 @@ def stream_chunks(inputs: list[LineInput], start: Callable[[], ChunkFunction], o
                            dynamic_ncols=True, mininterval=0.5, file=sys.stderr)
                 began = time.perf_counter()
             produced = process(done, list(zip(*columns)))
-            done += len(chunk)
-            writer.write(produced.lines, {"format": PROGRESS_FORMAT, "settings": settings, "rows": done,
+            writer.write(produced.lines, {"format": PROGRESS_FORMAT, "settings": settings, "rows": done + len(chunk),
                                           "inputs_sha256": digest.hexdigest()})
+            done += len(chunk)
             summary.rows += len(chunk)
             summary.sentences += produced.sentences
             summary.tokens += produced.tokens
@@ -143,6 +181,21 @@ def stream_chunks(inputs: list[LineInput], start: Callable[[], ChunkFunction], o
         raise
     _close(bar)
     return summary
+
+
+def _next_chunk(rows: Iterator[tuple[bytes, ...]], inputs: list[LineInput],
+                chunk_lines: int) -> list[tuple[bytes, ...]]:
+    """The next chunk_lines rows, or fewer: at the end, or where an input has no next line ready (after one row)."""
+    waits = [item.ready for item in inputs if item.ready is not None]
+    if not waits:
+        return list(islice(rows, chunk_lines))
+    chunk = list(islice(rows, 1))
+    while chunk and len(chunk) < chunk_lines and all(ready() for ready in waits):
+        row = next(rows, None)
+        if row is None:
+            break
+        chunk.append(row)
+    return chunk
 
 
 def _close(bar: tqdm | None) -> None:

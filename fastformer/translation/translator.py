@@ -102,18 +102,20 @@ class Translator:
         `Transformer.translate` (beam_size, n_best, sampling_topk, ...).
 
         target_prefix: per sentence a text (encoded by the target tokenizer, without EOS) that each hypothesis
-        starts with, or None. A blank sentence is not translated: its result is [BLANK] (so that output stays
-        line-aligned with input), whatever its prefix. A sentence longer than the model's positions is cut to them,
-        and on_truncated is told (by default a warning: never a silent cut). Scores are None unless return_scores,
-        attention None unless return_attention. A prefix too long for its sentence is a ValueError naming its line
-        (sentences[0] being line first_line)."""
+        starts with, or None. A blank sentence (or one of no tokens) is not translated: its result is [BLANK] (so
+        that output stays line-aligned with input), whatever its prefix. A sentence longer than the model's positions
+        is cut to them, and on_truncated is told (by default a warning: never a silent cut). Scores are None unless
+        return_scores, attention None unless return_attention. A prefix too long for its sentence, or a text that is
+        not valid Unicode, is a ValueError naming its line (sentences[0] being line first_line)."""
+        _check_list("sentences", sentences)
         if target_prefix is not None and len(target_prefix) != len(sentences):
             raise ValueError(f"target_prefix has {len(target_prefix)} entries for {len(sentences)} sentences: give "
                              f"one (a text or None) per sentence")
         kept = [i for i, sentence in enumerate(sentences) if sentence.strip()]
         prefixes = self._prefix_ids(target_prefix, kept)
         results = [[BLANK] for _ in sentences]
-        for indices, src in self._source_batches(sentences, kept, batch_tokens, on_truncated or _warn_long_sentence):
+        for indices, src in self._source_batches(sentences, kept, batch_tokens, on_truncated or _warn_long_sentence,
+                                                 first_line):
             try:
                 found = self.model.translate(src, compute_type=self.compute_type, return_scores=return_scores,
                                              return_attention=return_attention,
@@ -141,8 +143,11 @@ class Translator:
         """Each target's log-probabilities given its source (`Transformer.score`, teacher forcing), in length-sorted
         batches of about batch_tokens source tokens as `translate` makes them; the output keeps the input order.
 
-        Unequal numbers of sources and targets, a blank source or target, or one over the model's positions is a
-        ValueError naming the line (sources[0] being line first_line), raised before any scoring."""
+        Unequal numbers of sources and targets, a blank source or target (or one of no tokens), or one over the
+        model's positions is a ValueError naming the line (sources[0] being line first_line), raised before any
+        scoring."""
+        _check_list("sources", sources)
+        _check_list("targets", targets)
         if len(sources) != len(targets):
             raise ValueError(f"score got {len(sources)} sources and {len(targets)} targets: it needs one target per "
                              "source")
@@ -153,13 +158,14 @@ class Translator:
                                      "target")
         config = self.model.config
         limit = config.max_positions - 1  # and BOS
-        target_ids = self.target_tokenizer.encode(targets)
+        target_ids = _encode(self.target_tokenizer, targets, first_line, "target")
         for i, ids in enumerate(target_ids):
             if not 1 <= len(ids) <= limit:
                 raise ValueError(f"line {first_line + i}: the target has {len(ids)} tokens, the model scores 1 to "
                                  f"{limit}")
         batches = self._source_batches(sources, list(range(len(sources))), batch_tokens,
-                                       lambda i, n_tokens, limit: _reject_long_source(first_line + i, n_tokens, limit))
+                                       lambda i, n_tokens, limit: _reject_long_source(first_line + i, n_tokens, limit),
+                                       first_line, on_empty=lambda i: _reject_empty_source(first_line + i))
         results: list[ScoreResult] = [None] * len(sources)  # type: ignore[list-item]
         for indices, src in batches:
             scores = self.model.score(src, [target_ids[i] for i in indices], compute_type=self.compute_type)
@@ -170,20 +176,28 @@ class Translator:
                                          self.target_tokenizer.pieces(target_ids[i] + [config.eos_id]), values)
         return results
 
-    def _source_batches(self, sentences: list[str], indices: list[int], batch_tokens: int,
-                        report: OnTruncated) -> Iterator[tuple[list[int], torch.Tensor]]:
+    def _source_batches(self, sentences: list[str], indices: list[int], batch_tokens: int, report: OnTruncated,
+                        first_line: int, on_empty: Callable[[int], None] | None = None
+                        ) -> Iterator[tuple[list[int], torch.Tensor]]:
         """The sentences at `indices`, encoded now (one longer than the model's positions cut to them and `report`
-        told; EOS appended, as in training) -> per length-sorted batch of about batch_tokens source tokens (padding
-        included): (its sentences' indices, src [batch, src_len] on the model's device), padded as it is reached."""
+        told; EOS appended, as in training; one of no tokens, such as a zero-width space, left out, or on_empty told)
+        -> per length-sorted batch of about batch_tokens source tokens (padding included): (its sentences' indices,
+        src [batch, src_len] on the model's device), padded as it is reached."""
         if batch_tokens < 1:
             raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
         config = self.model.config
         limit = config.max_positions - 1  # and EOS
         sources: dict[int, list[int]] = {}
-        for i, ids in zip(indices, self.source_tokenizer.encode([sentences[i] for i in indices])):
+        encoded = _encode(self.source_tokenizer, [sentences[i] for i in indices], first_line, "source", indices)
+        for i, ids in zip(indices, encoded):
+            if not ids:
+                if on_empty is not None:
+                    on_empty(i)
+                continue
             if len(ids) > limit:
                 report(i, len(ids), limit)
             sources[i] = ids[:limit] + [config.eos_id]
+        indices = list(sources)
         sizes = [len(sources.get(i, ())) for i in range(len(sentences))]
         device = self.model.output_weight.device
         return ((batch.tolist(), right_padded([sources[i] for i in batch], config.pad_id, device))
@@ -193,6 +207,35 @@ class Translator:
 def _warn_long_sentence(index: int, n_tokens: int, limit: int) -> None:
     warnings.warn(f"sentence {index + 1} has {n_tokens} source tokens, more than the model's limit of {limit}: only "
                   f"its first {limit} were translated", stacklevel=4)
+
+
+def _check_list(name: str, texts: list[str]) -> None:
+    if isinstance(texts, str):
+        raise TypeError(f"{name} must be a list of texts, one per sentence, not a str: wrap it in a list")
+
+
+def _encode(tokenizer: TextTokenizer, texts: list[str], first_line: int, side: str,
+            indices: list[int] | None = None) -> list[list[int]]:
+    """tokenizer.encode(texts); a text that is not a str, or not valid Unicode (a lone surrogate), is a ValueError
+    naming its line (texts[k] being line first_line + indices[k], or + k)."""
+    try:
+        return tokenizer.encode(texts)
+    except (TypeError, UnicodeError):
+        for k, text in enumerate(texts):
+            line = first_line + (k if indices is None else indices[k])
+            if not isinstance(text, str):
+                raise ValueError(f"line {line}: the {side} is a {type(text).__name__}, not a str") from None
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as error:
+                raise ValueError(f"line {line}: the {side} is not valid Unicode text ({error.reason} at character "
+                                 f"{error.start})") from None
+        raise
+
+
+def _reject_empty_source(line: int) -> None:
+    raise ValueError(f"line {line}: the source has no tokens (only characters the tokenizer drops): scoring needs a "
+                     "source and a target")
 
 
 def _reject_long_source(line: int, n_tokens: int, limit: int) -> None:
