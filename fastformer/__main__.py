@@ -499,11 +499,18 @@ def _run_average(args: argparse.Namespace) -> None:
         print(f"fastformer average: warning: --last {last} asks for {last} checkpoints, but {source} has "
               f"only {len(paths)}: averaging {len(paths)}", file=sys.stderr)
     paths = paths[-last:]
+    twice = next((path for index, path in enumerate(paths) if path.resolve() in [p.resolve() for p in paths[:index]]),
+                 None)
+    if twice is not None:
+        raise ValueError(f"--inputs names {twice} twice: each checkpoint is averaged once")
     _check_output(args.output, [(source, path) for path in paths], text=False)
     output = Path(args.output) if args.output else Path(args.out_dir) / "checkpoint_average.pt"
     if checkpoint.is_step_checkpoint_name(output):
         raise ValueError(f"--output {output} is named as a training step's checkpoint, which --resume would take for "
                          "the newest, and an average cannot resume: choose another name (checkpoint_average.pt)")
+    if output.name == checkpoint.BEST_NAME:
+        raise ValueError(f"--output {output} is named as a run's best checkpoint, which it would replace: choose "
+                         "another name (checkpoint_average.pt)")
     checkpoint.save_checkpoint(checkpoint.average_checkpoints(paths), output)
     noun = "checkpoint" if len(paths) == 1 else "checkpoints"
     print(f"averaged {len(paths)} {noun} ({paths[0].name} .. {paths[-1].name}) into {output}")

@@ -156,7 +156,7 @@ def save_checkpoint(checkpoint: Checkpoint, path: Path) -> None:
         raise _write_error(path, entries, error) from None
     try:
         # mkstemp creates the file private (0600); a checkpoint gets the permissions of any file the user writes.
-        os.chmod(temp_name, 0o666 & ~_umask())
+        os.chmod(temp_name, 0o666 & ~current_umask())
         with os.fdopen(descriptor, "wb") as file:
             torch.save(entries, file)
             file.flush()
@@ -206,21 +206,26 @@ def _write_error(path: Path, entries: dict, error: OSError) -> CheckpointWriteEr
     return written
 
 
-def _umask() -> int:
+def current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
 
 
-def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> Checkpoint:
+def load_checkpoint(path: Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> Checkpoint:
     """-> the checkpoint saved by save_checkpoint; a missing, corrupt or foreign file raises an error naming it
-    (UnreadableCheckpointError for a file torch cannot load)."""
+    (UnreadableCheckpointError for a file torch cannot load). mmap: its tensors are mapped from the file and read
+    where used (the check that the weights are finite is then the caller's: non_finite_tensor)."""
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory, not a checkpoint file")
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     try:
         # weights_only: a checkpoint holds tensors and plain values only, so nothing in it can run code on load.
-        entries = torch.load(path, map_location=map_location, weights_only=True)
+        entries = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"checkpoint not found: {path} (removed as it was read)") from None
     except Exception as error:
         if "Weights only load failed" in str(error):
             # torch's message suggests weights_only=False: never for a file of unknown origin. Its detail follows
@@ -237,11 +242,20 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> Che
     if entries.get("version") != VERSION:
         raise ValueError(f"{path} has checkpoint version {entries.get('version')!r}; this fastformer reads {VERSION}")
     loaded = Checkpoint.from_file_dict(entries, path)
+    if not mmap:
+        check_finite(loaded, path)
+    return loaded
+
+
+def check_finite(loaded: Checkpoint, path: Path) -> None:
+    """Raises UnreadableCheckpointError where a checkpoint's weights hold NaN or inf (or are not tensors)."""
+    if not all(isinstance(tensor, torch.Tensor) for tensor in loaded.model.values()):
+        raise UnreadableCheckpointError(f"{path} is not a fastformer checkpoint: its model holds values that are not "
+                                        "tensors")
     name = non_finite_tensor(loaded.model)
     if name is not None:
         raise UnreadableCheckpointError(f"{path} holds values that are not finite (NaN or inf) in {name}: the file is "
                                         "corrupt (fastformer never saves such weights)")
-    return loaded
 
 
 def non_finite_tensor(state: dict[str, torch.Tensor]) -> str | None:
@@ -315,22 +329,32 @@ def average_checkpoints(paths: list[Path]) -> Checkpoint:
     for inference."""
     if not paths:
         raise ValueError("average_checkpoints needs at least one checkpoint")
-    checkpoints = [load_checkpoint(path) for path in paths]
+    # Mapped, not read: memory holds one checkpoint's weights at a time beside the sums (never an optimizer's state,
+    # twice as large), and a file that a training run prunes meanwhile stays readable through its mapping.
+    checkpoints: list[Checkpoint | None] = [load_checkpoint(path, mmap=True) for path in paths]
     last = checkpoints[-1]
     for path, loaded in zip(paths, checkpoints):
         if loaded.config != last.config:
-            raise ValueError(f"{path} has another model config than {paths[-1]}: cannot average them")
+            differing = ", ".join(f"{key} {loaded.config.get(key)} against {last.config.get(key)}"
+                                  for key in sorted(loaded.config.keys() | last.config.keys())
+                                  if loaded.config.get(key) != last.config.get(key))
+            raise ValueError(f"{path} has another model config than {paths[-1]} ({differing}): cannot average them")
         if loaded.model.keys() != last.model.keys():
             raise ValueError(f"{path} has other parameter names than {paths[-1]}: cannot average them")
         if loaded.tokenizer != last.tokenizer:
             raise ValueError(f"{path} has another vocabulary (tokenizer) than {paths[-1]}: their embeddings' rows "
                              "are other tokens, so they cannot be averaged")
-    averaged = {}
-    for name, tensor in last.model.items():
-        if tensor.is_floating_point():
-            total = sum(loaded.model[name].double() for loaded in checkpoints)
-            averaged[name] = (total / len(checkpoints)).to(tensor.dtype)
-        else:
-            averaged[name] = tensor
-    return Checkpoint(model=averaged, config=last.config, tokenizer=last.tokenizer, step=last.step,
-                      options=last.options, averaged_from=[str(path) for path in paths])
+    averaged = Checkpoint(model={name: tensor.clone() for name, tensor in last.model.items()}, config=last.config,
+                          tokenizer=last.tokenizer, step=last.step, options=last.options,
+                          averaged_from=[str(path) for path in paths])
+    totals = {name: torch.zeros(tensor.shape, dtype=torch.float64) for name, tensor in averaged.model.items()
+              if tensor.is_floating_point()}
+    del last, loaded
+    for index, path in enumerate(paths):
+        check_finite(checkpoints[index], path)
+        for name, total in totals.items():
+            total += checkpoints[index].model[name]
+        checkpoints[index] = None  # the file's mapping released (its tensors share it)
+    for name, total in totals.items():
+        averaged.model[name] = (total / len(paths)).to(averaged.model[name].dtype)
+    return averaged

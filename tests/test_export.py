@@ -3,12 +3,15 @@ log-probabilities and its greedy and beam-search outputs, for post-LN and pre-LN
 separate output weights, an output bias and either position layout."""
 
 
+import errno
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import fastformer
-from fastformer import Transformer, TransformerConfig
+from fastformer import Transformer, TransformerConfig, checkpoint
 from fastformer.data.tokenizer import Tokenizer, train_tokenizer
 from fastformer.reference.beam_search import beam_search
 from fastformer.translation.export import to_ctranslate2, vocabulary
@@ -234,6 +237,32 @@ def test_bad_input_is_named(tmp_path):
         to_ctranslate2(torch.nn.Linear(2, 2), PIECES, tmp_path / "c")
     with pytest.raises(ValueError, match="<unk>"):
         to_ctranslate2(model, ["<pad>", "<s>", "</s>", "x3"] + PIECES[4:], tmp_path / "d")
+
+
+def test_a_failed_export_leaves_the_model_there_as_it_was(tmp_path, monkeypatch):
+    """A full disk midway through model.bin: the earlier export in the directory is untouched (a partial model.bin
+    in its place would be a model CTranslate2 refuses), no staging directory is left, and the error names the
+    directory and the space."""
+    out_dir = tmp_path / "ct2"
+    to_ctranslate2(random_model(30), PIECES, out_dir, quantization="int8")
+    before = {path.name: path.read_bytes() for path in out_dir.iterdir()}
+    real_save = ctranslate2.specs.TransformerSpec.save
+
+    def save_then_fill_the_disk(spec, directory):
+        real_save(spec, directory)
+        with open(Path(directory) / "model.bin", "r+b") as model_file:
+            model_file.truncate(1000)
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(ctranslate2.specs.TransformerSpec, "save", save_then_fill_the_disk)
+    with pytest.raises(OSError, match=f"cannot write the CTranslate2 model {out_dir}: No space left on device after "
+                                      rf"[\d,]+ bytes, with [\d,]+ free in {tmp_path}; {out_dir} is as it was"):
+        to_ctranslate2(random_model(31), PIECES, out_dir, quantization="float32")
+    assert {path.name: path.read_bytes() for path in out_dir.iterdir()} == before
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["ct2"]
+    monkeypatch.setattr(ctranslate2.specs.TransformerSpec, "save", real_save)
+    to_ctranslate2(random_model(31), PIECES, out_dir, quantization="float32")
+    assert (out_dir / "model.bin").read_bytes() != before["model.bin"]
+    assert oct(out_dir.stat().st_mode & 0o777) == oct(0o777 & ~checkpoint.current_umask())
 
 
 def test_cli_exports_a_checkpoint_that_ctranslate2_scores_like_fastformer(tmp_path, capsys):

@@ -4,11 +4,14 @@ across a SIGTERM and --resume is checked with the run-control tests' stopped run
 
 from __future__ import annotations
 
+import errno
+import json
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
+from fastformer.training import metrics
 from fastformer.training.curves import FIGURE_INCHES, DPI
 from fastformer.training.metrics import METRICS_FILE, read_records
 from fastformer_process import run
@@ -31,6 +34,9 @@ def test_every_log_line_and_validation_is_a_record_and_a_tensorboard_scalar(data
     assert [record["step"] for record in logged] == [2, 4, 6] and [record["step"] for record in validated] == [3, 6]
     assert all(record.keys() == LOG_KEYS for record in logged) and all(r.keys() == VALID_KEYS for r in validated)
     assert all(0 < record["real_token_share"] <= 1 and record["grad_norm"] > 0 for record in logged)
+    # The rate each line's last update took (the paper's schedule: tiny's d_model 64, --lr-scale 4, --warmup 4).
+    assert [record["lr"] for record in logged] == pytest.approx(
+        [4 * 64 ** -0.5 * min(update ** -0.5, update * 4 ** -1.5) for update in (2, 4, 6)], rel=1e-12)
     events = EventAccumulator(str(logdir))
     events.Reload()
     for key in LOG_KEYS - {"step", "epoch", "time"} | VALID_KEYS - {"step", "epoch", "time"}:
@@ -94,3 +100,18 @@ def test_a_series_of_one_point_is_drawn_as_a_dot(tmp_path: Path, monkeypatch):
     markers = {line.get_label().split()[-1]: line.get_marker() for axis in drawn[0].axes for line in axis.lines}
     assert markers["valid_bleu"] == "o" and markers["valid_nll"] == "o"
     assert markers["train_loss"] in ("None", None, "")
+
+
+def test_a_resume_that_cannot_rewrite_the_records_names_them_and_leaves_them(tmp_path: Path, monkeypatch):
+    """A full disk as --resume drops the records past its step: one error naming metrics.jsonl, the file as it was,
+    no temp file left."""
+    path = tmp_path / METRICS_FILE
+    path.write_text("".join(json.dumps({"step": step, "train_loss": 1.0}) + "\n" for step in (1, 2, 3)))
+    before = path.read_bytes()
+
+    def full_disk(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(metrics.os, "replace", full_disk)
+    with pytest.raises(OSError, match=f"cannot rewrite {path} for the resumed run: No space left on device"):
+        metrics.MetricsLog(tmp_path, 2, None)
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [METRICS_FILE]

@@ -18,6 +18,7 @@ from fastformer.data import BUNDLED_CORPUS
 from fastformer.data.prepared import DEFAULT_VOCAB
 from fastformer.training.metrics import METRICS_FILE, read_records
 from fastformer.training.options import TrainOptions, changed_resume_options
+from fastformer.training import trainer as trainer_module
 from fastformer.training.trainer import inverse_sqrt_schedule
 from fastformer_process import run
 from tolerances import FP32
@@ -129,9 +130,9 @@ def test_resume_is_exact_under_torchrun(data_dir: Path, tmp_path: Path):
 def test_average_cli_is_the_mean_of_the_last_checkpoints(data_dir: Path, tmp_path: Path):
     out_dir = tmp_path / "run"
     _run(TRAIN_FLAGS + ["--data-dir", str(data_dir), "--out-dir", str(out_dir), "--max-steps", "6",
-                        "--valid-every", "0", "--save-every", "1"])
+                        "--valid-every", "0", "--save-every", "1", "--keep-last", "6"])
     paths = checkpoint.list_checkpoints(out_dir)
-    assert len(paths) == 3
+    assert len(paths) == 6
     _run(["average", "--out-dir", str(out_dir), "--last", "2"])
     averaged = checkpoint.load_checkpoint(out_dir / "checkpoint_average.pt")
     states = [torch.load(path, weights_only=True)["model"] for path in paths[-2:]]
@@ -139,10 +140,13 @@ def test_average_cli_is_the_mean_of_the_last_checkpoints(data_dir: Path, tmp_pat
     for name, tensor in averaged.model.items():
         torch.testing.assert_close(tensor, (states[0][name] + states[1][name]) / 2, **FP32)
     assert not torch.equal(states[0]["embed_tokens.weight"], states[1]["embed_tokens.weight"])
-    # --inputs names the checkpoints to average: every one of them, more than --last's default 5 too.
-    inputs = [str(path) for path in paths * 2]
+    # --inputs names the checkpoints to average: every one of them, more than --last's default 5 too; once each.
+    inputs = [str(path) for path in paths]
     _run(["average", "--inputs", *inputs, "--output", str(tmp_path / "all.pt")])
     assert checkpoint.load_checkpoint(tmp_path / "all.pt").averaged_from == inputs
+    assert f"--inputs names {inputs[1]} twice" in _fail(["average", "--inputs", *inputs[:2], inputs[1]])
+    assert "is named as a run's best checkpoint" in _fail(["average", "--out-dir", str(out_dir), "--output",
+                                                           str(checkpoint.best_checkpoint_path(out_dir))])
     # An averaged model is for inference: resuming from it is refused by name.
     (out_dir / "checkpoint_average.pt").rename(checkpoint.checkpoint_path(out_dir, 99))
     stderr = _fail(TRAIN_FLAGS + ["--data-dir", str(data_dir), "--out-dir", str(out_dir), "--max-steps", "100",
@@ -165,6 +169,17 @@ def test_inverse_sqrt_schedule_matches_the_paper():
     assert max(seen) == seen[warmup - 1]
 
 
+def test_an_update_that_misses_update_tokens_is_a_warning_naming_a_batch_that_fits(capsys):
+    """The paper's 25k tokens on 8 ranks of --batch-tokens 4096 are one micro-batch a rank: 32,768 tokens."""
+    options = TrainOptions(update_tokens=25000, batch_tokens=4096)
+    trainer_module._warn_of_update_size(options, world_size=8, accumulation=1)
+    assert capsys.readouterr().err == ("warning: an update is 1 micro-batch(es) of up to 4,096 tokens on each of 8 "
+                                       "rank(s), 32,768 tokens, not --update-tokens 25,000: --batch-tokens 3,125 "
+                                       "would fit it\n")
+    trainer_module._warn_of_update_size(options, world_size=1, accumulation=6)  # 24,576
+    assert capsys.readouterr().err == ""
+
+
 def test_bad_training_input_is_a_clear_error(data_dir: Path, tmp_path: Path):
     broken = _corpus_slice(tmp_path / "broken", {"train": 20, "valid": 4})
     with (broken / "train.de").open("a", encoding="utf-8") as file:
@@ -176,6 +191,12 @@ def test_bad_training_input_is_a_clear_error(data_dir: Path, tmp_path: Path):
     lines[4] = b"\xff\n"
     (broken / "train.de").write_bytes(b"".join(lines))
     assert f"{broken / 'train.de'}:5: not valid UTF-8" in _fail(flags + ["--data-dir", str(broken)])
+    # --max-len past the preset's positions, before the corpus is prepared.
+    prepared = tmp_path / "prepared"
+    assert "exceed the tiny preset's max_positions=256: lower --max-len" in _fail(
+        flags + ["--data-dir", str(data_dir), "--max-len", "300", "--prepared-dir", str(prepared), "--out-dir",
+                 str(tmp_path / "long")])
+    assert not prepared.exists() and not (tmp_path / "long").exists()
     empty = _corpus_slice(tmp_path / "empty_train", {"train": 0, "valid": 4})
     assert "are empty: there is nothing to train on" in _fail(flags + ["--data-dir", str(empty)])
     broken = _corpus_slice(tmp_path / "no_valid", {"train": 20, "valid": 4})

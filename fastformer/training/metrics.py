@@ -51,8 +51,13 @@ def _keep_up_to(path: Path, step: int, validation_pending: bool) -> None:
 
     kept = [record for record in read_records(path) if kept_record(record)]
     temp = path.with_name(f".{path.name}.tmp")
-    temp.write_text("".join(json.dumps(record) + "\n" for record in kept), encoding="utf-8")
-    os.replace(temp, path)
+    try:
+        temp.write_text("".join(json.dumps(record) + "\n" for record in kept), encoding="utf-8")
+        os.replace(temp, path)
+    except OSError as error:
+        temp.unlink(missing_ok=True)
+        raise OSError(error.errno, f"cannot rewrite {path} for the resumed run: {error.strerror or error}; it is "
+                                   "as it was") from None
 
 
 class MetricsLog:

@@ -180,13 +180,26 @@ def check_run(options: TrainOptions) -> CheckedRun:
     extra_corpus_files(options)
     if options.tensorboard_logdir is not None:
         summary_writer_class()
-    if options.init_from is None:
-        return CheckedRun(None)
-    initial = load_initial_model(options.init_from)
-    check_architecture(options, initial)
-    if options.tag_extra is not None:
-        tag_id(options, initial.tokenizers)
+    initial = None if options.init_from is None else load_initial_model(options.init_from)
+    if initial is not None:
+        check_architecture(options, initial)
+        if options.tag_extra is not None:
+            tag_id(options, initial.tokenizers)
+    _check_max_len(options, initial)
     return CheckedRun(initial)
+
+
+def _check_max_len(options: TrainOptions, initial: InitialModel | None) -> None:
+    """--max-len tokens and their BOS/EOS (and --tag-extra's tag) within the model's positions, before any corpus
+    is prepared."""
+    if initial is not None:
+        max_positions, origin = initial.config.max_positions, f"--init-from {initial.path}'s model"
+    else:
+        max_positions, origin = PRESETS[options.preset](vocab_size=8).max_positions, f"the {options.preset} preset"
+    longest = options.max_len + 1 + (options.tag_extra is not None)  # a source holds EOS, and the tag
+    if longest > max_positions:
+        raise ValueError(f"max_len={options.max_len} tokens plus BOS/EOS (and a tag) exceed {origin}'s "
+                         f"max_positions={max_positions}: lower --max-len")
 
 
 def tag_id(options: TrainOptions, tokenizers: Tokenizers) -> int:
@@ -225,19 +238,24 @@ def _load_resumable(options: TrainOptions, env: _Distributed) -> tuple[Path, che
 
 def _model_config(options: TrainOptions, tokenizers: Tokenizers, initial: InitialModel | None) -> TransformerConfig:
     """The initial model's config, else the preset's at the tokenizer's vocabulary size and special ids; --dropout
-    replaces theirs."""
+    replaces theirs (check_run checked --max-len against them)."""
     overrides = {} if options.dropout is None else {"dropout": options.dropout}
     if initial is not None:
-        config, origin = replace(initial.config, **overrides), f"--init-from {initial.path}'s model"
-    else:
-        config = PRESETS[options.preset](tokenizers.vocab_size, **tokenizers.special_ids, **overrides)
-        origin = f"the {options.preset} preset"
-    # A source holds EOS, and --tag-extra's tag.
-    longest = options.max_len + 1 + (options.tag_extra is not None)
-    if longest > config.max_positions:
-        raise ValueError(f"max_len={options.max_len} tokens plus BOS/EOS (and a tag) exceed {origin}'s "
-                         f"max_positions={config.max_positions}: lower --max-len")
-    return config
+        return replace(initial.config, **overrides)
+    return PRESETS[options.preset](tokenizers.vocab_size, **tokenizers.special_ids, **overrides)
+
+
+def _warn_of_update_size(options: TrainOptions, world_size: int, accumulation: int) -> None:
+    """A warning on stderr where an update's micro-batches (whole ones on every rank) miss --update-tokens by more
+    than a tenth, naming a --batch-tokens that fits it: the paper's 25k tokens on 8 ranks of 4096 would be 32,768."""
+    per_update = accumulation * options.batch_tokens * world_size
+    if abs(per_update - options.update_tokens) <= 0.1 * options.update_tokens:
+        return
+    fitting = options.update_tokens // (world_size * math.ceil(options.update_tokens / (options.batch_tokens
+                                                                                       * world_size)))
+    print(f"warning: an update is {accumulation} micro-batch(es) of up to {options.batch_tokens:,} tokens on each of "
+          f"{world_size} rank(s), {per_update:,} tokens, not --update-tokens {options.update_tokens:,}: "
+          f"--batch-tokens {fitting:,} would fit it", file=sys.stderr)
 
 
 def _check_validation_split(options: TrainOptions, valid: TokenizedCorpus | None, max_positions: int) -> None:
@@ -372,6 +390,8 @@ class Trainer:
             self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr, betas=(0.9, 0.98), eps=1e-9)
         self.scheduler = inverse_sqrt_schedule(self.optimizer, options.warmup)
         self.accumulation = max(1, round(options.update_tokens / (options.batch_tokens * self.env.world_size)))
+        if self.env.is_main and not options.quiet:
+            _warn_of_update_size(options, self.env.world_size, self.accumulation)
 
     def _restore(self, path: Path, saved: checkpoint.Checkpoint) -> checkpoint.DataPosition:
         """Restores model, optimizer, schedule, step and RNG from a checkpoint -> its data position."""
@@ -467,9 +487,9 @@ class Trainer:
         return loss_sum, local_tokens, padded_targets
 
     def _sum_tokens_and_stop_votes(self, local_tokens: int) -> float:
-        """-> the update's target tokens over all ranks. The same all-reduce (after the backward passes) carries the votes
-        to stop, a signal received and rank 0's clock past max_minutes, so that every rank stops after the same update
-        with no collective of its own."""
+        """-> the update's target tokens over all ranks. The same all-reduce (after the backward passes) carries the
+        votes to stop, a signal received and rank 0's clock past max_minutes, so that every rank stops after the same
+        update with no collective of its own."""
         late = self.env.is_main and 0 < self.options.max_minutes < (time.perf_counter() - self.start) / 60
         total_tokens, stop_votes, late_votes = self.env.sum([local_tokens, self.signals.vote(), float(late)])
         self.stop_requested, self.out_of_time = stop_votes > 0, late_votes > 0
@@ -565,7 +585,8 @@ class Trainer:
         on_grid = self.step % self.options.log_every == 0
         loss_sum, tokens, padded, rate = self.meter.read(self.env, on_grid)
         train_loss = loss_sum / max(tokens, 1.0)
-        lr = self.scheduler.get_last_lr()[0]
+        # The rate the interval's last update used: the scheduler holds the next update's already.
+        lr = float(self.scheduler.base_lrs[0]) * self.scheduler.lr_lambdas[0](self.scheduler.last_epoch - 1)
         grad_norm = self.grad_norm.item()
         if self.env.is_main and not self.options.quiet:
             progress.write(f"step {self.step} | loss {train_loss:.3f} | lr {lr:.3g} | gnorm {grad_norm:.3g} | "

@@ -15,6 +15,9 @@ length to the power alpha, not by the GNMT penalty.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fastformer.checkpoint import current_umask
 from fastformer.data.tokenizer import MarianTokenizer, Tokenizer
 from fastformer.model import Transformer
 from fastformer.nn import ResidualLayerNorm
@@ -31,7 +35,8 @@ QUANTIZATIONS = ("float32", "float16", "bfloat16", "int8", "int8_float32", "int8
 
 def to_ctranslate2(model: Transformer, tokenizer: Tokenizer | MarianTokenizer | Sequence[str], out_dir: str | Path,
                    quantization: str = "float32") -> Path:
-    """Writes `model` as a CTranslate2 Transformer to out_dir (created; an existing model there is replaced).
+    """Writes `model` as a CTranslate2 Transformer to out_dir (created; an existing model there is replaced, and only
+    once the new one is whole: a failed write, a full disk say, leaves out_dir as it was).
 
     tokenizer: fastformer's Tokenizer, a Marian model's (its joint vocabulary, shared by both sides), or the token
     strings themselves (string i for id i, all distinct).
@@ -64,9 +69,34 @@ def to_ctranslate2(model: Transformer, tokenizer: Tokenizer | MarianTokenizer | 
     spec.validate()
     spec.optimize(quantization=quantization)
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    spec.save(str(out_dir))
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.", suffix=".tmp"))
+    try:
+        spec.save(str(staging))
+    except BaseException as error:
+        written = sum(path.stat().st_size for path in staging.iterdir())
+        shutil.rmtree(staging)
+        if not isinstance(error, OSError):
+            raise
+        free = shutil.disk_usage(out_dir.parent).free
+        raise OSError(error.errno, f"cannot write the CTranslate2 model {out_dir}: {error.strerror or error} after "
+                                   f"{written:,} bytes, with {free:,} free in {out_dir.parent}; {out_dir} is as it "
+                                   "was") from None
+    _move_into(staging, out_dir)
     return out_dir
+
+
+def _move_into(staging: Path, out_dir: Path) -> None:
+    """Moves a written model's files from staging into out_dir (each rename atomic, and needing no space), then
+    removes staging; a new out_dir is staging renamed."""
+    # mkdtemp makes the directory private (0700); an exported model gets the permissions of any directory made.
+    os.chmod(staging, 0o777 & ~current_umask())
+    if not out_dir.exists():
+        os.replace(staging, out_dir)
+        return
+    for path in staging.iterdir():
+        os.replace(path, out_dir / path.name)
+    staging.rmdir()
 
 
 def vocabulary(tokenizer: Tokenizer | MarianTokenizer | Sequence[str]) -> list[str]:
