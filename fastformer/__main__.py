@@ -326,11 +326,17 @@ def _stream(args: argparse.Namespace, inputs: list[LineInput], start: typing.Cal
     if args.output is not None:  # standard output keeps no settings: reading the model again would be wasted
         settings = settings | {f"the {option.removeprefix('--')}'s SHA-256": _file_sha256(Path(path))
                                for option, path in read if option in ("--checkpoint", "--shortlist") and path}
+    def terminate(signum: int, frame: types.FrameType | None) -> None:
+        raise SystemExit(128 + signum)  # through the runner, which says what was kept, as for Ctrl-C
+
+    previous = signal.signal(signal.SIGTERM, terminate)
     try:
         summary = stream_chunks(inputs, start, None if args.output is None else Path(args.output), settings,
                                 args.chunk_lines, args.resume, args.command)
     except KeyboardInterrupt:  # Ctrl-C: the runner has said what was kept; no traceback
         raise SystemExit(128 + signal.SIGINT) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(summary.line(args.command), file=sys.stderr)
 
 

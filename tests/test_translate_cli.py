@@ -7,6 +7,7 @@ import io
 import json
 import os
 import select
+import signal
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -246,6 +247,34 @@ def test_a_failed_write_names_the_last_line_written(tiny, tmp_path, monkeypatch,
     assert json.loads(progress_path(output).read_text())["rows"] == 6
     _translate(path, "--input", str(source), "--output", str(output), "--resume")
     assert output.read_bytes() == whole.read_bytes()
+
+
+def test_sigterm_keeps_the_chunks_written_and_says_where_it_stopped(tiny, tmp_path, monkeypatch, capsys):
+    """A job scheduler's SIGTERM mid-run ends it as Ctrl-C does: the chunks written kept, the line to resume after
+    said, exit status 143."""
+    path, translator = tiny
+    source, output = _write(tmp_path / "in.en", LINES), tmp_path / "out.de"
+    real, calls = translator_module.Translator.hypotheses, []
+
+    def terminated_in_the_second_chunk(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(translator_module.Translator, "hypotheses", terminated_in_the_second_chunk)
+
+    def unhandled(signum, frame):  # where the command keeps the default action, which would end pytest
+        raise AssertionError("translate left SIGTERM to the process's own handler")
+    previous = signal.signal(signal.SIGTERM, unhandled)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            _translate(path, "--input", str(source), "--output", str(output), "--chunk-lines", "5")
+        assert signal.getsignal(signal.SIGTERM) is unhandled, "the command gives the handler it found back"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert stopped.value.code == 143
+    assert capsys.readouterr().err.startswith("fastformer translate: stopped after line 5:")
+    assert _lines(output) == translator.translate(LINES[:5])
 
 
 def _interrupted(tiny, tmp_path, monkeypatch) -> tuple[Path, Path]:
