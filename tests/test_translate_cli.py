@@ -571,3 +571,15 @@ def test_texts_the_translator_cannot_take_are_named(tiny):
         translator.translate([LINES[0], "", "a\ud800"])
     with pytest.raises(ValueError, match="^line 1: the target is not valid Unicode text"):
         translator.score(["Hallo."], ["\udc80"])
+
+
+def test_a_checkpoint_whose_weights_do_not_fit_its_config_is_one_line(tiny, tmp_path):
+    path, _ = tiny
+    saved = checkpoint.load_checkpoint(path)
+    saved.config["d_ff"] *= 2
+    checkpoint.save_checkpoint(saved, tmp_path / "misfit.pt")
+    with pytest.raises(ValueError) as error:
+        fastformer.load_translator(tmp_path / "misfit.pt", device="cpu")
+    assert str(error.value).startswith(f"{tmp_path / 'misfit.pt'} does not hold a usable model: Error(s) in loading "
+                                       "state_dict for Transformer: size mismatch for ")
+    assert "\n" not in str(error.value) and str(error.value).endswith(" more)")
