@@ -258,6 +258,13 @@ def check_finite(loaded: Checkpoint, path: Path) -> None:
                                         "corrupt (fastformer never saves such weights)")
 
 
+def state_dict_error_line(error: Exception) -> str:
+    """load_state_dict's error (a line per tensor: 63 for a model of another d_ff) -> its first three lines, and how
+    many more, as one line."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return " ".join(lines[:3]) + (f" (and {len(lines) - 3} more)" if len(lines) > 3 else "")
+
+
 def non_finite_tensor(state: dict[str, torch.Tensor]) -> str | None:
     """The name of the first floating-point tensor of a state_dict holding NaN or inf, or None."""
     return next((name for name, tensor in state.items()

@@ -14,6 +14,7 @@ import fastformer
 from fastformer.data import BUNDLED_CORPUS, read_lines
 from fastformer.data.tokenizer import MARIAN_FILES, Tokenizers
 from fastformer.reference.beam_search import beam_search
+from fastformer.model import sinusoidal_positions
 from fastformer.translation import marian
 from marian_models import CALIBRATION, GREEDY_MAX_TOKENS, built, greedy  # noqa: F401 (fixtures)
 
@@ -160,6 +161,10 @@ MALFORMED = {
     "learned position weights": (edit_weights(lambda s: s.__setitem__("model.encoder.embed_positions.weight",
                                                                       torch.randn(128, 32))),
                                  ValueError, "embed_positions.weight is not the \\[sin \\| cos\\] sinusoidal"),
+    "position table of another shape": (edit_weights(lambda s: s.__setitem__(
+        "model.encoder.embed_positions.weight", sinusoidal_positions(64, 32, "halves"))), ValueError,
+        "does not match its config.json: model.encoder.embed_positions.weight is \\(64, 32\\), max_position_"
+        "embeddings and d_model make \\(128, 32\\)"),
     "separate decoder embedding": (edit_weights(lambda s: s.__setitem__("model.decoder.embed_tokens.weight",
                                                                         torch.randn_like(s["lm_head.weight"])
                                                                         if "lm_head.weight" in s else
@@ -205,8 +210,24 @@ def test_malformed_directory_is_rejected_by_name(built, tmp_path, case):
     marian.load_marian(directory)  # the copy itself is fine
     corrupt, error, message = MALFORMED[case]
     corrupt(directory)
-    with pytest.raises(error, match=message):
+    with pytest.raises(error, match=message) as raised:
         marian.load_marian(directory)
+    assert "\n" not in str(raised.value)
+
+
+def test_a_position_table_saved_in_bfloat16_loads(built, tmp_path):
+    """transformers' older pytorch_model.bin layout holds the sinusoidal tables; saved in bfloat16 they are off by up
+    to 2^-9, and are still the sinusoidal table."""
+    source, _, _ = built("swish-scaled-bias")
+    directory = tmp_path / "model"
+    shutil.copytree(source, directory)
+    table = sinusoidal_positions(128, 32, "halves").to(torch.bfloat16)
+    assert (table.float() - sinusoidal_positions(128, 32, "halves")).abs().max() > 1e-3
+    edit_weights(lambda state: state.__setitem__("model.encoder.embed_positions.weight", table))(directory)
+    model, _, _ = marian.load_marian(directory)
+    reference, _, _ = marian.load_marian(source)
+    for name, tensor in reference.state_dict().items():
+        assert torch.equal(model.state_dict()[name], tensor), name
 
 
 def test_not_a_directory_is_named(tmp_path):

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from fastformer.checkpoint import non_finite_tensor
+from fastformer.checkpoint import non_finite_tensor, state_dict_error_line
 from fastformer.config import TransformerConfig
 from fastformer.data.tokenizer import (EOS_PIECE, PAD_PIECE, UNK_PIECE, MarianTokenizer, Tokenizers,
                                        load_sentencepiece)
@@ -55,7 +55,8 @@ def load_marian(directory: Path) -> tuple[Transformer, MarianTokenizer, MarianTo
     try:
         model.load_state_dict(state)
     except RuntimeError as error:  # a weight of another shape than config.json implies
-        raise ValueError(f"{weights_path} does not match {directory / CONFIG_FILE}: {error}") from None
+        raise ValueError(f"{weights_path} does not match {directory / CONFIG_FILE}: {state_dict_error_line(error)}"
+                         ) from None
     return model.eval(), source, target
 
 
@@ -139,7 +140,7 @@ def marian_state_dict(weights: dict[str, torch.Tensor], config: TransformerConfi
         raise ValueError(f"{path}: lm_head.weight differs from the shared embedding but tie_word_embeddings is true")
     for name in POSITION_NAMES:
         if name in remaining:
-            _check_positions(remaining.pop(name), config, f"{path}: {name}")
+            _check_positions(remaining.pop(name), config, name, path)
 
     def attention(ours: str, theirs: str) -> None:
         for kind in ("weight", "bias"):
@@ -180,12 +181,17 @@ def _shared_embedding(remaining: dict[str, torch.Tensor], path: Path) -> torch.T
     return first
 
 
-def _check_positions(table: torch.Tensor, config: TransformerConfig, name: str) -> None:
+def _check_positions(table: torch.Tensor, config: TransformerConfig, name: str, path: Path) -> None:
     expected = sinusoidal_positions(config.max_positions, config.d_model, "halves")
-    # Learned or other positions differ by O(1); the fp32 table differs from transformers' fp64 one by < 1e-4.
-    if table.shape != expected.shape or not torch.allclose(table.float(), expected, atol=1e-3, rtol=0):
-        raise ValueError(f"{name} is not the [sin | cos] sinusoidal table: learned or non-sinusoidal positions are "
-                         f"not supported by fastformer")
+    if table.shape != expected.shape:
+        raise ValueError(f"{path} does not match its config.json: {name} is {tuple(table.shape)}, max_position_"
+                         f"embeddings and d_model make {tuple(expected.shape)}")
+    # Learned or other positions differ by O(1); the fp32 table differs from transformers' fp64 one by < 1e-4, a
+    # table saved in bfloat16 by up to half its epsilon (2^-9 near 1).
+    tolerance = max(1e-3, torch.finfo(table.dtype).eps) if table.is_floating_point() else 1e-3
+    if not torch.allclose(table.float(), expected, atol=tolerance, rtol=0):
+        raise ValueError(f"{path}: {name} is not the [sin | cos] sinusoidal table: learned or non-sinusoidal "
+                         "positions are not supported by fastformer")
 
 
 def _require(directory: Path, name: str) -> Path:

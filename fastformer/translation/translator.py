@@ -277,10 +277,7 @@ def load_checkpoint_tokenizers(path: Path) -> tuple[Transformer, Tokenizers]:
         reserved = tuple(tag for tag in [(saved.options or {}).get("tag_extra")] if tag)
         tokenizers = Tokenizers.from_checkpoint_entry(saved.tokenizer, str(path), reserved)
     except (TypeError, ValueError, RuntimeError) as error:
-        # load_state_dict's message is a line per tensor (63 for a model of another d_ff): its first three.
-        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-        more = f" (and {len(lines) - 3} more)" if len(lines) > 3 else ""
-        raise ValueError(f"{path} does not hold a usable model: {' '.join(lines[:3])}{more}") from None
+        raise ValueError(f"{path} does not hold a usable model: {checkpoint.state_dict_error_line(error)}") from None
     model_ids = {name: getattr(model.config, name) for name in tokenizers.special_ids}
     if model_ids != tokenizers.special_ids:
         raise ValueError(f"{path}: its model's special ids {model_ids} are not its tokenizer's "
