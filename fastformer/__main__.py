@@ -121,6 +121,33 @@ def _old_checkpoints(options: TrainOptions, overwrite: bool) -> list[Path]:
     return old
 
 
+class _Terminated(BaseException):
+    """SIGTERM before training began (a BaseException, so that no `except Exception` on the way keeps it)."""
+
+
+@contextlib.contextmanager
+def _sigterm_raises(error: BaseException) -> typing.Iterator[None]:
+    """SIGTERM (a job scheduler's preemption) raises `error` in the block, so that the code's own cleanup runs (a half
+    prepared corpus is removed) and what was kept is said, rather than the default action ending the process at
+    once; the handler found is given back."""
+    def raise_error(signum: int, frame: types.FrameType | None) -> None:
+        raise error
+
+    previous = signal.signal(signal.SIGTERM, raise_error)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stopped_before_training(command: str) -> typing.NoReturn:
+    """Ends a train, demo or prepare stopped by SIGTERM while it prepared its corpus or built its model."""
+    if process_rank() == 0:
+        print(f"fastformer {command}: stopped by SIGTERM before training (nothing was kept): run the same command "
+              "again", file=sys.stderr)
+    raise SystemExit(run_control.EXIT_STOPPED if command != "prepare" else 128 + signal.SIGTERM)
+
+
 def _run_train(args: argparse.Namespace) -> TrainResult:
     """Trains (rank 0 holding out_dir's lock); a run stopped by a signal ends here with its resume command and exit
     status run_control.EXIT_STOPPED."""
@@ -131,7 +158,11 @@ def _run_train(args: argparse.Namespace) -> TrainResult:
         # old files (the fresh run retrains the vocabulary); if it refuses, torchrun stops the other ranks.
         old = _old_checkpoints(options, args.overwrite) if process_rank() == 0 else []
         # Every option, the data and the model are checked (and built) before --overwrite deletes anything.
-        trainer = Trainer(options, checked)
+        try:
+            with _sigterm_raises(_Terminated()):
+                trainer = Trainer(options, checked)
+        except _Terminated:
+            _stopped_before_training(args.command)
         if process_rank() == 0:
             for path in old:
                 path.unlink(missing_ok=True)
@@ -170,7 +201,12 @@ def _patience_message(command: str, options: TrainOptions, result: TrainResult) 
 def _run_prepare(args: argparse.Namespace) -> None:
     options = _train_options(args)
     initial = None if options.init_from is None else load_initial_model(options.init_from)
-    for corpus in prepare_run_corpora(options, None if initial is None else initial.tokenizers):
+    try:
+        with _sigterm_raises(_Terminated()):
+            corpora = prepare_run_corpora(options, None if initial is None else initial.tokenizers)
+    except _Terminated:
+        _stopped_before_training(args.command)
+    for corpus in corpora:
         print(f"prepared corpus: {corpus.path} ({len(corpus.train):,} training pairs, vocabulary "
               f"{corpus.tokenizers.vocab_size:,})")
 
@@ -326,17 +362,13 @@ def _stream(args: argparse.Namespace, inputs: list[LineInput], start: typing.Cal
     if args.output is not None:  # standard output keeps no settings: reading the model again would be wasted
         settings = settings | {f"the {option.removeprefix('--')}'s SHA-256": _file_sha256(Path(path))
                                for option, path in read if option in ("--checkpoint", "--shortlist") and path}
-    def terminate(signum: int, frame: types.FrameType | None) -> None:
-        raise SystemExit(128 + signum)  # through the runner, which says what was kept, as for Ctrl-C
-
-    previous = signal.signal(signal.SIGTERM, terminate)
     try:
-        summary = stream_chunks(inputs, start, None if args.output is None else Path(args.output), settings,
-                                args.chunk_lines, args.resume, args.command)
+        # SIGTERM goes through the runner, which says what was kept, as Ctrl-C does.
+        with _sigterm_raises(SystemExit(128 + signal.SIGTERM)):
+            summary = stream_chunks(inputs, start, None if args.output is None else Path(args.output), settings,
+                                    args.chunk_lines, args.resume, args.command)
     except KeyboardInterrupt:  # Ctrl-C: the runner has said what was kept; no traceback
         raise SystemExit(128 + signal.SIGINT) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     print(summary.line(args.command), file=sys.stderr)
 
 

@@ -198,6 +198,48 @@ def test_mismatched_line_counts_are_one_error_before_any_work(tmp_path: Path):
     assert _visible(tmp_path) == ["data"]
 
 
+def test_a_validation_split_short_of_a_line_fails_before_the_tokenizer_is_trained(tmp_path: Path, monkeypatch):
+    """At WMT size the tokenizer and the training split's encoding take minutes: a mismatched validation split is
+    found first."""
+    data_dir = _slice(tmp_path / "data")
+    lines = (data_dir / "valid.de").read_bytes().splitlines(keepends=True)
+    (data_dir / "valid.de").write_bytes(b"".join(lines[:-1]))
+    monkeypatch.setattr(prepared, "_train_tokenizer", None)  # called, it would fail the test
+    with pytest.raises(ValueError, match=f"{data_dir / 'valid.en'} has 20 lines but {data_dir / 'valid.de'} has 19"):
+        ensure_prepared(_files(data_dir), SETTINGS, tmp_path / "prepared", progress=False)
+    assert _visible(tmp_path) == ["data"]
+
+
+# `fastformer ARGS` that sends itself a SIGTERM as the tokenizer's training starts, minutes into a WMT preparation.
+TERMINATED_IN_PREPARATION = """import os, runpy, signal, sys
+from fastformer.data import prepared
+train = prepared._train_tokenizer
+def terminated(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return train(*args, **kwargs)
+prepared._train_tokenizer = terminated
+sys.argv = ['fastformer'] + sys.argv[1:]
+runpy.run_module('fastformer', run_name='__main__')
+"""
+
+
+@pytest.mark.parametrize(("command", "status"), [("prepare", 143), ("train", 75)])
+def test_sigterm_while_preparing_removes_the_half_prepared_corpus_and_says_so(tmp_path: Path, command: str,
+                                                                               status: int):
+    """A job scheduler's SIGTERM during a preparation: the partial directory goes, one line says so, and train exits
+    with its stopped status (75: requeue), prepare with SIGTERM's (143)."""
+    data_dir = _slice(tmp_path / "data")
+    flags = [command, "--data-dir", str(data_dir), "--prepared-dir", str(tmp_path / "prepared"), "--vocab-size", "120"]
+    if command == "train":
+        flags += ["--device", "cpu", "--preset", "tiny", "--max-steps", "1", "--out-dir", str(tmp_path / "run")]
+    done = run(["-c", TERMINATED_IN_PREPARATION] + flags, module=False)
+    assert done.returncode == status, done.stderr
+    assert (f"fastformer {command}: stopped by SIGTERM before training (nothing was kept): run the same command "
+            "again") in done.stderr
+    assert "Traceback" not in done.stderr
+    assert [name for name in _visible(tmp_path) if name != "run"] == ["data"]
+
+
 def test_gzipped_input_prepares_the_same_corpus_as_plain_text(tmp_path: Path):
     plain = ensure_prepared(_files(_slice(tmp_path / "plain")), SETTINGS, tmp_path / "p1", progress=False)
     gz_dir = _slice(tmp_path / "gz", gz=True)

@@ -197,6 +197,11 @@ def test_bad_training_input_is_a_clear_error(data_dir: Path, tmp_path: Path):
         flags + ["--data-dir", str(data_dir), "--max-len", "300", "--prepared-dir", str(prepared), "--out-dir",
                  str(tmp_path / "long")])
     assert not prepared.exists() and not (tmp_path / "long").exists()
+    # An empty validation split, before the corpus is prepared.
+    no_valid = _corpus_slice(tmp_path / "empty_valid", {"train": 20, "valid": 0})
+    assert "has no sentence pairs: --valid-every needs some" in _fail(
+        flags + ["--data-dir", str(no_valid), "--prepared-dir", str(prepared), "--out-dir", str(tmp_path / "long")])
+    assert not prepared.exists() and not (tmp_path / "long").exists()
     empty = _corpus_slice(tmp_path / "empty_train", {"train": 0, "valid": 4})
     assert "are empty: there is nothing to train on" in _fail(flags + ["--data-dir", str(empty)])
     broken = _corpus_slice(tmp_path / "no_valid", {"train": 20, "valid": 4})

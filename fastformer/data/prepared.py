@@ -270,6 +270,8 @@ def prepare(files: dict[str, SplitFiles], settings: PrepareSettings, path: Path,
     start = time.perf_counter()
     try:
         pairs = _count_pairs(files["train"], progress)
+        for split in (split for split in SPLITS if split != "train" and split in files):
+            _count_pairs(files[split], progress=False, training=False)
         tokenizers = settings.tokenizers
         if tokenizers is None:
             tokenizers = Tokenizers.shared(_train_tokenizer(files["train"], pairs, settings, progress),
@@ -309,12 +311,13 @@ def prepare(files: dict[str, SplitFiles], settings: PrepareSettings, path: Path,
     return manifest
 
 
-def _count_pairs(files: SplitFiles, progress: bool) -> int:
-    """The line count of both files, which must agree (checked before any other work)."""
+def _count_pairs(files: SplitFiles, progress: bool, training: bool = True) -> int:
+    """The line count of both files, which must agree, and be more than 0 for the training split (checked before any
+    other work: every split's, so that a validation file short of a line fails before minutes of encoding)."""
     with tqdm(desc="counting lines", unit=" lines", disable=not progress, mininterval=1.0) as bar:
         counts = [count_lines(path, bar.update) for path in (files.src, files.tgt)]
     check_line_counts(files.src, counts[0], files.tgt, counts[1])
-    if counts[0] == 0:
+    if training and counts[0] == 0:
         raise ValueError(f"{files.src} and {files.tgt} are empty: there is nothing to train on")
     return counts[0]
 
@@ -346,18 +349,17 @@ def _tokenizer_sentences(files: SplitFiles, pairs: int, sample: int, progress: b
         chosen[np.random.default_rng(TRAINING_SEED).choice(pairs, sample // 2, replace=False)] = 1
     bar = tqdm(total=int(chosen.sum()), desc="reading for the tokenizer", unit=" pairs", disable=not progress,
                mininterval=1.0)
-    with open_binary(files.src) as sources, open_binary(files.tgt) as targets:
+    with open_binary(files.src) as sources, open_binary(files.tgt) as targets, bar:
         # compress skips the pairs not drawn without decoding them; the encoding pass checks every line.
         for number, (source, target) in itertools.compress(enumerate(zip(sources, targets), start=1),
                                                            chosen.tobytes()):
             try:
                 sentences = decode_line(source, files.src, number), decode_line(target, files.tgt, number)
             except ValueError as error:
-                errors.append(error)
+                errors.append(error)  # said after the bar is closed, not in the middle of it
                 return
             yield from sentences
             bar.update()
-    bar.close()
     if progress:
         print(f"training the tokenizer on {bar.n:,} pairs (sentencepiece BPE)...", file=sys.stderr)
 
