@@ -113,6 +113,8 @@ def attention(q: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | 
     def unsupported_reason() -> str | None:
         if attn_mask is not None:
             return "an explicit attn_mask (the kernel takes lengths and a causal flag)"
+        if q.dtype == torch.bfloat16 and not q.is_cuda:
+            return "bfloat16 on the CPU: Triton's interpreter computes bfloat16 dot products wrongly"
         from triton_kernels.attention import unsupported_reason as kernel_reason
         return kernel_reason(q, k, v)
 

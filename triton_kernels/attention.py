@@ -997,8 +997,6 @@ def unsupported_reason(q: torch.Tensor, k: Optional[torch.Tensor] = None,
     q, _, _ = split_packed(q, k, v)
     if q.dtype not in SUPPORTED_DTYPES:
         return f"q has dtype {q.dtype}; the kernel takes float32, float16 and bfloat16"
-    if q.dtype == torch.bfloat16 and not q.is_cuda:
-        return "bfloat16 on the CPU: Triton's interpreter computes bfloat16 dot products wrongly"
     if q.shape[-1] not in SUPPORTED_HEAD_DIMS:
         return f"head_dim is {q.shape[-1]}; the kernel takes {', '.join(map(str, SUPPORTED_HEAD_DIMS))}"
     return None
