@@ -120,6 +120,30 @@ def test_an_unchanged_corpus_is_opened_and_a_changed_file_is_prepared_anew(tmp_p
     assert "vocab_size 120 -> 100" in capsys.readouterr().err
 
 
+def test_a_changed_validation_split_keeps_the_training_split_and_tokenizer(tmp_path: Path, monkeypatch, capsys):
+    """At WMT size the tokenizer and the training split take minutes: a new validation file is encoded alone, the
+    rest linked from the preparation before, and the result is what a preparation from nothing makes."""
+    data_dir = _slice(tmp_path / "data")
+    path = tmp_path / "prepared"
+    first = ensure_prepared(_files(data_dir), SETTINGS, path, progress=False)
+    train_ids = (path / "train.src.ids").stat().st_ino
+    for side, line in (("en", "The dog is very old."), ("de", "Der Hund ist sehr alt.")):
+        lines = (data_dir / f"valid.{side}").read_text(encoding="utf-8").splitlines()
+        (data_dir / f"valid.{side}").write_text("\n".join([line] + lines[1:]) + "\n", encoding="utf-8")
+    with monkeypatch.context() as patched:
+        patched.setattr(prepared, "_train_tokenizer", None)  # called, it would fail the test
+        changed = ensure_prepared(_files(data_dir), SETTINGS, path, progress=False)
+    assert f"preparing {path} anew (its training split kept): {data_dir.resolve() / 'valid.en'} changed" in \
+        capsys.readouterr().err
+    assert (path / "train.src.ids").stat().st_ino == train_ids and changed.digest != first.digest
+    assert changed.valid.source(0).tolist() == changed.tokenizer.encode(["The dog is very old."])[0]
+    afresh = ensure_prepared(_files(data_dir), SETTINGS, tmp_path / "afresh", progress=False)
+    assert changed.manifest == {**afresh.manifest, "key": changed.manifest["key"]}
+    assert afresh.manifest["key"]["inputs"] == changed.manifest["key"]["inputs"]
+    for name in afresh.manifest["files"]:
+        assert (path / name).read_bytes() == (tmp_path / "afresh" / name).read_bytes(), name
+
+
 def test_a_truncated_preparation_is_made_anew_and_a_foreign_directory_is_refused(tmp_path: Path, capsys):
     data_dir = _slice(tmp_path / "data")
     path = tmp_path / "prepared"

@@ -109,6 +109,15 @@ def preparation_key(files: dict[str, SplitFiles], settings: PrepareSettings) -> 
     return {"format": FORMAT_VERSION, "inputs": inputs, "settings": settings.to_json()}
 
 
+def _train_unchanged(old: dict, new: dict) -> bool:
+    """Whether a preparation keyed `old` has the training split and tokenizer of one keyed `new`: the same format,
+    settings and training inputs (what else differs is validation or test files)."""
+    def training(key: dict) -> dict:
+        return {name: entry for name, entry in key.get("inputs", {}).items() if name.startswith("train.")}
+    return (old.get("format") == new["format"] and old.get("settings") == new["settings"]
+            and training(old) == training(new))
+
+
 def stale_reasons(old: dict, new: dict) -> list[str]:
     """Why a preparation keyed `old` is not one for `new`: each input or setting that differs, in words."""
     if old.get("format") != new["format"]:
@@ -252,16 +261,24 @@ def ensure_prepared(files: dict[str, SplitFiles], settings: PrepareSettings, pat
                 if not reasons:
                     return corpus
                 _refuse_foreign(path, f"needs preparing anew ({'; '.join(reasons)})", "remove them")
-                print(f"fastformer: preparing {path} anew: " + "; ".join(reasons), file=sys.stderr)
+                # Only validation or test files changed: the tokenizer and the training split (minutes at WMT size)
+                # are those of `corpus`, kept.
+                kept = corpus if _train_unchanged(corpus.manifest["key"], key) else None
+                print(f"fastformer: preparing {path} anew{' (its training split kept)' if kept else ''}: "
+                      + "; ".join(reasons), file=sys.stderr)
+                prepare(files, settings, path, progress, kept)
+                return PreparedCorpus(path)
         elif progress:
             print(f"fastformer: preparing the corpus in {path} (once: later runs map it)", file=sys.stderr)
         prepare(files, settings, path, progress)
         return PreparedCorpus(path)
 
 
-def prepare(files: dict[str, SplitFiles], settings: PrepareSettings, path: Path, progress: bool = True) -> dict:
+def prepare(files: dict[str, SplitFiles], settings: PrepareSettings, path: Path, progress: bool = True,
+            kept: PreparedCorpus | None = None) -> dict:
     """Trains the tokenizer on the training pairs (unless settings give tokenizers) and encodes every split into a new
-    directory renamed to `path` when complete (replacing what was there) -> the manifest."""
+    directory renamed to `path` when complete (replacing what was there) -> the manifest. kept: a preparation of the
+    same training files and settings, whose tokenizer and training split are linked in, not made again."""
     key = preparation_key(files, settings)
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_abandoned(path)
@@ -272,7 +289,7 @@ def prepare(files: dict[str, SplitFiles], settings: PrepareSettings, path: Path,
         pairs = _count_pairs(files["train"], progress)
         for split in (split for split in SPLITS if split != "train" and split in files):
             _count_pairs(files[split], progress=False, training=False)
-        tokenizers = settings.tokenizers
+        tokenizers = settings.tokenizers if kept is None else kept.tokenizers
         if tokenizers is None:
             tokenizers = Tokenizers.shared(_train_tokenizer(files["train"], pairs, settings, progress),
                                            settings.reserved)
@@ -284,7 +301,16 @@ def prepare(files: dict[str, SplitFiles], settings: PrepareSettings, path: Path,
         dtype = np.dtype(np.uint16 if tokenizers.vocab_size <= 1 << 16 else np.int32)
         written: dict[str, dict] = {}
         splits = {}
-        for split in (split for split in SPLITS if split in files):
+        if kept is not None:
+            splits["train"] = kept.manifest["splits"]["train"]
+            for name, entry in kept.manifest["files"].items():
+                if name.startswith("train."):
+                    try:
+                        os.link(kept.path / name, temp / name)
+                    except OSError:  # a filesystem without hard links
+                        shutil.copyfile(kept.path / name, temp / name)
+                    written[name] = entry
+        for split in (split for split in SPLITS if split in files and (kept is None or split != "train")):
             length_filter = settings.length_filter if split == "train" else None
             total = pairs if split == "train" else None
             splits[split] = _encode_split(files[split], tokenizers, length_filter, temp, split, dtype, written,
