@@ -310,17 +310,19 @@ def _read(flag: str, path: str | None) -> tuple[str, str | None]:
     return "standard input", None if fd is None else f"/dev/fd/{fd}"
 
 
-def _check_output(output: str | None, read: list[tuple[str, str | Path | None]], text: bool = True) -> None:
+def _check_output(output: str | None, read: list[tuple[str, str | Path | None]], text: bool = True,
+                  parent_made: bool = False) -> None:
     """--output must not be, nor lie in, what the command reads (read: (option, path) pairs, a path None where not
-    given: its inputs, the model file or directory, a shortlist), which the first write would destroy; and a text
-    output must not be named .gz (it is written as plain text)."""
+    given: its inputs, the model file or directory, a shortlist), which the first write would destroy; a text output
+    must not be named .gz (it is written as plain text); and unless the command makes the output's directory
+    (parent_made), that directory must exist and the output not be one."""
     if output is None:
         return
     target = Path(output)
-    if text:
-        if output.endswith(".gz"):
-            raise ValueError(f"--output {output} ends in .gz, but the output is written as plain text: drop the .gz, "
-                             f"or leave out --output and pipe standard output through gzip")
+    if text and output.endswith(".gz"):
+        raise ValueError(f"--output {output} ends in .gz, but the output is written as plain text: drop the .gz, or "
+                         f"leave out --output and pipe standard output through gzip")
+    if not parent_made:
         if target.is_dir():
             raise IsADirectoryError(f"--output {output} is a directory, not a file to write")
         if not target.resolve().parent.is_dir():
@@ -506,8 +508,6 @@ def _run_shortlist(args: argparse.Namespace) -> None:
     path = _newest_checkpoint(args)
     _check_output(args.output, [("--source", args.source), ("--target", args.target), ("--checkpoint", path)],
                   text=False)
-    if not Path(args.output).resolve().parent.is_dir():
-        raise FileNotFoundError(f"--output {args.output}: its directory does not exist")
     translator = load_translator(path, "cpu")
     pairs = read_parallel(Path(args.source), Path(args.target))
     if args.max_sentences > 0:
@@ -537,11 +537,11 @@ def _run_average(args: argparse.Namespace) -> None:
         print(f"fastformer average: warning: --last {last} asks for {last} checkpoints, but {source} has "
               f"only {len(paths)}: averaging {len(paths)}", file=sys.stderr)
     paths = paths[-last:]
-    twice = next((path for index, path in enumerate(paths) if path.resolve() in [p.resolve() for p in paths[:index]]),
-                 None)
+    resolved = [path.resolve() for path in paths]
+    twice = next((path for index, path in enumerate(paths) if resolved[index] in resolved[:index]), None)
     if twice is not None:
         raise ValueError(f"--inputs names {twice} twice: each checkpoint is averaged once")
-    _check_output(args.output, [(source, path) for path in paths], text=False)
+    _check_output(args.output, [(source, path) for path in paths], text=False, parent_made=True)
     output = Path(args.output) if args.output else Path(args.out_dir) / "checkpoint_average.pt"
     if checkpoint.is_step_checkpoint_name(output):
         raise ValueError(f"--output {output} is named as a training step's checkpoint, which --resume would take for "

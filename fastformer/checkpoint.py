@@ -215,7 +215,7 @@ def current_umask() -> int:
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> Checkpoint:
     """-> the checkpoint saved by save_checkpoint; a missing, corrupt or foreign file raises an error naming it
     (UnreadableCheckpointError for a file torch cannot load). mmap: its tensors are mapped from the file and read
-    where used (the check that the weights are finite is then the caller's: non_finite_tensor)."""
+    where used (the check that the weights are finite is then the caller's: check_finite)."""
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a directory, not a checkpoint file")
@@ -351,17 +351,18 @@ def average_checkpoints(paths: list[Path]) -> Checkpoint:
         if loaded.tokenizer != last.tokenizer:
             raise ValueError(f"{path} has another vocabulary (tokenizer) than {paths[-1]}: their embeddings' rows "
                              "are other tokens, so they cannot be averaged")
-    averaged = Checkpoint(model={name: tensor.clone() for name, tensor in last.model.items()}, config=last.config,
-                          tokenizer=last.tokenizer, step=last.step, options=last.options,
-                          averaged_from=[str(path) for path in paths])
-    totals = {name: torch.zeros(tensor.shape, dtype=torch.float64) for name, tensor in averaged.model.items()
+    dtypes = {name: tensor.dtype for name, tensor in last.model.items()}
+    kept = {name: tensor.clone() for name, tensor in last.model.items() if not tensor.is_floating_point()}
+    totals = {name: torch.zeros(tensor.shape, dtype=torch.float64) for name, tensor in last.model.items()
               if tensor.is_floating_point()}
+    averaged = Checkpoint(model={}, config=last.config, tokenizer=last.tokenizer, step=last.step,
+                          options=last.options, averaged_from=[str(path) for path in paths])
     del last, loaded
     for index, path in enumerate(paths):
         check_finite(checkpoints[index], path)
         for name, total in totals.items():
             total += checkpoints[index].model[name]
         checkpoints[index] = None  # the file's mapping released (its tensors share it)
-    for name, total in totals.items():
-        averaged.model[name] = (total / len(paths)).to(averaged.model[name].dtype)
+    averaged.model = {name: kept[name] if name in kept else (totals[name] / len(paths)).to(dtype)
+                      for name, dtype in dtypes.items()}
     return averaged

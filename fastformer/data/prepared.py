@@ -286,7 +286,8 @@ def prepare(files: dict[str, SplitFiles], settings: PrepareSettings, path: Path,
     temp.mkdir()
     start = time.perf_counter()
     try:
-        pairs = _count_pairs(files["train"], progress)
+        # A kept training split is the one its key names, counted and checked when it was made.
+        pairs = _count_pairs(files["train"], progress) if kept is None else None
         for split in (split for split in SPLITS if split != "train" and split in files):
             _count_pairs(files[split], progress=False, training=False)
         tokenizers = settings.tokenizers if kept is None else kept.tokenizers

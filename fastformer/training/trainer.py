@@ -26,7 +26,7 @@ from fastformer import checkpoint, dispatch
 from fastformer.config import TransformerConfig
 from fastformer.data import Batch, BucketBatch, BucketBatchSampler, TokenBatchSampler, TokenizedCorpus
 from fastformer.data.batching import mixed_corpus
-from fastformer.data.reading import SplitFiles, count_lines
+from fastformer.data.reading import count_lines
 from fastformer.data.prepared import PreparedCorpus
 from fastformer.data.tokenizer import Tokenizers
 from fastformer.decoding.compiled import extension
@@ -179,7 +179,8 @@ def check_run(options: TrainOptions) -> CheckedRun:
     check_step(options.step, device)
     files = corpus_files(options)
     if options.valid_every and count_lines(files["valid"].src) == 0:
-        raise ValueError(_no_validation_pairs(files["valid"]))
+        raise ValueError(f"the validation split ({files['valid'].src}, {files['valid'].tgt}) has no sentence pairs: "
+                         "--valid-every needs some, or pass --valid-every 0 to train without validation")
     extra_corpus_files(options)
     if options.tensorboard_logdir is not None:
         summary_writer_class()
@@ -261,17 +262,10 @@ def _warn_of_update_size(options: TrainOptions, world_size: int, accumulation: i
           f"--batch-tokens {fitting:,} would fit it", file=sys.stderr)
 
 
-def _no_validation_pairs(files: SplitFiles) -> str:
-    return (f"the validation split ({files.src}, {files.tgt}) has no sentence pairs: --valid-every needs some, or pass "
-            "--valid-every 0 to train without validation")
-
-
-def _check_validation_split(options: TrainOptions, valid: TokenizedCorpus | None, max_positions: int) -> None:
-    """Validation runs between updates: a split it cannot run on is an error before the first update, not at the
-    first validation."""
+def _check_validation_split(options: TrainOptions, valid: TokenizedCorpus, max_positions: int) -> None:
+    """Validation runs between updates: a split it cannot run on (check_run refused an empty one) is an error before
+    the first update, not at the first validation."""
     files = corpus_files(options)["valid"]
-    if valid is None or len(valid) == 0:
-        raise ValueError(_no_validation_pairs(files))
     for side, lengths, path in (("source", valid.src_lengths, files.src), ("target", valid.tgt_lengths, files.tgt)):
         if int(lengths.max()) > max_positions:
             raise ValueError(f"a validation {side} in {path} has {int(lengths.max())} tokens with its EOS/BOS, more "
