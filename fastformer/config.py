@@ -38,9 +38,20 @@ class TransformerConfig:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        # The position table pairs each sine channel with a cosine channel.
+        if self.d_model % 2:
+            raise ValueError(f"d_model must be even (sinusoidal positions pair each sine with a cosine), "
+                             f"got {self.d_model}")
+        # A target needs a position for BOS and one for a token or EOS.
+        if self.max_positions < 2:
+            raise ValueError(f"max_positions must be at least 2, got {self.max_positions}")
         for name in ("dropout", "attention_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
+                raise ValueError(f"{name} must be a float in [0, 1), got {value!r}")
+        for name in ("norm_first", "tie_embeddings", "scale_embedding", "output_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.position_layout not in POSITION_LAYOUTS:
@@ -52,6 +63,9 @@ class TransformerConfig:
         # Marian starts the decoder from its pad token, so bos_id may equal pad_id; EOS must differ from both.
         if self.eos_id in (self.pad_id, self.bos_id):
             raise ValueError(f"eos_id must differ from pad_id and bos_id, got {special}")
+        if self.vocab_size <= len(set(special.values())):
+            raise ValueError(f"vocab_size ({self.vocab_size}) must exceed the special tokens' ids {special}: a model "
+                             f"that can emit only EOS translates nothing")
 
     @property
     def head_dim(self) -> int:

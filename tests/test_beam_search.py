@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 import fastformer
 from fastformer import Transformer, TransformerConfig
-from fastformer.decoding import search
 from fastformer.decoding.compiled import extension
+from fastformer.decoding.rules import eval_mode
 from fastformer.reference.beam_search import Hypothesis, beam_search, length_penalty_divisor
 
 VOCAB = 24
@@ -313,6 +313,7 @@ def test_translate_matches_reference_with_the_length_form(beam_size, n_best, min
 
 
 def test_translate_is_inference_whatever_the_models_mode():
+    """The compiled search and the reference oracle alike: a model in training mode is searched without dropout."""
     torch.manual_seed(0)
     model = Transformer(TransformerConfig.tiny(VOCAB, dropout=0.3, attention_dropout=0.3))
     src = padded_sources(model, [7, 2, 5, 9], seed=3)
@@ -321,6 +322,7 @@ def test_translate_is_inference_whatever_the_models_mode():
     model.decoder.eval()  # a mixed state, given back as it was
     for _ in range(2):
         assert_same_hypotheses(model.translate(src, beam_size=3, n_best=3, max_len_b=8), expected)
+        assert_same_hypotheses(beam_search(model, src, beam_size=3, n_best=3, max_len_b=8), expected)
     assert model.training and model.encoder.training and model.embed_dropout.training
     assert not model.decoder.training and not model.decoder.layers[0].training
 
@@ -330,7 +332,7 @@ def test_threads_translating_one_model_keep_eval_mode_until_the_last_ends():
     nesting: the model stays in eval mode until the last block ends, which gives every module its mode back."""
     torch.manual_seed(0)
     model = Transformer(TransformerConfig.tiny(VOCAB, dropout=0.3, attention_dropout=0.3)).train()
-    first, second = search.eval_mode(model), search.eval_mode(model)
+    first, second = eval_mode(model), eval_mode(model)
     first.__enter__()
     second.__enter__()
     first.__exit__(None, None, None)

@@ -28,10 +28,26 @@ def test_presets_match_the_papers_table_3():
     (dict(activation="tanh"), "activation"),
     (dict(position_layout="rotary"), "position_layout"),
     (dict(n_encoder_layers=0), "n_encoder_layers"),
+    (dict(d_model=33, n_heads=3), "d_model must be even"),
+    (dict(d_model=45, n_heads=5), "d_model must be even"),
+    (dict(max_positions=1), "max_positions must be at least 2"),
+    (dict(dropout="0.1"), "dropout must be a float"),
+    (dict(attention_dropout=None), "attention_dropout must be a float"),
+    (dict(norm_first="false"), "norm_first must be a bool"),
+    (dict(tie_embeddings=None), "tie_embeddings must be a bool"),
+    (dict(scale_embedding=1), "scale_embedding must be a bool"),
+    (dict(output_bias="yes"), "output_bias must be a bool"),
 ])
 def test_invalid_configs_are_rejected_by_name(overrides, message):
     with pytest.raises(ValueError, match=message):
         TransformerConfig.tiny(50, **overrides)
+
+
+@pytest.mark.parametrize("vocab_size, special", [(3, {}), (2, dict(pad_id=0, bos_id=0, eos_id=1))])
+def test_a_vocabulary_of_special_tokens_alone_is_refused(vocab_size, special):
+    with pytest.raises(ValueError, match=f"vocab_size \\({vocab_size}\\) must exceed the special tokens"):
+        TransformerConfig.tiny(vocab_size, **special)
+    TransformerConfig.tiny(vocab_size + 1, **special)  # one token beside them is a model
 
 
 def test_backend_switch():

@@ -1,5 +1,5 @@
 """The rules every beam search in fastformer shares (the compiled one and the reference oracle): its arguments, the
-hypotheses it returns, the target length limit and the length penalty.
+hypotheses it returns, the target length limit, the length penalty, and eval mode whatever the model's own.
 
 Defined, with how the peers count |Y|, in fastformer/reference/beam_search.py's docstring.
 """
@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import math
 import operator
+import threading
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
@@ -150,3 +154,31 @@ def check_target_prefix(target_prefix: list[list[int] | None], max_lens: list[in
                                             "(max_len_a * source length + max_len_b)")
         checked.append(prefix)
     return checked
+
+
+# The models inside an eval_mode block -> (blocks open on it, every module's mode before the first). Threads translate
+# one model at once (the search releases the GIL), and their blocks overlap without nesting.
+_EVAL_BLOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_EVAL_BLOCKS_LOCK = threading.Lock()
+
+
+@contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """Puts every module of `model` in eval mode for the block, then gives each back its own mode once no other
+    block on `model` is open (a thread's translation while another's runs keeps eval mode to its end)."""
+    with _EVAL_BLOCKS_LOCK:
+        open_blocks, modes = _EVAL_BLOCKS.get(model, (0, None))
+        if not open_blocks:
+            modes = [(module, module.training) for module in model.modules()]
+            model.eval()
+        _EVAL_BLOCKS[model] = (open_blocks + 1, modes)
+    try:
+        yield
+    finally:
+        with _EVAL_BLOCKS_LOCK:
+            open_blocks, modes = _EVAL_BLOCKS.pop(model)
+            if open_blocks > 1:
+                _EVAL_BLOCKS[model] = (open_blocks - 1, modes)
+            else:
+                for module, training in modes:
+                    module.training = training

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 
 from fastformer.decoding.compiled import decoder_options, extension
-from fastformer.decoding.rules import token_ids
-from fastformer.decoding.search import encode, eval_mode, model_compiled
+from fastformer.decoding.rules import eval_mode, token_ids
+from fastformer.decoding.search import encode, model_compiled
 
 __all__ = ["score", "check_targets", "right_padded"]
 

@@ -18,17 +18,13 @@ from __future__ import annotations
 
 import hashlib
 import struct
-import threading
-import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 
 from fastformer.decoding.compiled import (COMPUTE_TYPES, CompiledModel, compiled_model, decoder_options, extension,
                                           named_struct, resolve_compute_type)
 from fastformer.decoding.rules import (Hypothesis, check_history_arguments, check_sampling_arguments,
-                                      check_search_arguments, check_target_prefix, max_target_lengths)
+                                      check_search_arguments, check_target_prefix, eval_mode, max_target_lengths)
 from fastformer.decoding.shortlist import Shortlist
 
 __all__ = ["COMPUTE_TYPES", "Hypothesis", "SHRINK_MODES", "translate", "cached_decoder", "encode"]
@@ -154,34 +150,6 @@ def encode(model, src_tokens: torch.Tensor, compiled: CompiledModel) -> tuple[to
         return memory, src_lengths
     src_lengths = model.lengths(src_tokens, "src_tokens")
     return compiled.encoder(model.embed(src_tokens).float(), src_lengths), src_lengths
-
-
-# The models inside an eval_mode block -> (blocks open on it, every module's mode before the first). Threads translate
-# one model at once (the search releases the GIL), and their blocks overlap without nesting.
-_EVAL_BLOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_EVAL_BLOCKS_LOCK = threading.Lock()
-
-
-@contextmanager
-def eval_mode(model: torch.nn.Module) -> Iterator[None]:
-    """Puts every module of `model` in eval mode for the block, then gives each back its own mode once no other
-    block on `model` is open (a thread's translation while another's runs keeps eval mode to its end)."""
-    with _EVAL_BLOCKS_LOCK:
-        open_blocks, modes = _EVAL_BLOCKS.get(model, (0, None))
-        if not open_blocks:
-            modes = [(module, module.training) for module in model.modules()]
-            model.eval()
-        _EVAL_BLOCKS[model] = (open_blocks + 1, modes)
-    try:
-        yield
-    finally:
-        with _EVAL_BLOCKS_LOCK:
-            open_blocks, modes = _EVAL_BLOCKS.pop(model)
-            if open_blocks > 1:
-                _EVAL_BLOCKS[model] = (open_blocks - 1, modes)
-            else:
-                for module, training in modes:
-                    module.training = training
 
 
 def cached_decoder(model, encoder_out, beam_size: int, cache_len: int, compute_type: str | None = None):

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from fastformer.decoding.rules import (Hypothesis, check_history_arguments, check_search_arguments, check_target_prefix,
-                                      length_penalty_divisor, max_target_lengths)
+                                      eval_mode, length_penalty_divisor, max_target_lengths)
 from fastformer.reference.attention import attention_weights
 
 
@@ -53,13 +53,14 @@ def beam_search(model, src_tokens: torch.Tensor, beam_size: int = 4, length_pena
     """src_tokens: [batch, src_len] right-padded -> per sentence, up to n_best hypotheses, best first (each with its
     attention [len(tokens) + 1, src_length] float32 on the CPU where return_attention).
 
-    `model` is a fastformer.Transformer; each sentence is searched on its own with `model.decode` over the whole
-    prefix at every step (no cache), which is slow and obviously faithful to the rules above.
+    `model` is a fastformer.Transformer, searched in eval mode as translate searches it; each sentence is searched on
+    its own with `model.decode` over the whole prefix at every step (no cache), which is slow and obviously faithful
+    to the rules above.
     """
     check_search_arguments(beam_size, length_penalty, max_len_a, max_len_b, min_len, n_best, length_penalty_form)
     check_history_arguments(no_repeat_ngram_size, repetition_penalty)
     config = model.config
-    with torch.no_grad():
+    with torch.no_grad(), eval_mode(model):
         encoder_out = model.encode(src_tokens)
         max_lens = max_target_lengths(encoder_out.src_lengths, max_len_a, max_len_b, config.max_positions)
         if target_prefix is not None:
