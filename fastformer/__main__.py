@@ -236,7 +236,7 @@ def _report_truncation(command: str, source: str, first: int = 0) -> OnTruncated
 def _evaluate(checkpoint_path: Path, data_dir: Path | None, split: str, src_lang: str, tgt_lang: str,
               beam_size: int, length_penalty: float, device: str, output: Path | None, max_sentences: int = 0,
               length_penalty_form: str = "gnmt", compute_type: str | None = None,
-              shortlist_path: str | None = None) -> float:
+              shortlist_path: str | None = None, batch_tokens: int = 4096) -> float:
     """Translates a split (its first max_sentences, if > 0), prints cased sacreBLEU (13a and intl) with signatures;
     -> the 13a score."""
     files = find_split(data_dir, split, src_lang, tgt_lang)
@@ -254,6 +254,7 @@ def _evaluate(checkpoint_path: Path, data_dir: Path | None, split: str, src_lang
     start = time.perf_counter()
     hypotheses = translator.translate([pair[0] for pair in pairs], beam_size=beam_size, length_penalty=length_penalty,
                                        length_penalty_form=length_penalty_form, shortlist=shortlist,
+                                       batch_tokens=batch_tokens,
                                        on_truncated=_report_truncation("evaluate", str(files.src)))
     elapsed = time.perf_counter() - start
     if output is not None:
@@ -501,13 +502,14 @@ def _run_evaluate(args: argparse.Namespace) -> None:
     _evaluate(_newest_checkpoint(args), None if args.data_dir is None else Path(args.data_dir), args.split,
               args.src_lang, args.tgt_lang, args.beam, args.length_penalty, _inference_device(args.device),
               None if args.output is None else Path(args.output), args.max_sentences, args.length_penalty_form,
-              args.compute_type, args.shortlist)
+              args.compute_type, args.shortlist, args.batch_tokens)
 
 
 def _run_shortlist(args: argparse.Namespace) -> None:
     path = _newest_checkpoint(args)
     _check_output(args.output, [("--source", args.source), ("--target", args.target), ("--checkpoint", path)],
                   text=False)
+    _refuse_run_checkpoint_name(Path(args.output), "a shortlist", "shortlist.safetensors")
     translator = load_translator(path, "cpu")
     pairs = read_parallel(Path(args.source), Path(args.target))
     if args.max_sentences > 0:
@@ -522,6 +524,16 @@ def _run_shortlist(args: argparse.Namespace) -> None:
     print(f"wrote {args.output}: {len(pairs)} sentence pairs, up to {args.per_source} target pieces per source piece "
           f"and {len(shortlist.always)} always, of a vocabulary of {config.vocab_size} "
           f"({time.perf_counter() - start:.1f} s)")
+
+
+def _refuse_run_checkpoint_name(output: Path, what: str, example: str) -> None:
+    """Refuses an --output named as a training run's own checkpoints, which `what` would replace or pass for."""
+    if checkpoint.is_step_checkpoint_name(output):
+        raise ValueError(f"--output {output} is named as a training step's checkpoint, which --resume would take for "
+                         f"the newest, and {what} cannot resume: choose another name ({example})")
+    if output.name == checkpoint.BEST_NAME:
+        raise ValueError(f"--output {output} is named as a run's best checkpoint, which it would replace: choose "
+                         f"another name ({example})")
 
 
 def _run_average(args: argparse.Namespace) -> None:
@@ -543,12 +555,7 @@ def _run_average(args: argparse.Namespace) -> None:
         raise ValueError(f"--inputs names {twice} twice: each checkpoint is averaged once")
     _check_output(args.output, [(source, path) for path in paths], text=False, parent_made=True)
     output = Path(args.output) if args.output else Path(args.out_dir) / "checkpoint_average.pt"
-    if checkpoint.is_step_checkpoint_name(output):
-        raise ValueError(f"--output {output} is named as a training step's checkpoint, which --resume would take for "
-                         "the newest, and an average cannot resume: choose another name (checkpoint_average.pt)")
-    if output.name == checkpoint.BEST_NAME:
-        raise ValueError(f"--output {output} is named as a run's best checkpoint, which it would replace: choose "
-                         "another name (checkpoint_average.pt)")
+    _refuse_run_checkpoint_name(output, "an average", "checkpoint_average.pt")
     checkpoint.save_checkpoint(checkpoint.average_checkpoints(paths), output)
     noun = "checkpoint" if len(paths) == 1 else "checkpoints"
     print(f"averaged {len(paths)} {noun} ({paths[0].name} .. {paths[-1].name}) into {output}")
@@ -750,8 +757,16 @@ def main(argv: list[str] | None = None) -> None:
                 setattr(args, name, None)
     try:
         args.run(args)
+    except BrokenPipeError:  # what read stdout has gone (`| head`): end quietly, as Unix tools do on SIGPIPE
+        _quiet_stdout()
+        raise SystemExit(128 + signal.SIGPIPE) from None
     except (ValueError, OSError, ImportError) as error:
         raise SystemExit(f"fastformer {args.command}: error: {error}") from None
+    except (RuntimeError, MemoryError) as error:
+        if not _out_of_memory(error):
+            raise
+        raise SystemExit(f"fastformer {args.command}: error: out of memory ({str(error).splitlines()[0]}): a smaller "
+                         "--batch-tokens, or --beam, needs less") from None
     except KeyboardInterrupt:  # Ctrl-C outside the loops that stop on it (preparing a corpus, loading a model)
         print(f"fastformer {args.command}: interrupted", file=sys.stderr)
         raise SystemExit(128 + signal.SIGINT) from None
@@ -759,6 +774,20 @@ def main(argv: list[str] | None = None) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
             _exit_torchrun_worker(sys.exc_info()[1])
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    """Whether `error` is an allocation that failed (torch's CPU allocator, CUDA, Python's own)."""
+    return (isinstance(error, (MemoryError, torch.OutOfMemoryError))
+            or "DefaultCPUAllocator: can't allocate memory" in str(error))
+
+
+def _quiet_stdout() -> None:
+    """Points stdout at /dev/null, so that the interpreter's last flush of what it holds raises no second error."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):  # a stand-in stdout without a file descriptor
+        pass
 
 
 def _exit_torchrun_worker(error: BaseException | None) -> typing.NoReturn:

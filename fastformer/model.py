@@ -334,9 +334,10 @@ class Transformer(nn.Module):
                                   shortlist=shortlist)
 
     @torch.no_grad()
-    def score(self, src_tokens: torch.Tensor, target_tokens: list[list[int]],
+    def score(self, src_tokens: torch.Tensor, target_tokens: list[list[int]] | torch.Tensor,
               compute_type: str | None = None) -> list[torch.Tensor]:
-        """src_tokens: [batch, src_len] right-padded; target_tokens: per sentence its ids without EOS -> per sentence
+        """src_tokens: [batch, src_len] right-padded; target_tokens: per sentence its ids without EOS (or a
+        [batch, tgt_len] tensor right-padded with pad_id, its padding not scored) -> per sentence
         a [len(target) + 1] float32 tensor: the log-probability of each target token and of EOS under teacher forcing
         (CTranslate2's score_batch), the decoder run once over all positions in the compiled extension.
 

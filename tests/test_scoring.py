@@ -85,6 +85,20 @@ def test_score_takes_any_target_token_and_long_targets():
                         rtol=1e-5)
 
 
+def test_score_takes_a_right_padded_tensor_of_targets_without_scoring_its_padding():
+    """As src_tokens is: a [batch, tgt_len] tensor's trailing pad ids are padding (they were scored as tokens)."""
+    model = make_model(True)
+    src = padded_sources(model, [4, 6, 2], seed=3)
+    targets = random_targets(model, [5, 1, 3])
+    padded = torch.nn.utils.rnn.pad_sequence([torch.tensor(t) for t in targets], batch_first=True,
+                                             padding_value=model.config.pad_id)
+    assert_scores_close(model.score(src, padded), teacher_forced_log_probs(model, src, targets), atol=2e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"must be \[batch, tgt_len\] right-padded, got shape \(5,\)"):
+        model.score(src[:1], padded[0])
+    with pytest.raises(ValueError, match="target 1 is empty"):
+        model.score(src[:2], torch.stack([padded[0], torch.full_like(padded[0], model.config.pad_id)]))
+
+
 def test_score_projects_a_chunk_of_rows_at_a_time():
     """At a 262k vocabulary the CPU scorer takes the output projection 30 rows at a time (logits_rows_per_block): 8
     targets of 9 tokens and EOS are 80 rows, three chunks."""

@@ -258,3 +258,17 @@ def test_cli_builds_a_shortlist_and_translates_and_evaluates_with_it(tiny_checkp
     with pytest.raises(SystemExit, match="its directory does not exist"):
         main(["shortlist", "--checkpoint", path, "--source", str(corpus), "--target", str(BUNDLED_CORPUS / "train.de"),
               "--output", str(tmp_path / "missing" / "shortlist.safetensors")])
+    # A run's own checkpoint names are refused: a shortlist over checkpoint_best.pt destroyed it.
+    for name, match in (("checkpoint_00000100.pt", "a training step's checkpoint"),
+                        ("checkpoint_best.pt", "a run.s best checkpoint")):
+        with pytest.raises(SystemExit, match=f"--output {tmp_path / name} is named as {match}"):
+            main(["shortlist", "--checkpoint", path, "--source", str(corpus), "--target",
+                  str(BUNDLED_CORPUS / "train.de"), "--output", str(tmp_path / name)])
+        assert not (tmp_path / name).exists()
+    # evaluate batches as --batch-tokens says (with a shortlist, a batch's union is its vocabulary).
+    with pytest.raises(SystemExit, match="batch_tokens must be >= 1, got 0"):
+        main(["evaluate", "--checkpoint", path, "--split", "valid", "--batch-tokens", "0"])
+    main(["evaluate", "--checkpoint", path, "--split", "valid", "--max-sentences", "20", "--shortlist", str(output),
+          "--batch-tokens", "40", "--output", str(tmp_path / "small_batches.de")])
+    assert read_lines(tmp_path / "small_batches.de") == translator.translate(sources, shortlist=shortlist,
+                                                                            batch_tokens=40)

@@ -277,6 +277,28 @@ def test_sigterm_keeps_the_chunks_written_and_says_where_it_stopped(tiny, tmp_pa
     assert _lines(output) == translator.translate(LINES[:5])
 
 
+def test_a_reader_that_leaves_ends_the_run_quietly(tiny, tmp_path):
+    """`translate ... | head -1`: once the reader has gone, the next chunk's write ends the run with SIGPIPE's status
+    and nothing on stderr, as Unix tools end (it said "error: [Errno 32] Broken pipe" and exited 1)."""
+    path, translator = tiny
+    source = _write(tmp_path / "in.en", LINES * 20)
+    process = start(["translate", "--checkpoint", str(path), "--device", "cpu", "--input", str(source),
+                     "--chunk-lines", "2"], tmp_path, tmp_path / "stderr.txt")
+    assert process.stdout.readline() == translator.translate(LINES[:1])[0] + "\n"
+    process.stdout.close()
+    assert process.wait(timeout=120) == 128 + signal.SIGPIPE
+    assert (tmp_path / "stderr.txt").read_text() == ""
+
+
+def test_an_allocation_too_large_is_one_line_naming_what_to_lower(tiny, tmp_path):
+    """A mistyped --beam 1000000000 asks the allocator for terabytes: one line, not torch's traceback."""
+    path, _ = tiny
+    source = _write(tmp_path / "in.en", LINES[:1])
+    with pytest.raises(SystemExit, match=r"^fastformer translate: error: out of memory \(.*can't allocate memory.*\): "
+                                         r"a smaller --batch-tokens, or --beam, needs less$"):
+        _translate(path, "--input", str(source), "--beam", "1000000000")
+
+
 def _interrupted(tiny, tmp_path, monkeypatch) -> tuple[Path, Path]:
     """A run stopped in its 2nd chunk of 3 lines -> (its input, its output)."""
     path, _ = tiny

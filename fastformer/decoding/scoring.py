@@ -17,10 +17,11 @@ from fastformer.decoding.search import encode, model_compiled
 __all__ = ["score", "check_targets", "right_padded"]
 
 
-def score(model, src_tokens: torch.Tensor, target_tokens: list[list[int]],
+def score(model, src_tokens: torch.Tensor, target_tokens: list[list[int]] | torch.Tensor,
           compute_type: str | None = None) -> list[torch.Tensor]:
     """src_tokens: [batch, src_len] right-padded (each ending in EOS); target_tokens: per sentence its ids without
-    EOS -> per sentence [len(target) + 1] float32 on the CPU: log p of each target token, then of EOS."""
+    EOS (or [batch, tgt_len] right-padded) -> per sentence [len(target) + 1] float32 on the CPU: log p of each target
+    token, then of EOS."""
     config = model.config
     target_tokens = check_targets(config, len(src_tokens), target_tokens)
     with torch.no_grad(), eval_mode(model):
@@ -44,10 +45,17 @@ def score(model, src_tokens: torch.Tensor, target_tokens: list[list[int]],
     return [scores[i, :len(t) + 1].clone() for i, t in enumerate(target_tokens)]
 
 
-def check_targets(config, n_sources: int, target_tokens: list[list[int]]) -> list[list[int]]:
+def check_targets(config, n_sources: int, target_tokens: list[list[int]] | torch.Tensor) -> list[list[int]]:
     """-> the targets as lists of int, or an error naming the first bad one: a count other than n_sources, an empty
-    target, an id that is not an integer in the vocabulary (rules.token_ids; pad, bos and eos score as any token
-    does), or a target longer than max_positions - 1 (its decoder input starts with BOS)."""
+    target, an id that is not an integer in the vocabulary (rules.token_ids; bos and eos score as any token does),
+    or a target longer than max_positions - 1 (its decoder input starts with BOS). A tensor is [batch, tgt_len]
+    right-padded, as src_tokens is: its rows' trailing pad ids are padding, not tokens to score."""
+    if isinstance(target_tokens, torch.Tensor):
+        if target_tokens.dim() != 2:
+            raise ValueError(f"target_tokens as a tensor must be [batch, tgt_len] right-padded, got shape "
+                             f"{tuple(target_tokens.shape)}")
+        lengths = (target_tokens != config.pad_id).flip(1).int().cumsum(1).bool().sum(1)
+        target_tokens = [row[:length].tolist() for row, length in zip(target_tokens, lengths.tolist())]
     if len(target_tokens) != n_sources:
         raise ValueError(f"score got {n_sources} sources and {len(target_tokens)} targets: it needs one target per "
                          "source")
