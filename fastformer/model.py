@@ -155,6 +155,16 @@ class Transformer(nn.Module):
         self.output_bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.output_bias else None
         self.reset_parameters()
 
+    def _apply(self, fn, recurse: bool = True):
+        """Casts and moves as nn.Module does, then makes the position table anew in its new dtype and device: it is
+        computed, not learned (nor saved), and a cast there and back (half() then float()) would keep half's rounding,
+        where a model loaded from the same state_dict has none."""
+        super()._apply(fn, recurse)
+        self.positions = sinusoidal_positions(self.config.max_positions, self.config.d_model,
+                                              self.config.position_layout).to(self.positions.device,
+                                                                              self.positions.dtype)
+        return self
+
     def reset_parameters(self) -> None:
         """Xavier for every matrix (as torch.nn.Transformer), N(0, d^-1/2) embeddings with a zero padding row."""
         for name, parameter in self.named_parameters():

@@ -416,6 +416,32 @@ def test_the_summary_counts_one_line_and_one_sentence_in_the_singular():
         "fastformer translate: 2,000 lines (1 sentence, resumed after line 1) in ")
 
 
+@pytest.mark.parametrize("ending", [b"", b"\n"])
+def test_stdin_lines_are_the_bytes_lines_whatever_the_reads(ending):
+    """StdinLines against bytes.splitlines: lines split across reads, empty ones, one longer than a read (1 MiB) and
+    the last without its line end; the pipe is written in pieces of random sizes by a thread."""
+    generator = torch.Generator().manual_seed(0)
+    lines = [b"a" * int(n) for n in torch.randint(0, 300, (400,), generator=generator)]
+    data = b"\n".join(lines[:200] + [b"", b"x" * (3 << 20)] + lines[200:]) + ending
+    cuts = sorted(torch.randint(0, len(data), (300,), generator=generator).tolist()) + [len(data)]
+    read_end, write_end = os.pipe()
+
+    def write() -> None:
+        with os.fdopen(write_end, "wb") as pipe:
+            start = 0
+            for cut in cuts:
+                pipe.write(data[start:cut])
+                pipe.flush()
+                start = cut
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        assert list(streaming.StdinLines(read_end)) == data.splitlines(keepends=True)
+    finally:
+        writer.join()
+        os.close(read_end)
+
+
 def test_the_runner_names_an_input_that_ends_first(tmp_path):
     with pytest.raises(ValueError, match="^targets has 5 lines but sources has more: the inputs must be line-aligned"):
         stream_chunks([LineInput("sources", _CountedLines(8)), LineInput("targets", _CountedLines(5))],
