@@ -12,6 +12,7 @@ from fastformer import checkpoint
 from fastformer.__main__ import main
 from fastformer.data import BUNDLED_CORPUS, EOS_ID, Tokenizer, read_lines, train_tokenizer
 from fastformer.decoding import compiled
+from fastformer.translation import translator as translator_module
 from fastformer_process import DEMO_TEST_SENTENCES
 from marian_models import CALIBRATION, GREEDY_MAX_TOKENS, built, greedy  # noqa: F401 (fixtures)
 
@@ -195,3 +196,30 @@ def test_n_best_results_of_a_marian_directory_name_its_target_pieces(built):
         assert [result.tokens for result in found] == [tokenizer.convert_ids_to_tokens(h.tokens) for h in hypotheses]
         assert [result.text for result in found] == tokenizer.batch_decode([h.tokens for h in hypotheses],
                                                                            skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("marian", [False, True])
+def test_a_line_over_long_text_chars_is_tokenized_in_pieces_as_it_would_be_whole(tiny_checkpoint, built, marian,
+                                                                                 monkeypatch):
+    """A line longer than LONG_TEXT_CHARS is tokenized a piece at a time (whole, a 50 MB line took 2.45 GB): its
+    first ids and its count equal the whole line's, for the warning that names the count and for the translation
+    and score of what the model reads. Pieces of 1,000 characters here, so that the test's lines stay small."""
+    monkeypatch.setattr(translator_module, "LONG_TEXT_CHARS", 1000)
+    path = built("relu-scaled-nobias")[0] if marian else tiny_checkpoint[0]
+    translator = fastformer.load_translator(path, device="cpu")
+    limit = translator.model.config.max_positions - 1
+    words = read_lines(BUNDLED_CORPUS / "valid.en")[:400]
+    long_line = "  ".join(words)  # double spaces, whose runs the tokenizer collapses, on the pieces' cuts too
+    short = words[0]
+    whole = translator.source_tokenizer.encode([short, long_line, "x" * 2500])
+    encoded, counts = translator_module._encode(translator.source_tokenizer, [short, long_line, "x" * 2500], 1,
+                                                "source", keep=limit)
+    # A text without spaces is cut anywhere: each later piece may count a word-start piece more (2 cuts here).
+    assert counts[1] == len(whole[1]) > 3 * limit and 0 <= counts[2] - len(whole[2]) <= 2 and len(counts) == 2
+    assert encoded == [whole[0], whole[1][:limit + 1], whole[2][:limit + 1]]
+    reported = []
+    got = translator.translate([short, long_line], beam_size=2,
+                               on_truncated=lambda index, n_tokens, limit: reported.append((index, n_tokens)))
+    assert reported == [(1, len(whole[1]))]
+    monkeypatch.setattr(translator_module, "LONG_TEXT_CHARS", 1 << 16)
+    assert got == translator.translate([short, long_line], beam_size=2, on_truncated=lambda *args: None)

@@ -158,11 +158,11 @@ class Translator:
                                      "target")
         config = self.model.config
         limit = config.max_positions - 1  # and BOS
-        target_ids = _encode(self.target_tokenizer, targets, first_line, "target")
+        target_ids, long_counts = _encode(self.target_tokenizer, targets, first_line, "target", keep=limit)
         for i, ids in enumerate(target_ids):
             if not 1 <= len(ids) <= limit:
-                raise ValueError(f"line {first_line + i}: the target has {len(ids)} tokens, the model scores 1 to "
-                                 f"{limit}")
+                raise ValueError(f"line {first_line + i}: the target has {long_counts.get(i, len(ids))} tokens, the "
+                                 f"model scores 1 to {limit}")
         batches = self._source_batches(sources, list(range(len(sources))), batch_tokens,
                                        lambda i, n_tokens, limit: _reject_long_source(first_line + i, n_tokens, limit),
                                        first_line, on_empty=lambda i: _reject_empty_source(first_line + i))
@@ -188,14 +188,15 @@ class Translator:
         config = self.model.config
         limit = config.max_positions - 1  # and EOS
         sources: dict[int, list[int]] = {}
-        encoded = _encode(self.source_tokenizer, [sentences[i] for i in indices], first_line, "source", indices)
-        for i, ids in zip(indices, encoded):
+        encoded, long_counts = _encode(self.source_tokenizer, [sentences[i] for i in indices], first_line, "source",
+                                       indices, keep=limit)
+        for k, (i, ids) in enumerate(zip(indices, encoded)):
             if not ids:
                 if on_empty is not None:
                     on_empty(i)
                 continue
             if len(ids) > limit:
-                report(i, len(ids), limit)
+                report(i, long_counts.get(k, len(ids)), limit)
             sources[i] = ids[:limit] + [config.eos_id]
         indices = list(sources)
         sizes = [len(sources.get(i, ())) for i in range(len(sentences))]
@@ -214,12 +215,23 @@ def _check_list(name: str, texts: list[str]) -> None:
         raise TypeError(f"{name} must be a list of texts, one per sentence, not a str: wrap it in a list")
 
 
-def _encode(tokenizer: TextTokenizer, texts: list[str], first_line: int, side: str,
-            indices: list[int] | None = None) -> list[list[int]]:
-    """tokenizer.encode(texts); a text that is not a str, or not valid Unicode (a lone surrogate), is a ValueError
-    naming its line (texts[k] being line first_line + indices[k], or + k)."""
+# A text longer than this many characters is tokenized a piece at a time: sentencepiece holds ~48 bytes a character
+# of what it encodes at once (a 50 MB line took 2.45 GB), and the model reads only its first max_positions tokens.
+LONG_TEXT_CHARS = 1 << 16
+
+
+def _encode(tokenizer: TextTokenizer, texts: list[str], first_line: int, side: str, indices: list[int] | None = None,
+            keep: int = 0) -> tuple[list[list[int]], dict[int, int]]:
+    """-> (tokenizer.encode(texts), {k: the number of ids of texts[k]} for the texts over LONG_TEXT_CHARS characters,
+    of which only the first keep + 1 ids are returned). A text that is not a str, or not valid Unicode (a lone
+    surrogate), is a ValueError naming its line (texts[k] being line first_line + indices[k], or + k)."""
     try:
-        return tokenizer.encode(texts)
+        long = {k: text for k, text in enumerate(texts) if isinstance(text, str) and len(text) > LONG_TEXT_CHARS}
+        encoded = tokenizer.encode([text if k not in long else "" for k, text in enumerate(texts)])
+        counts = {}
+        for k, text in long.items():
+            encoded[k], counts[k] = _encode_in_pieces(tokenizer, text, keep + 1)
+        return encoded, counts
     except (TypeError, UnicodeError):
         for k, text in enumerate(texts):
             line = first_line + (k if indices is None else indices[k])
@@ -231,6 +243,24 @@ def _encode(tokenizer: TextTokenizer, texts: list[str], first_line: int, side: s
                 raise ValueError(f"line {line}: the {side} is not valid Unicode text ({error.reason} at character "
                                  f"{error.start})") from None
         raise
+
+
+def _encode_in_pieces(tokenizer: TextTokenizer, text: str, keep: int) -> tuple[list[int], int]:
+    """A long text's first `keep` ids and its number of ids, encoded LONG_TEXT_CHARS characters at a time, each piece
+    cut at a space where it has one (sentencepiece's pieces do not cross whitespace: the ids are the whole text's;
+    a piece cut within a word may start one more piece there, which only the count can see)."""
+    kept: list[int] = []
+    count = start = 0
+    while start < len(text):
+        end = len(text) if len(text) - start <= LONG_TEXT_CHARS else start + LONG_TEXT_CHARS
+        if end < len(text):
+            space = text.rfind(" ", start + 1, end)
+            end = space if space > start else end
+        ids = tokenizer.encode([text[start:end]])[0]
+        kept += ids[:keep - len(kept)]
+        count += len(ids)
+        start = end
+    return kept, count
 
 
 def _reject_empty_source(line: int) -> None:
