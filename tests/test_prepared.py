@@ -120,6 +120,31 @@ def test_an_unchanged_corpus_is_opened_and_a_changed_file_is_prepared_anew(tmp_p
     assert "vocab_size 120 -> 100" in capsys.readouterr().err
 
 
+def test_a_file_modified_but_holding_the_same_bytes_keeps_the_preparation(tmp_path: Path, monkeypatch, capsys):
+    """A copy without its times, a reinstall or a `touch` changes a file's modification time alone: its content
+    checked against the digest the preparation took, the preparation is kept (minutes at WMT size), its manifest
+    given the new time; a change of the same size is prepared anew."""
+    data_dir = _slice(tmp_path / "data")
+    path = tmp_path / "prepared"
+    first = ensure_prepared(_files(data_dir), SETTINGS, path, progress=False)
+    os.utime(data_dir / "train.en", ns=(1, 10**18))
+    os.utime(data_dir / "valid.de", ns=(1, 10**18))
+    with monkeypatch.context() as patched:
+        patched.setattr(prepared, "prepare", None)  # called, it would fail the test
+        kept = ensure_prepared(_files(data_dir), SETTINGS, path, progress=False)
+        assert f"fastformer: {path} kept: {data_dir.resolve() / 'train.en'} changed" in capsys.readouterr().err
+        patched.setattr(prepared, "_file_sha256", None)  # the new times are the manifest's: nothing to hash
+        again = ensure_prepared(_files(data_dir), SETTINGS, path, progress=False)
+    assert capsys.readouterr().err == ""
+    assert kept.manifest == again.manifest == {**first.manifest, "key": kept.manifest["key"]}
+    assert kept.manifest["key"]["inputs"]["train.src"]["mtime_ns"] == 10**18
+    text = (data_dir / "train.en").read_text(encoding="utf-8")
+    (data_dir / "train.en").write_text(text.replace("dog", "cat", 1), encoding="utf-8")
+    changed = ensure_prepared(_files(data_dir), SETTINGS, path, progress=False)
+    assert changed.digest != first.digest and f"preparing {path} anew" in capsys.readouterr().err
+    assert changed.manifest["input_sha256"]["train.src"] != first.manifest["input_sha256"]["train.src"]
+
+
 def test_a_changed_validation_split_keeps_the_training_split_and_tokenizer(tmp_path: Path, monkeypatch, capsys):
     """At WMT size the tokenizer and the training split take minutes: a new validation file is encoded alone, the
     rest linked from the preparation before, and the result is what a preparation from nothing makes."""

@@ -258,6 +258,11 @@ def ensure_prepared(files: dict[str, SplitFiles], settings: PrepareSettings, pat
                 print(f"fastformer: preparing {path} anew: {error}", file=sys.stderr)
             else:
                 reasons = stale_reasons(corpus.manifest["key"], key)
+                if reasons and _only_touched(corpus.manifest, key):
+                    _rewrite_key(corpus, key)
+                    print(f"fastformer: {path} kept: {'; '.join(reasons)}, with the content it was prepared from",
+                          file=sys.stderr)
+                    return PreparedCorpus(path)
                 if not reasons:
                     return corpus
                 _refuse_foreign(path, f"needs preparing anew ({'; '.join(reasons)})", "remove them")
@@ -272,6 +277,42 @@ def ensure_prepared(files: dict[str, SplitFiles], settings: PrepareSettings, pat
             print(f"fastformer: preparing the corpus in {path} (once: later runs map it)", file=sys.stderr)
         prepare(files, settings, path, progress)
         return PreparedCorpus(path)
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while block := file.read(1 << 24):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _only_touched(manifest: dict, key: dict) -> bool:
+    """Whether every input that differs from the preparation's key is the same path and size with the same content,
+    only modified since (copied without its times, a reinstall, a `touch`), and the settings are the same: the
+    preparation is still the inputs', and minutes of it at WMT size need not be made again."""
+    old, digests = manifest["key"], manifest.get("input_sha256", {})
+    if old.get("format") != key["format"] or old.get("settings") != key["settings"]:
+        return False
+    for name, now in key["inputs"].items():
+        then = old.get("inputs", {}).get(name)
+        if then == now:
+            continue
+        if (then is None or (then.get("path"), then.get("size")) != (now["path"], now["size"])
+                or name not in digests or _file_sha256(Path(now["path"])) != digests[name]):
+            return False
+    return set(old.get("inputs", {})) == set(key["inputs"])
+
+
+def _rewrite_key(corpus: PreparedCorpus, key: dict) -> None:
+    """Gives the preparation's manifest the inputs' new modification times (written whole, then renamed over it)."""
+    manifest_path = corpus.path / MANIFEST
+    temp = manifest_path.with_name(f".{MANIFEST}.tmp-{os.getpid()}")
+    with open(temp, "w", encoding="utf-8") as file:
+        json.dump({**corpus.manifest, "key": key}, file, indent=1)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temp, manifest_path)
 
 
 def prepare(files: dict[str, SplitFiles], settings: PrepareSettings, path: Path, progress: bool = True,
@@ -321,7 +362,8 @@ def prepare(files: dict[str, SplitFiles], settings: PrepareSettings, path: Path,
                              f"filter {settings.length_filter}")
         manifest = {"key": key, "tokenizer_files": {name: hashlib.sha256(data).hexdigest()
                                                     for name, data in tokenizers.files.items()},
-                    "vocab_size": tokenizers.vocab_size, "splits": splits, "files": written}
+                    "vocab_size": tokenizers.vocab_size, "splits": splits, "files": written,
+                    "input_sha256": {name: _file_sha256(Path(entry["path"])) for name, entry in key["inputs"].items()}}
         # Written last: its presence marks the directory complete.
         with open(temp / MANIFEST, "w", encoding="utf-8") as file:
             json.dump(manifest, file, indent=1)
