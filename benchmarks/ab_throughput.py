@@ -7,8 +7,9 @@ in each round (so the machine's drift cancels), for "no slower than before" chec
     python benchmarks/ab_throughput.py --benchmark cpu_decoding --baseline 0097ec4 --rounds 6 --out-dir DIR -- \\
         --systems fastformer-int8 --threads 1 2 --sentences 64 --beam 4 --rounds 1
 
-cpu_decoding.py's rows are keyed by system, threads, beam, sentences and source tokens; its own `--rounds` are the
-rounds inside one run (1 suffices: the alternating runs are the rounds here), and its `--cap-isa` caps both trees.
+cpu_decoding.py's rows are keyed by system, CTranslate2's mode (threading and ctranslate2_isa), threads, beam,
+sentences and source tokens; its own `--rounds` are the rounds inside one run (1 suffices: the alternating runs are
+the rounds here), and its `--cap-isa` caps both trees.
 
 The baseline's source tree is a git worktree of that commit under --work-dir, or --baseline-tree where this checkout
 has no git history (a copy on another machine: `git archive COMMIT | tar -x -C DIR` made it, and FASTFORMER_COMMIT
@@ -79,8 +80,12 @@ def run_benchmark(benchmark: str, tree: Path, commit: str, arguments: list[str],
     if benchmark == "cpu_decoding":
         for row in results["rows"]:
             if row.get("status") == "ok":
+                # CTranslate2's mode as cpu_options.py names it (threading, then a forced ISA): its own pick and
+                # its AVX-512 row are two rows; a row of a run before ctranslate2_isa was recorded is its own pick.
+                isa = row.get("ctranslate2_isa", "its own pick")
+                mode = row["threading"] + ("" if isa == "its own pick" else f" {isa}")
                 point = f"threads={row['threads']} beam={row['beam']} sentences={row['sentences']}"
-                rates[f"{row['system']} {row['threading']} {point} source={row['source_tokens']}"] = row["tokens_per_s"]
+                rates[f"{row['system']} {mode} {point} source={row['source_tokens']}"] = row["tokens_per_s"]
         environment = {key: results.get(key)
                        for key in ("cpu", "isa_caps", "torch", "python", "commit", "fastformer_path", "date")}
         return {"rates": rates, "environment": environment}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -303,9 +304,21 @@ class Ctranslate2Mode:
         """"intra", "inter", "intra AVX512", ...: how rows and processes name it (threading, a space, isa)."""
         return " ".join(part for part in (self.threading, self.isa) if part)
 
-    def environment(self) -> dict[str, str]:
-        """The variables a process running CTranslate2 in this mode needs set before it loads CTranslate2."""
-        return {"CT2_FORCE_CPU_ISA": self.isa} if self.isa else {}
+    def environment(self, parent: Mapping[str, str], cap: str | None = None) -> dict[str, str]:
+        """parent's variables as a process running CTranslate2 in this mode needs them before it loads CTranslate2:
+        CT2_FORCE_CPU_ISA set to its isa, or for its own pick to `cap` (a run's deliberate cap) or unset, so that one
+        exported in the shell does not run a row at an instruction set the row does not name."""
+        environment = {name: value for name, value in parent.items() if name != "CT2_FORCE_CPU_ISA"}
+        if self.isa or cap:
+            environment["CT2_FORCE_CPU_ISA"] = self.isa or cap
+        return environment
+
+    def settings(self, threads: int, sentences: int) -> dict[str, int]:
+        """CTranslate2's settings in this threading on `threads` threads for a batch of `sentences`: its Translator's
+        intra_threads and inter_threads, and translate_batch's max_batch_size (0: the batch in one piece)."""
+        inter = self.threading == "inter"
+        return {"intra_threads": 1 if inter else threads, "inter_threads": threads if inter else 1,
+                "max_batch_size": math.ceil(sentences / threads) if inter else 0}
 
 
 def ctranslate2_modes(threads: int, isa_capped: bool) -> list[Ctranslate2Mode]:

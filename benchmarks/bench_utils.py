@@ -83,6 +83,21 @@ def environment(device: torch.device) -> dict:
     }
 
 
+def command_line(argv: list[str]) -> str:
+    """A run's command as its JSON records it: OMP_NUM_THREADS first (it sets the threads of torch and of a worker's
+    CTranslate2), then python and argv."""
+    return " ".join([f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')}", "python", *argv])
+
+
+def ctranslate2_version() -> str | None:
+    """The installed CTranslate2's version, for the JSON of a run that times it; None where it is not installed."""
+    try:
+        import ctranslate2
+    except ImportError:
+        return None
+    return ctranslate2.__version__
+
+
 def git_commit() -> str | None:
     """$FASTFORMER_COMMIT where set (it names the tree that runs, as ab_throughput.py and a copy without git history
     set it), else HEAD's hash with "+dirty" when the tree has uncommitted changes (None outside a git checkout); then

@@ -68,7 +68,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -181,18 +180,18 @@ def ctranslate2_translator(model: Transformer, compute_type: str, threading: str
         lines += [vocabulary[source] + "\t" + " ".join(vocabulary[t] for t in candidates if t >= 0)
                   for source, candidates in enumerate(shortlist.candidates.tolist())]
         files["vmap.txt"] = "\n".join(lines) + "\n"
-    inter = threading == "inter"
+    settings = Ctranslate2Mode(threading).settings
+    threads = settings(point.threads, 1)
     engine = ctranslate2_engine(model, vocabulary, compute_type, files, device="cpu", compute_type=compute_type,
-                                inter_threads=point.threads if inter else 1,
-                                intra_threads=1 if inter else point.threads)
+                                inter_threads=threads["inter_threads"], intra_threads=threads["intra_threads"])
     index = {token: i for i, token in enumerate(vocabulary)}
 
     def translate(src: torch.Tensor, shortlisted: bool = False) -> list[list[int]]:
         pieces = [[vocabulary[i] for i in row[:-1]] for row in src.tolist()]
-        max_batch_size = math.ceil(len(pieces) / point.threads) if inter else 0
         results = engine.translate_batch(pieces, beam_size=point.beam, length_penalty=LENGTH_PENALTY,
                                          min_decoding_length=point.target_tokens,
-                                         max_decoding_length=point.target_tokens, max_batch_size=max_batch_size,
+                                         max_decoding_length=point.target_tokens,
+                                         max_batch_size=settings(point.threads, len(pieces))["max_batch_size"],
                                          use_vmap=shortlisted)
         return [[index[p] for p in result.hypotheses[0]] for result in results]
 
@@ -429,11 +428,13 @@ def time_in_rounds(args: argparse.Namespace, points: list[Point]) -> tuple[dict[
     run again."""
     timed: dict[Key, list] = {}
     failed: dict[str, str] = {}
+    cap = isa_caps(args.cap_isa).get("CT2_FORCE_CPU_ISA")
     for round_index in range(args.rounds):
         for system, mode, point in runs(args.systems, points, bool(args.cap_isa)):
             if system in failed:
                 continue
-            env = {**os.environ, "OMP_NUM_THREADS": str(point.threads), **(mode.environment() if mode else {})}
+            # --cap-isa's CT2_FORCE_CPU_ISA is deliberate; one exported in the shell would mislabel "its own pick".
+            env = {**(mode.environment(os.environ, cap) if mode else os.environ), "OMP_NUM_THREADS": str(point.threads)}
             threading = mode.threading if mode else "intra"
             done = subprocess.run(_worker_command(system, threading, point, args), capture_output=True, text=True,
                                   env=env)
@@ -560,7 +561,7 @@ def main() -> None:
                "max_tokens_per_s": round(tokens / min(samples), 1), "warmup_calls": warmup_calls,
                "checksum": checksum}
         if mode:
-            row["ctranslate2_isa"] = mode.isa or "its own pick"
+            row.update(ctranslate2_isa=mode.isa or "its own pick", **mode.settings(point.threads, n))
         if system.startswith("fastformer") and (not args.sweep or is_headline(point, n)):
             if model is None:
                 torch.manual_seed(args.seed)
@@ -583,25 +584,16 @@ def main() -> None:
     worst = worst_points(table)
     print("worst points:", json.dumps(worst), flush=True)
     if args.out:
-        payload = {"command": " ".join([f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')}", "python",
-                                        *sys.argv]),
+        payload = {"command": bu.command_line(sys.argv),
                    "cpu": cpu_description(), "isa_caps": caps, "fastformer_cpu_isa": extension().cpu_isa(),
                    "shape": args.shape, "vocab": args.vocab, "rounds": args.rounds,
                    "points": [asdict(point) for point in points], **bu.environment(torch.device("cpu")),
                    "copy_bandwidth_gb_s": {threads: copy_bandwidth_gb_s(threads)
                                            for threads in sorted({point.threads for point in points})},
-                   "ctranslate2": _ctranslate2_version(), "comparisons": table, "worst": worst,
+                   "ctranslate2": bu.ctranslate2_version(), "comparisons": table, "worst": worst,
                    "rows": rows}
         bu.write_json(args.out, payload)
         print(f"wrote {args.out}")
-
-
-def _ctranslate2_version() -> str | None:
-    try:
-        import ctranslate2
-    except ImportError:
-        return None
-    return ctranslate2.__version__
 
 
 if __name__ == "__main__":

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -103,11 +102,11 @@ def ctranslate2_run(system: str, model, src: torch.Tensor, compute_type: str, th
     from baselines import ctranslate2_engine, placeholder_vocabulary
 
     vocabulary = placeholder_vocabulary(model.config)
-    inter = threading == "inter"
-    engine = ctranslate2_engine(model, vocabulary, compute_type, device="cpu", compute_type=compute_type,
-                                inter_threads=threads if inter else 1, intra_threads=1 if inter else threads)
     pieces = [[vocabulary[i] for i in row[:-1]] for row in src.tolist()]
-    max_batch_size = math.ceil(len(pieces) / threads) if inter else 0
+    settings = Ctranslate2Mode(threading).settings(threads, len(pieces))
+    engine = ctranslate2_engine(model, vocabulary, compute_type, device="cpu", compute_type=compute_type,
+                                inter_threads=settings["inter_threads"], intra_threads=settings["intra_threads"])
+    max_batch_size = settings["max_batch_size"]
     target_tokens = TARGET_TOKENS
     if system == "ctranslate2-score":
         tgt = [[vocabulary[i] for i in row] for row in targets(model.config, len(pieces), target_tokens - 1, 0)]
@@ -162,6 +161,9 @@ def processes(args: argparse.Namespace) -> list[tuple[str, Ctranslate2Mode | Non
 
 
 def time_in_rounds(args: argparse.Namespace) -> tuple[dict[tuple[str, str], list[dict]], dict[str, str]]:
+    """-> ((system, mode) -> each round's worker output, system -> why it could not run). A system that fails in
+    any of its modes is not run again and none of its rows is kept: its other modes' rows alone would pass for
+    CTranslate2 at its best."""
     timed: dict[tuple[str, str], list[dict]] = {}
     failed: dict[str, str] = {}
     for round_index in range(args.rounds):
@@ -169,7 +171,7 @@ def time_in_rounds(args: argparse.Namespace) -> tuple[dict[tuple[str, str], list
             if system in failed:
                 continue
             threading, mode_name = (mode.threading, mode.name) if mode else ("intra", "intra")
-            env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), **(mode.environment() if mode else {})}
+            env = {**(mode.environment(os.environ) if mode else os.environ), "OMP_NUM_THREADS": str(args.threads)}
             command = [sys.executable, __file__, "--worker", system, "--threading", threading, "--threads",
                        str(args.threads), "--shape", args.shape, "--vocab", str(args.vocab), "--seed", str(args.seed),
                        "--compute-type", args.compute_type]
@@ -178,12 +180,13 @@ def time_in_rounds(args: argparse.Namespace) -> tuple[dict[tuple[str, str], list
                 command += ["--baseline-path", str(args.baseline_path)]
             done = subprocess.run(command, capture_output=True, text=True, env=env)
             if done.returncode != 0:
-                failed[system] = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-                print(f"{system} failed: {failed[system]}", flush=True)
+                why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+                failed[system] = f"{why} ({mode_name})" if mode else why
+                print(f"{system} failed: {failed[system]}; its rows and ratios are left out", flush=True)
                 continue
             timed.setdefault((system, mode_name), []).append(json.loads(done.stdout.splitlines()[-1]))
             print(f"round {round_index + 1}/{args.rounds}: {system} ({mode_name}) done", flush=True)
-    return timed, failed
+    return {key: samples for key, samples in timed.items() if key[0] not in failed}, failed
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -296,6 +299,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.systems = [system for system in SYSTEMS if system != "beam4-baseline" or args.baseline_path]
     if "beam4-baseline" in args.systems and not args.baseline_path:
         parser.error("beam4-baseline times the package in --baseline-path: name one")
+    if args.one_process and not args.worker:
+        skipped = [system for system in args.systems if system not in ONE_PROCESS_SYSTEMS]
+        if len(skipped) == len(args.systems):
+            parser.error(f"--one-process times none of --systems {' '.join(skipped)}: only "
+                         f"{', '.join(ONE_PROCESS_SYSTEMS)}")
+        if skipped:
+            print(f"--one-process skips {', '.join(skipped)} (it times only {', '.join(ONE_PROCESS_SYSTEMS)})",
+                  file=sys.stderr, flush=True)
     if args.out and not args.worker:
         bu.check_output(parser, "--out", args.out)
     return args
@@ -325,6 +336,8 @@ def main() -> None:
                                               round(tokens / min(s["seconds"] for s in samples), 1)],
                       "warmup_calls": [sample["warmup_calls"] for sample in samples],
                       "round_seconds": [round(sample["seconds"], 4) for sample in samples]}
+        if system.startswith("ctranslate2"):
+            rows[name].update(Ctranslate2Mode(mode.split()[0]).settings(args.threads, SENTENCES))
         print(f"{name:28s} {rows[name]['tokens_per_s']:>9} tok/s  {rows[name]['seconds']} s", flush=True)
     ratios = summary(rows)
     paired = paired_ratios(timed, args.rounds)
@@ -341,8 +354,8 @@ def write_payload(args: argparse.Namespace, results: dict) -> None:
     """args.out (when given) <- the run's command, CPU and point, and results."""
     if not args.out:
         return
-    payload = {"command": " ".join([f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')}", "python", *sys.argv]),
-               "cpu": cpu_description(), "shape": args.shape, "compute_type": args.compute_type,
+    payload = {"command": bu.command_line(sys.argv), "cpu": cpu_description(),
+               "ctranslate2": bu.ctranslate2_version(), "shape": args.shape, "compute_type": args.compute_type,
                "threads": args.threads, "sentences": SENTENCES, "source_tokens": SOURCE_TOKENS,
                "target_tokens": TARGET_TOKENS, "rounds": args.rounds, **bu.environment(torch.device("cpu")), **results}
     bu.write_json(args.out, payload)

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 import bench_utils as bu
+from baselines import Ctranslate2Mode
 from cpu_decoding import BYTES_PER_WEIGHT, Point, ctranslate2_translator, fastformer_translator, shape_config, \
     sources, steady_call, step_weight_bytes
 from cpu_info import cpu_description
@@ -71,6 +72,7 @@ def run_worker(point: Point, system: str, args: argparse.Namespace) -> list[dict
         tokens = n * point.target_tokens
         full_bytes = step_weight_bytes(config, args.compute_type)
         short_bytes = full_bytes - (config.vocab_size - kept_ids) * config.d_model * BYTES_PER_WEIGHT[args.compute_type]
+        settings = {} if system == "fastformer" else Ctranslate2Mode(system.split()[1]).settings(point.threads, n)
         for kept in (False, True):
             median = statistics.median(seconds[kept])
             rows.append({"system": system, "threads": point.threads, "sentences": n, "beam": point.beam,
@@ -80,7 +82,7 @@ def run_worker(point: Point, system: str, args: argparse.Namespace) -> list[dict
                          "spread_tokens_per_s": [round(tokens / max(seconds[kept]), 1),
                                                  round(tokens / min(seconds[kept]), 1)],
                          "warmup_calls": warmup[kept],
-                         "step_weight_bytes": short_bytes if kept else full_bytes})
+                         "step_weight_bytes": short_bytes if kept else full_bytes, **settings})
     return rows
 
 
@@ -128,7 +130,8 @@ def main() -> int:
     for entry in ratios:
         print(json.dumps(entry))
     if args.out:
-        payload = {"command": " ".join(["python", *sys.argv]), "cpu": cpu_description(),
+        payload = {"command": bu.command_line(sys.argv), "cpu": cpu_description(),
+                   "ctranslate2": bu.ctranslate2_version(),
                    "shape": args.shape, "compute_type": args.compute_type, "vocab": args.vocab, "rounds": args.rounds,
                    "per_source": PER_SOURCE, "always": ALWAYS, **bu.environment(torch.device("cpu")),
                    "rows": rows, "speedups": ratios}

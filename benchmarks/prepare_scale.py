@@ -6,7 +6,10 @@ one, then runs, each under `torchrun --nproc_per_node=R` with the tiny preset an
   first   2 ranks, a fresh prepared directory: preparation included, 1 update;
   second  2 ranks, a new out-dir on the same prepared directory, 1 update;
   resume  2 ranks, --resume of `first` to 2 updates;
-  ranks4  4 ranks, a new out-dir, 1 update: per-rank memory against the number of ranks.
+  ranks4  4 ranks, a new out-dir on the same prepared directory, 1 update: per-rank memory against the number of
+          ranks.
+Every invocation starts afresh (it deletes the prepared directory and the runs' out-dirs), so --runs must name first
+before second, resume or ranks4, which run on what first makes.
 Time to the first update is when rank 0's first log line (--log-every 1) appears, from the launch. Micro-batches are
 small (1024 tokens) so that the step's own memory (the 37k-vocabulary logits, on the CPU) stays small beside the
 corpus's. Memory is sampled every 0.2 s from /proc over the launcher's process
@@ -111,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data-dir", help="an existing corpus (default: write one of --pairs pairs)")
     parser.add_argument("--gz", action="store_true", help="write the corpus gzipped")
     parser.add_argument("--runs", type=run_names, default=list(RUNS),
-                        help=f"comma-separated, of {','.join(RUNS)} (default: all)")
+                        help=f"comma-separated, of {','.join(RUNS)} (default: all); every invocation starts "
+                        "afresh, so first must come before second, resume and ranks4, which run on what it makes")
     parser.add_argument("--out", type=Path, help="result JSON (default: benchmarks/results/<date>-cpu-<name>-<n>core/"
                         "prepare_scale.json, or -b, -c, ... after that folder where it exists)")
     return parser
@@ -120,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.runs[0] != "first":
+        parser.error(f"--runs {','.join(args.runs)} needs first before the others: every invocation starts afresh, "
+                     "and second, resume and ranks4 run on the prepared directory (resume: the run) first makes")
     out = args.out or bu.first_free(REPO / "benchmarks" / "results" / f"{datetime.date.today().isoformat()}-"
                                     f"{cpu_slug()}") / "prepare_scale.json"
     bu.check_output(parser, "--out", out)

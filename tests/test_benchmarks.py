@@ -6,7 +6,9 @@ import math
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -180,7 +182,10 @@ def run_script(script: str, out_dir: Path, *args: str) -> dict:
     rows = results.get("rows", []) + results.get("training", []) + results.get("inference", [])
     errors = [row for row in rows if row["status"] == "error"]
     assert all(any(piece in row["error"] for piece in MISSING_PIECE) for row in errors), errors
-    assert completed.returncode == (1 if errors else 0), completed.stdout + completed.stderr
+    # throughput.py fails a run that measured nothing (a GPU check's step would otherwise read "ok").
+    nothing = script == "throughput.py" and not any(row["status"] == "ok" for row in rows)
+    assert completed.returncode == (1 if errors or nothing else 0), completed.stdout + completed.stderr
+    assert ("nothing was measured" in completed.stderr) == nothing
     assert results["environment"]["torch"] == torch.__version__
     return results
 
@@ -276,6 +281,8 @@ def test_cpu_decoding_smoke_run(tmp_path):
                    for row in rows), key=str) == sorted(expected, key=str)
     for row in rows:
         assert row["tokens_per_s"] > 0 and len(row["checksum"]) == 8 and 2 <= row["warmup_calls"][0] <= 8
+        if row["system"].startswith("ctranslate2"):
+            assert row | baselines.Ctranslate2Mode(row["threading"]).settings(row["threads"], row["sentences"]) == row
         assert (row["beam"], row["source_tokens"], row["target_tokens"]) == (2, 6, 10)
         tokens, seconds = row["sentences"] * 10, row["seconds"]  # the JSON rounds seconds to 4 decimals, rates to 1
         assert tokens / (seconds + 5e-5) - 0.05 <= row["tokens_per_s"] <= tokens / (seconds - 5e-5) + 0.05
@@ -391,6 +398,19 @@ def test_captured_system_off_cuda_is_a_skipped_row_with_its_reason(tmp_path):
     assert "not runnable on cpu" in row["error"] and "CUDA" in row["error"]
 
 
+def test_a_peer_not_installed_is_a_skipped_row_not_a_failed_run(tmp_path, monkeypatch):
+    """The GPU machine has no CTranslate2: its rows said "error" and failed every check that reached inference.
+    A missing peer package is a skipped row; another missing module is still an error."""
+    results = {"training": [], "inference": []}
+    record = throughput.Recorder(results, types.SimpleNamespace(time_budget_s=None), lambda: None)
+    for name in ("ctranslate2", "fastformer._C"):
+        def missing(name=name):
+            raise ModuleNotFoundError(f"No module named '{name}'", name=name)
+        record("inference", {"preset": "tiny", "system": name, "runs": 1}, missing)
+    assert [(row["status"], row["error"]) for row in results["inference"]] == [
+        ("skipped", "not installed: ctranslate2"), ("error", "ModuleNotFoundError: No module named 'fastformer._C'")]
+
+
 def test_captured_system_needs_bucketed_batches(capsys):
     from throughput import parse_args
 
@@ -493,6 +513,91 @@ def test_cpu_options_one_process_takes_each_ratio_within_a_round(tmp_path):
     assert results["ratios"]["sampling / greedy (speed)"]["median"] == pytest.approx(speed[1], abs=2e-3)
 
 
+def _fake_cpu_options_worker(monkeypatch, modes: list) -> list[dict]:
+    """cpu_options.py's workers replaced by one that fails in a mode forcing AVX-512 and otherwise prints a timing
+    (fastformer's 1 s, CTranslate2's 0.5 s), CTranslate2 run in `modes` -> each worker's environment, as started."""
+    started = []
+
+    def run(command: list[str], env: dict[str, str], **_) -> subprocess.CompletedProcess:
+        started.append(env)
+        if env.get("CT2_FORCE_CPU_ISA") == "AVX512":
+            return subprocess.CompletedProcess(command, 1, "", "no AVX-512 here\n")
+        seconds = 0.5 if command[command.index("--worker") + 1].startswith("ctranslate2") else 1.0
+        return subprocess.CompletedProcess(command, 0, json.dumps({"seconds": seconds, "tokens": 10,
+                                                                    "warmup_calls": 2}), "")
+
+    monkeypatch.setattr(cpu_options, "subprocess", SimpleNamespace(run=run))  # not git's, which bench_utils runs
+    monkeypatch.setattr(cpu_options, "ctranslate2_modes", lambda threads, isa_capped: modes)
+    return started
+
+
+def test_cpu_options_leaves_out_a_system_that_failed_in_one_mode(tmp_path, monkeypatch, capsys):
+    """A CTranslate2 mode that fails drops the system's other modes' rows too (their ratios would not be against
+    CTranslate2 at its best), saying so; "its own pick" runs without a CT2_FORCE_CPU_ISA exported in the shell; the
+    JSON records CTranslate2's version, OMP_NUM_THREADS in the command and each CTranslate2 row's settings."""
+    started = _fake_cpu_options_worker(monkeypatch, [baselines.Ctranslate2Mode("intra"),
+                                                     baselines.Ctranslate2Mode("intra", "AVX512")])
+    monkeypatch.setenv("CT2_FORCE_CPU_ISA", "AVX2")
+    out = tmp_path / "options.json"
+    arguments = ["--shape", "a", "--vocab", "64", "--rounds", "1", "--out", str(out), "--systems", "sampling",
+                 "ctranslate2-sampling"]
+    monkeypatch.setattr(sys, "argv", ["cpu_options.py", "--threads", "1", *arguments])
+    cpu_options.main()
+    # fastformer's worker loads no CTranslate2: its environment is the shell's.
+    assert [env.get("CT2_FORCE_CPU_ISA") for env in started] == ["AVX2", None, "AVX512"]
+    assert "ctranslate2-sampling failed: no AVX-512 here (intra AVX512); its rows and ratios are left out" in (
+        capsys.readouterr().out)
+    results = json.loads(out.read_text())
+    assert list(results["rows"]) == ["sampling"] and results["ratios"] == {} and results["paired"] == {}
+    assert results["failed"] == {"ctranslate2-sampling": "no AVX-512 here (intra AVX512)"}
+    assert results["ctranslate2"] == bench_utils.ctranslate2_version()
+    assert results["command"].startswith(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} python ")
+
+    _fake_cpu_options_worker(monkeypatch, [baselines.Ctranslate2Mode("inter")])
+    monkeypatch.setattr(sys, "argv", ["cpu_options.py", "--threads", "2", *arguments])
+    cpu_options.main()
+    results = json.loads(out.read_text())
+    assert results["rows"]["ctranslate2-sampling"] | {"intra_threads": 1, "inter_threads": 2, "max_batch_size": 32} == (
+        results["rows"]["ctranslate2-sampling"])
+    assert results["ratios"]["sampling / CTranslate2 sampling at its best"] == 0.5
+
+
+def test_cpu_options_one_process_names_the_systems_it_skips(capsys):
+    """--one-process with none of the systems it times is a one-line error; with some, the rest are named."""
+    with pytest.raises(SystemExit):
+        cpu_options.parse_args(["--one-process", "--systems", "score", "ctranslate2-score"])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "error: --one-process times none of --systems score ctranslate2-score: only beam4, " in error, error
+    assert cpu_options.parse_args(["--one-process", "--systems", "beam4", "score"]).systems == ["beam4", "score"]
+    assert "--one-process skips score (it times only beam4, " in capsys.readouterr().err
+
+
+def test_cpu_decoding_keeps_an_exported_isa_out_of_ctranslate2s_own_pick(monkeypatch):
+    """CTranslate2's "its own pick" worker runs without a CT2_FORCE_CPU_ISA exported in the shell (its rows would
+    be another ISA's), unless --cap-isa set it; a forced mode sets its own."""
+    own, forced = baselines.Ctranslate2Mode("intra"), baselines.Ctranslate2Mode("intra", "AVX512")
+    parent = {"CT2_FORCE_CPU_ISA": "AVX2", "PATH": "/bin"}
+    assert own.environment(parent) == {"PATH": "/bin"}
+    assert own.environment(parent, cap="AVX2") == parent
+    assert forced.environment(parent) == {"CT2_FORCE_CPU_ISA": "AVX512", "PATH": "/bin"}
+    started = []
+
+    def run(command: list[str], env: dict[str, str], **_) -> subprocess.CompletedProcess:
+        started.append(env.get("CT2_FORCE_CPU_ISA"))
+        return subprocess.CompletedProcess(command, 0, json.dumps({"1": [0.1, "00000000", 2]}), "")
+
+    monkeypatch.setattr(cpu_decoding, "subprocess", SimpleNamespace(run=run))
+    monkeypatch.setattr(cpu_decoding, "ctranslate2_modes", lambda threads, capped: [own] if capped else [own, forced])
+    monkeypatch.setenv("CT2_FORCE_CPU_ISA", "AVX2")
+    point = cpu_decoding.Point(1, 4, 20, (1,))
+    for cap, isas in ((None, [None, "AVX512"]), ("avx2", ["AVX2"])):
+        started.clear()
+        args = cpu_decoding.build_parser().parse_args(["--systems", "ctranslate2-int8", "--rounds", "1"]
+                                                      + (["--cap-isa", cap] if cap else []))
+        timed, failed = cpu_decoding.time_in_rounds(args, [point])
+        assert started == isas and not failed and len(timed) == len(isas)
+
+
 def test_cpu_shortlist_smoke_run(tmp_path):
     """The shortlist benchmark times every point with and without the shortlist, in that order, in fastformer and
     (where installed) CTranslate2 in each threading mode, and counts the ids a batch keeps and the weights a step
@@ -510,6 +615,11 @@ def test_cpu_shortlist_smoke_run(tmp_path):
         assert speedup["speedup"] == pytest.approx(short["tokens_per_s"] / full["tokens_per_s"], rel=1e-2)
         for row in (full, short):
             assert row["tokens_per_s"] == pytest.approx(row["sentences"] * 31 / row["seconds"], rel=1e-2)
+            if row["system"] != "fastformer":
+                assert row | baselines.Ctranslate2Mode(row["system"].split()[1]).settings(
+                    row["threads"], row["sentences"]) == row and "max_batch_size" in row
+    assert results["ctranslate2"] == bench_utils.ctranslate2_version()
+    assert results["command"].startswith(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} python ")
 
 
 def _sources(root: Path, files: dict[str, str]) -> Path:
@@ -583,6 +693,28 @@ def test_ab_runs_record_their_own_trees_commit_and_a_failed_run_names_its_log(tm
     message = str(failed.value)
     assert "abc1234" in message and "unrecognized arguments: --bogus" in message
     assert str(tmp_path / "ok" / "throughput.log") in message and "\n" not in message
+
+
+FAKE_CPU_DECODING = '''import argparse, json
+from pathlib import Path
+parser = argparse.ArgumentParser()
+parser.add_argument("--out", type=Path)
+point = {"status": "ok", "threads": 1, "beam": 4, "sentences": 64, "source_tokens": 20}
+rows = [{"system": "ctranslate2-int8", "threading": "intra", "ctranslate2_isa": "its own pick", "tokens_per_s": 100.0},
+        {"system": "ctranslate2-int8", "threading": "intra", "ctranslate2_isa": "AVX512", "tokens_per_s": 120.0},
+        {"system": "fastformer-int8", "threading": "intra", "tokens_per_s": 90.0}]
+parser.parse_args().out.write_text(json.dumps({"rows": [{**point, **row} for row in rows]}))
+'''
+
+
+def test_ab_keys_ctranslate2s_rows_by_their_isa_too(tmp_path):
+    """cpu_decoding.py's rows of CTranslate2 at its own pick and forced to AVX-512 are two rates, not one the other
+    overwrites."""
+    tree = _sources(tmp_path / "tree", {"benchmarks/cpu_decoding.py": FAKE_CPU_DECODING})
+    rates = ab_throughput.run_benchmark("cpu_decoding", tree, "abc1234", [], tmp_path / "out")["rates"]
+    point = "threads=1 beam=4 sentences=64 source=20"
+    assert rates == {f"ctranslate2-int8 intra {point}": 100.0, f"ctranslate2-int8 intra AVX512 {point}": 120.0,
+                     f"fastformer-int8 intra {point}": 90.0}
 
 
 @pytest.mark.parametrize("arguments, error", [
@@ -743,3 +875,15 @@ def test_prepare_scale_fails_naming_a_failed_run(tmp_path, monkeypatch):
     taken.mkdir(parents=True)
     prepare_scale.main(["--work-dir", str(tmp_path / "work"), "--data-dir", str(corpus), "--runs", "first"])
     assert not any(taken.iterdir()) and (taken.with_name(taken.name + "-b") / "prepare_scale.json").is_file()
+
+
+@pytest.mark.parametrize("runs", ["second", "resume", "ranks4", "second,first"])
+def test_prepare_scale_refuses_runs_without_the_first_they_run_on(tmp_path, monkeypatch, capsys, runs):
+    """Every invocation deletes the prepared directory and the runs: second, resume or ranks4 without first before
+    them would time a fresh preparation or resume nothing, so they are refused, in one line, before anything runs."""
+    monkeypatch.setattr(prepare_scale, "measured_run", lambda command, log: pytest.fail("a run started"))
+    with pytest.raises(SystemExit):
+        prepare_scale.main(["--work-dir", str(tmp_path / "work"), "--runs", runs, "--out", str(tmp_path / "o.json")])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"error: --runs {runs} needs first before the others" in error, error
+    assert not (tmp_path / "work").exists()

@@ -1,5 +1,6 @@
 """benchmarks/gpu_status.py: the GPU status rows of docs/gpu.md from a GPU check's junit XML and summary."""
 
+import subprocess
 import sys
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
@@ -56,3 +57,34 @@ def test_a_run_without_a_gpu_fills_no_row(tmp_path):
     (tmp_path / "environment.txt").write_text("device: no CUDA device visible\n")
     (tmp_path / "summary.txt").write_text("memcheck               ok          40 s\n")
     assert all(row.endswith("| not run | (unchanged) |") for row in gpu_status.status_rows(tmp_path, "abc1234"))
+
+
+def test_a_cut_junit_file_and_other_runs_files_are_not_counted_and_memcheck_stands_alone(tmp_path, capsys):
+    """A test step cut by its timeout leaves its XML unfinished: said, the other file's tests still counted; only the
+    check's own files are read (a reused OUT_DIR holds others); memcheck's row needs no test file; the search
+    options' tests have their row."""
+    (tmp_path / "pytest-gpu-marked.xml").write_text("<testsuites><testsuite><testcase classname='tests.test_sc")
+    write_junit(tmp_path / "pytest-gpu-files.xml", [
+        ("tests.test_scoring", "test_cuda_score_equals_the_reference[marian]", "passed"),
+        ("tests.test_search_options", "test_cuda_options_match_the_reference_search[all-buckets]", "passed"),
+        ("tests.test_search_options", "test_cpu_sampling_counts", "failed"),
+    ])
+    write_junit(tmp_path / "old-run.xml", [("tests.test_layernorm_kernel", "test_kernel[float32]", "failed")])
+    (tmp_path / "environment.txt").write_text("device: NVIDIA H200, 139 GiB, sm_90, 132 SMs\n")
+    (tmp_path / "summary.txt").write_text("memcheck               unsupported    9 s\n")
+    rows = {row.split(" | ")[0][2:]: row for row in gpu_status.status_rows(tmp_path, "abc1234")}
+    assert "pytest-gpu-marked.xml is not readable junit XML" in capsys.readouterr().err
+    options = rows["scoring, sampling, target prefixes, n-gram blocking, repetition penalty, alignments"]
+    assert options.endswith("| 2 passed, 0 failed, 0 skipped | abc1234 |")
+    assert rows["residual LayerNorm fwd+bwd (backward on one wave of resident programs)"].endswith(
+        "| not run | (unchanged) |")
+    assert rows[gpu_status.MEMCHECK].endswith("| unsupported | (unchanged) |")
+
+
+def test_the_check_refuses_a_step_it_does_not_have(tmp_path):
+    """A misspelt --only step ran nothing and said "all steps passed": a lent GPU's minutes spent on nothing."""
+    done = subprocess.run(["bash", str(Path(__file__).parent.parent / "benchmarks" / "gpu_check.sh"),
+                           str(tmp_path / "out"), "--only", "install,kernel"], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.startswith("unknown step 'kernel' in --only; the steps: ")
+    assert not (tmp_path / "out" / "summary.txt").exists()
