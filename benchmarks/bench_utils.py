@@ -77,6 +77,9 @@ def environment(device: torch.device) -> dict:
         "cuda": torch.version.cuda,
         "triton": triton_version,
         "python": platform.python_version(),
+        # The threads torch runs on, which set CTranslate2's where a script gives it torch's count.
+        "torch_threads": torch.get_num_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "commit": git_commit(),
         "fastformer_path": str(imported_packages()["fastformer"]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -114,8 +114,11 @@ def main() -> int:
             command = [sys.executable, __file__, "--worker", str(point.threads), system, "--shape", args.shape,
                        "--compute-type", args.compute_type, "--vocab", str(args.vocab), "--rounds",
                        str(args.rounds), "--seed", str(args.seed)]
+            # CTranslate2 at its own pick of ISA: one exported in the shell would run it at another.
+            parent = (os.environ if system == "fastformer"
+                      else Ctranslate2Mode(system.split()[1]).environment(os.environ))
             done = subprocess.run(command, capture_output=True, text=True,
-                                  env={**os.environ, "OMP_NUM_THREADS": str(point.threads)})
+                                  env={**parent, "OMP_NUM_THREADS": str(point.threads)})
             if done.returncode != 0:
                 sys.exit(f"the {system} worker on {point.threads} threads failed: "
                          f"{done.stderr.strip().splitlines()[-1:]}")

@@ -187,6 +187,7 @@ def run_script(script: str, out_dir: Path, *args: str) -> dict:
     assert completed.returncode == (1 if errors or nothing else 0), completed.stdout + completed.stderr
     assert ("nothing was measured" in completed.stderr) == nothing
     assert results["environment"]["torch"] == torch.__version__
+    assert results["environment"]["omp_num_threads"] == os.environ.get("OMP_NUM_THREADS")
     return results
 
 
