@@ -109,13 +109,16 @@ def preparation_key(files: dict[str, SplitFiles], settings: PrepareSettings) -> 
     return {"format": FORMAT_VERSION, "inputs": inputs, "settings": settings.to_json()}
 
 
+def _same_format_and_settings(old: dict, new: dict) -> bool:
+    return old.get("format") == new["format"] and old.get("settings") == new["settings"]
+
+
 def _train_unchanged(old: dict, new: dict) -> bool:
     """Whether a preparation keyed `old` has the training split and tokenizer of one keyed `new`: the same format,
     settings and training inputs (what else differs is validation or test files)."""
     def training(key: dict) -> dict:
         return {name: entry for name, entry in key.get("inputs", {}).items() if name.startswith("train.")}
-    return (old.get("format") == new["format"] and old.get("settings") == new["settings"]
-            and training(old) == training(new))
+    return _same_format_and_settings(old, new) and training(old) == training(new)
 
 
 def stale_reasons(old: dict, new: dict) -> list[str]:
@@ -287,12 +290,20 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _input_digests(key: dict, kept: PreparedCorpus | None) -> dict[str, str]:
+    """Each input's SHA-256; a kept training split's from its manifest (its files unchanged, and hashing them reads
+    the largest inputs again)."""
+    known = {} if kept is None else kept.manifest.get("input_sha256", {})
+    return {name: known[name] if name.startswith("train.") and name in known else _file_sha256(Path(entry["path"]))
+            for name, entry in key["inputs"].items()}
+
+
 def _only_touched(manifest: dict, key: dict) -> bool:
     """Whether every input that differs from the preparation's key is the same path and size with the same content,
     only modified since (copied without its times, a reinstall, a `touch`), and the settings are the same: the
     preparation is still the inputs', and minutes of it at WMT size need not be made again."""
     old, digests = manifest["key"], manifest.get("input_sha256", {})
-    if old.get("format") != key["format"] or old.get("settings") != key["settings"]:
+    if not _same_format_and_settings(old, key):
         return False
     for name, now in key["inputs"].items():
         then = old.get("inputs", {}).get(name)
@@ -363,7 +374,7 @@ def prepare(files: dict[str, SplitFiles], settings: PrepareSettings, path: Path,
         manifest = {"key": key, "tokenizer_files": {name: hashlib.sha256(data).hexdigest()
                                                     for name, data in tokenizers.files.items()},
                     "vocab_size": tokenizers.vocab_size, "splits": splits, "files": written,
-                    "input_sha256": {name: _file_sha256(Path(entry["path"])) for name, entry in key["inputs"].items()}}
+                    "input_sha256": _input_digests(key, kept)}
         # Written last: its presence marks the directory complete.
         with open(temp / MANIFEST, "w", encoding="utf-8") as file:
             json.dump(manifest, file, indent=1)
