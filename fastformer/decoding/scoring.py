@@ -47,9 +47,9 @@ def score(model, src_tokens: torch.Tensor, target_tokens: list[list[int]] | torc
 
 def check_targets(config, n_sources: int, target_tokens: list[list[int]] | torch.Tensor) -> list[list[int]]:
     """-> the targets as lists of int, or an error naming the first bad one: a count other than n_sources, an empty
-    target, an id that is not an integer in the vocabulary (rules.token_ids; bos and eos score as any token does),
-    or a target longer than max_positions - 1 (its decoder input starts with BOS). A tensor is [batch, tgt_len]
-    right-padded, as src_tokens is: its rows' trailing pad ids are padding, not tokens to score."""
+    target, an id that is not an integer in the vocabulary (rules.token_ids; in a list, pad, bos and eos score as any
+    token does), or a target longer than max_positions - 1 (its decoder input starts with BOS). A tensor is
+    [batch, tgt_len] right-padded, as src_tokens is: its rows' trailing pad ids are padding, not tokens to score."""
     if isinstance(target_tokens, torch.Tensor):
         if target_tokens.dim() != 2:
             raise ValueError(f"target_tokens as a tensor must be [batch, tgt_len] right-padded, got shape "
