@@ -62,6 +62,13 @@ FAILED=()
 
 remaining() { echo $(( TOTAL_S - ($(date +%s) - START) )); }
 
+# skip_step NAME REASON : records NAME as skipped (a failure of the run: what it would check went unchecked).
+skip_step() {
+    echo "skipped: $2" | tee "$OUT_DIR/$1.log"
+    FAILED+=("$1")
+    printf '%-22s %-8s %5s s\n' "$1" "skipped" 0 >> "$OUT_DIR/summary.txt"
+}
+
 # run_step NAME LIMIT_S SHOW command... : runs the command under `timeout` (at most LIMIT_S and what is left of
 # TOTAL_S), its output in OUT_DIR/NAME.log; SHOW=all echoes the output live, SHOW=tail prints the last lines after.
 run_step() {
@@ -76,9 +83,7 @@ run_step() {
     echo
     echo "=== $name (limit ${limit} s)"
     if (( limit < 20 )); then
-        echo "skipped: the run's time budget is spent" | tee "$OUT_DIR/$name.log"
-        FAILED+=("$name")
-        printf '%-22s %-8s %5s s\n' "$name" "skipped" 0 >> "$OUT_DIR/summary.txt"
+        skip_step "$name" "the run's time budget is spent"
         return
     fi
     local begin rc
@@ -208,9 +213,9 @@ run_step kernels 240 all python3 benchmarks/kernels.py --out-dir "$OUT_DIR" ${QU
 BUDGET=$(( $(remaining) - 45 ))
 if (( BUDGET < 60 )) && [[ -z "$ONLY" || "$ONLY" == *",throughput,"* ]]; then
     # Too little left to time anything: say so, rather than an "ok" step that measured nothing.
-    echo "=== throughput skipped: ${BUDGET} s of the run's budget left" | tee "$OUT_DIR/throughput.log"
-    FAILED+=("throughput")
-    printf '%-22s %-8s %5s s\n' "throughput" "skipped" 0 >> "$OUT_DIR/summary.txt"
+    echo
+    echo "=== throughput"
+    skip_step throughput "${BUDGET} s of the run's budget left to time in"
 else
     run_step throughput 600 all python3 benchmarks/throughput.py --out-dir "$OUT_DIR" --time-budget-s "$BUDGET" \
         ${QUICK_FLAG[@]+"${QUICK_FLAG[@]}"}
