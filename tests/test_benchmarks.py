@@ -6,7 +6,6 @@ import math
 import os
 import subprocess
 import sys
-import types
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -403,7 +402,7 @@ def test_a_peer_not_installed_is_a_skipped_row_not_a_failed_run(tmp_path, monkey
     """The GPU machine has no CTranslate2: its rows said "error" and failed every check that reached inference.
     A missing peer package is a skipped row; another missing module is still an error."""
     results = {"training": [], "inference": []}
-    record = throughput.Recorder(results, types.SimpleNamespace(time_budget_s=None), lambda: None)
+    record = throughput.Recorder(results, SimpleNamespace(time_budget_s=None), lambda: None)
     for name in ("ctranslate2", "fastformer._C"):
         def missing(name=name):
             raise ModuleNotFoundError(f"No module named '{name}'", name=name)
