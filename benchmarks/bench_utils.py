@@ -80,6 +80,9 @@ def environment(device: torch.device) -> dict:
         # The threads torch runs on, which set CTranslate2's where a script gives it torch's count.
         "torch_threads": torch.get_num_threads(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        # fastformer's switches of its CPU code (FASTFORMER_CPU_ISA, _VNNI, _AMX) where the run set them.
+        "fastformer_cpu_switches": {name: value for name, value in sorted(os.environ.items())
+                                    if name.startswith("FASTFORMER_CPU_")},
         "commit": git_commit(),
         "fastformer_path": str(imported_packages()["fastformer"]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

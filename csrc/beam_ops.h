@@ -260,6 +260,10 @@ const CpuLoops& cpu_loops();
 // throws std::invalid_argument naming it).
 bool cpu_has_vnni();
 
+// Whether the environment's switch `variable` is on: unset, empty or 1; 0 turns it off (`off` says what that does,
+// for the error); another value throws std::invalid_argument naming it.
+bool cpu_switch_on(const char* variable, const char* off);
+
 // fp32 CPU implementations, in cpu_loops().
 void self_attention_step_cpu(const SelfAttentionArgs& args);
 void cross_attention_cpu(const CrossAttentionArgs& args);

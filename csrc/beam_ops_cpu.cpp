@@ -106,16 +106,18 @@ const CpuLoops& cpu_loops() {
   return loops;
 }
 
+bool cpu_switch_on(const char* variable, const char* off) {
+  const char* value = std::getenv(variable);
+  if (!value || !*value || std::string(value) == "1") return true;
+  if (std::string(value) == "0") return false;
+  throw std::invalid_argument(std::string(variable) + "=" + value + " is neither 0 (" + off + ") nor 1");
+}
+
 namespace {
 
-// Whether FASTFORMER_CPU_VNNI leaves VNNI on: unset, empty or 1; 0 turns it off; another value throws.
+// Whether FASTFORMER_CPU_VNNI leaves VNNI on.
 bool vnni_allowed() {
-  static const bool allowed = [] {  // a bad value throws again at the next call
-    const char* value = std::getenv("FASTFORMER_CPU_VNNI");
-    if (!value || !*value || std::string(value) == "1") return true;
-    if (std::string(value) == "0") return false;
-    throw std::invalid_argument("FASTFORMER_CPU_VNNI=" + std::string(value) + " is neither 0 (VNNI off) nor 1");
-  }();
+  static const bool allowed = cpu_switch_on("FASTFORMER_CPU_VNNI", "VNNI off");  // a bad value throws at each call
   return allowed;
 }
 

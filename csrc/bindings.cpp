@@ -106,8 +106,11 @@ void bind_compiled(pybind11::module_& m) {
   m.def("output_projection_takes_fbgemm", &output_projection_takes_fbgemm,
         "whether the decoder's int8 output projection may take FBGEMM's GEMM (decoder.h)");
   m.def("int8_gemm_runs", &int8_gemm_runs,
-        "whether int8 linear layers run one of fastformer's own GEMMs here: AVX512-VNNI's, or AVX2's on CPUs "
-        "without VNNI; FASTFORMER_CPU_ISA caps them (int8_gemm.h)");
+        "whether int8 linear layers run one of fastformer's own GEMMs here: AMX's, AVX512-VNNI's, AVX-VNNI's, or "
+        "AVX2's on CPUs without VNNI; FASTFORMER_CPU_ISA caps them (int8_gemm.h)");
+  m.def("cpu_has_amx", &cpu_has_amx,
+        "whether int8 linear layers in the AVX-512 loops run the AMX GEMM here: the CPU has AMX-INT8, Linux grants "
+        "the tile registers, and FASTFORMER_CPU_AMX is not 0 (int8_gemm.h)");
   m.def("int8_activation_max", &int8_activation_max,
         "the int8 activations' steps a side: 127 on CPUs with VNNI, else 63 (linear.h)");
   m.def("logits_rows_per_block", &logits_rows_per_block, py::arg("vocab"),

@@ -14,6 +14,10 @@
 //   with the 64-byte vector, summing into 16 int32 lanes.
 // - AVX-VNNI (VNNI on 256-bit vectors: CPUs with AVX2 and AVX-VNNI but no AVX512-VNNI, or AVX-512 ones under
 //   FASTFORMER_CPU_ISA=avx2): AVX512-VNNI's 8-bit rows and weights, vpdpbusd on half a vector (8 int32 lanes).
+// - AMX (Intel's tile registers, Sapphire Rapids on): AVX512-VNNI's rows, weights and outputs, the products summed by
+//   tdpbusd, 16 rows by 16 outputs by 64 inputs an instruction, from the same panels (a panel's 16 consecutive groups
+//   are one tile of weights, its rows 4 * tile_panels * 16 bytes apart). Its sums are exact int32 as vpdpbusd's, so
+//   its outputs are AVX512-VNNI's, bit for bit.
 // - AVX2: 7-bit rows (x_q in [-63, 63], zero point 64: bytes in [1, 127]), the rows linear.h's int8_activation_max()
 //   gives CPUs without VNNI, and 7-bit weights (W_q in [-64, 64]). vpmaddubsw multiplies each 32-byte half of the
 //   vector with the row's bytes into pairs summed in saturating int16; two groups' pairs are added in int16, which
@@ -45,18 +49,31 @@ struct Int8Gemm {
   // of NaN, inf or zeros) -> x_q [input_groups * 4] uint8: round(row * inverse) + zero_point, and zero_point in the
   // padding and wherever inverse is 0 (that row's scale, NaN or 1, then gives NaN outputs or the bias).
   void (*quantize_row)(const float* row, int64_t in, float inverse, uint8_t* x_q);
+  // A call of fewer than min_rows rows runs fewer_rows's tiles (the same packing and rows) instead; null: none.
+  const Int8Gemm* fewer_rows = nullptr;
+  int64_t min_rows = 0;
+  // Called by a thread before and after it runs the GEMM's tiles in a call, where not null (AMX's configuration of
+  // its tile registers, and their release).
+  void (*begin)() = nullptr;
+  void (*end)() = nullptr;
 };
 
-// The int8 GEMMs this build has and this CPU runs, widest first, whatever FASTFORMER_CPU_ISA says (the tests run
-// each): on an x86-64 build by GCC, AVX512-VNNI's where the CPU has it (and AVX512-BW), AVX-VNNI's where it has
-// that, and AVX2's.
+// The int8 GEMMs this build has and this CPU runs, widest first, whatever FASTFORMER_CPU_ISA and FASTFORMER_CPU_AMX
+// say (the tests run each): on an x86-64 build by GCC, AMX's where the CPU has AMX-INT8 and Linux grants the
+// process its tile registers, AVX512-VNNI's where the CPU has it (and AVX512-BW), AVX-VNNI's where it has that, and
+// AVX2's.
 std::vector<const Int8Gemm*> int8_gemms();
 
-// The one int8 layers take, or null: AVX512-VNNI's where the CPU loops are AVX-512's (beam_ops.h's cpu_loops(),
-// which FASTFORMER_CPU_ISA caps) and VNNI counts (beam_ops.h's cpu_has_vnni); else, where the loops are not the
+// The one int8 layers take, or null: AMX's where the CPU loops are AVX-512's (beam_ops.h's cpu_loops(), which
+// FASTFORMER_CPU_ISA caps), VNNI counts (beam_ops.h's cpu_has_vnni) and AMX runs here (cpu_has_amx); else
+// AVX512-VNNI's there; else, where the loops are not the
 // baseline's, AVX-VNNI's where VNNI counts (8-bit rows) and AVX2's where it does not (int8_activation_max() is then
 // 63: 7-bit rows).
 const Int8Gemm* int8_gemm_here();
+
+// Whether the AMX int8 GEMM runs here: the build and the CPU have it, Linux grants the tile registers, and
+// FASTFORMER_CPU_AMX leaves it on (unset, empty or 1; 0 turns it off, for AVX512-VNNI's GEMM; another value throws).
+bool cpu_has_amx();
 
 // Whether int8 layers run one of fastformer's own GEMMs here.
 inline bool int8_gemm_runs() { return int8_gemm_here() != nullptr; }

@@ -18,21 +18,29 @@
 namespace fastformer {
 
 // Defined in int8_gemm_vnni.cpp and int8_gemm_avx2.cpp: null where the build or the CPU lacks the instruction set.
+const Int8Gemm* amx_int8_gemm();
 const Int8Gemm* vnni_int8_gemm();
 const Int8Gemm* avx_vnni_int8_gemm();
 const Int8Gemm* avx2_int8_gemm();
 
 std::vector<const Int8Gemm*> int8_gemms() {
   std::vector<const Int8Gemm*> gemms;
-  for (const Int8Gemm* gemm : {vnni_int8_gemm(), avx_vnni_int8_gemm(), avx2_int8_gemm()}) {
+  for (const Int8Gemm* gemm : {amx_int8_gemm(), vnni_int8_gemm(), avx_vnni_int8_gemm(), avx2_int8_gemm()}) {
     if (gemm) gemms.push_back(gemm);
   }
   return gemms;
 }
 
+bool cpu_has_amx() {
+  static const bool allowed = cpu_switch_on("FASTFORMER_CPU_AMX", "AMX off");  // a bad value throws at each call
+  return allowed && amx_int8_gemm() != nullptr;
+}
+
 const Int8Gemm* int8_gemm_here() {
   static const Int8Gemm* const chosen = [] () -> const Int8Gemm* {
     const std::string isa = cpu_loops().isa;
+    const bool amx = cpu_has_amx();  // first: a bad FASTFORMER_CPU_AMX is an error wherever int8 layers are made
+    if (isa == "avx512" && cpu_has_vnni() && amx) return amx_int8_gemm();
     if (isa == "avx512" && cpu_has_vnni() && vnni_int8_gemm()) return vnni_int8_gemm();
     if (isa == "baseline") return nullptr;
     // With VNNI of any width the rows are 8-bit (linear.h's int8_activation_max), which vpmaddubsw's int16 pairs
@@ -76,7 +84,9 @@ constexpr int64_t kBurstFromRowTiles = 8;
 // panels, offsets, w_scales, bias, y and rows at their starts, and the rest as they are), each tile its own part.
 // A chunk of rows at a time (kRowChunkBytes), every panel passing over it, a block of gemm.tile_panels panels over
 // its tiles of gemm.tile_rows rows in turn.
-void run_tiles(const Int8Gemm& gemm, Tile tile, int64_t rows, int64_t first_panel, int64_t end_panel) {
+void run_tiles(const Int8Gemm& chosen, Tile tile, int64_t rows, int64_t first_panel, int64_t end_panel) {
+  const Int8Gemm& gemm = chosen.fewer_rows && rows < chosen.min_rows ? *chosen.fewer_rows : chosen;
+  if (gemm.begin) gemm.begin();
   const Tile whole = tile;
   const int64_t row_bytes = tile.row_bytes, panel_bytes = tile.input_groups * 64;
   const int64_t tile_rows = gemm.tile_rows;
@@ -108,10 +118,12 @@ void run_tiles(const Int8Gemm& gemm, Tile tile, int64_t rows, int64_t first_pane
         tile.y = whole.y ? whole.y + row * whole.out + panel * 16 : nullptr;
         tile.rows = whole.rows ? whole.rows + row : nullptr;
         tile.picked_ids = whole.picked_ids ? whole.picked_ids + row : nullptr;
+        tile.n_rows = n_rows;
         gemm.tile_of(n_rows, n_panels)(tile);
       }
     }
   }
+  if (gemm.end) gemm.end();
 }
 
 }  // namespace
@@ -123,7 +135,7 @@ void int8_gemm(const Int8Gemm& gemm, const uint8_t* x_q, const float* x_scales, 
                int64_t out, int64_t first_panel, int64_t end_panel, float* y) {
   const int64_t groups = int8_input_groups(in);
   const int8_tiles::Tile tile{x_q, groups * 4, x_scales, panels, groups, offsets, w_scales, bias, nullptr, 0, 0,
-                              relu, first_panel, out, y, nullptr, nullptr, nullptr};
+                              relu, first_panel, out, y, nullptr, nullptr, nullptr, 0};
   int8_tiles::run_tiles(gemm, tile, rows, first_panel, end_panel);
 }
 
@@ -133,7 +145,7 @@ void int8_gemm_summary(const Int8Gemm& gemm, const uint8_t* x_q, const float* x_
   const int64_t groups = int8_input_groups(in);
   std::vector<summary_tiles::RowSummary> summaries = summary_tiles::start_rows(rows, summary);
   const int8_tiles::Tile tile{x_q, groups * 4, x_scales, panels, groups, offsets, w_scales, bias, nullptr, 0, 0,
-                              false, first_panel, out, nullptr, summaries.data(), &summary, summary.picked_ids};
+                              false, first_panel, out, nullptr, summaries.data(), &summary, summary.picked_ids, 0};
   int8_tiles::run_tiles(gemm, tile, rows, first_panel, end_panel);
   summary_tiles::end_rows(summaries, summary);
 }

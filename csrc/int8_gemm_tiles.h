@@ -33,6 +33,7 @@ struct Tile {
   summary_tiles::RowSummary* rows;  // gemm_summary: the tile's first row's
   const GemmSummary* summary;        // gemm_summary: what is kept
   const int64_t* picked_ids;  // gemm_summary: the tile's first row's, or null
+  int n_rows;  // the tile's rows: the AMX tile reads it, the others are built for theirs
 };
 
 using TileFunction = void (*)(const Tile&);

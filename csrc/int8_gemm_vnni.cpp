@@ -1,7 +1,9 @@
 // int8_gemm.h's AVX512-VNNI GEMM: a tile of up to 6 rows by 4 panels (64 outputs) sums in 24 vector registers over
-// the whole input, so that each sum is written once, as a float.
+// the whole input, so that each sum is written once, as a float. And its AMX GEMM, whose tiles of up to 32 rows sum
+// in the tile registers and leave their outputs as AVX512-VNNI's do.
 #include "int8_gemm.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -10,7 +12,12 @@
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define FASTFORMER_INT8_GEMM 1
+#include <cpuid.h>
 #include <immintrin.h>
+#ifdef __linux__
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #endif
 
 #ifdef FASTFORMER_INT8_GEMM
@@ -125,6 +132,182 @@ void quantize_row(const float* row, int64_t in, float inverse, uint8_t* x_q) {
 constexpr Int8Gemm kVnniGemm{"avx512-vnni", "vnni-int8", 128, 127, kTileRows, kTilePanels, tile_function,
                              quantize_row};
 
+// The AMX tile: up to 32 rows (two blocks of up to 16) by up to 4 panels, a pair of panels at a time in the 8 tile
+// registers: sums (block b, panel q of the pair) in tmm(2b + q), the blocks' row bytes in tmm4 and tmm5, the pair's
+// weights in tmm6 and tmm7. The sums go to memory once, then the input groups past the last whole 64 inputs are
+// added by vpdpbusd, and the outputs leave as in the AVX512-VNNI tile.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,prfchw,amx-tile,amx-int8")
+
+constexpr int kAmxTileRows = 32;
+constexpr int kAmxBlockRows = 16;
+constexpr int kAmxStepGroups = 16;  // a tdpbusd's inputs: 64 bytes of each row
+// Fewer rows run AVX512-VNNI's tiles: a tdpbusd takes as long for 1 row as for 16. (from the measurement below)
+constexpr int64_t kAmxMinRows = 16;
+
+// GCC 12's tile intrinsics are asm statements that do not say they read or write memory: this orders them with the
+// code's own loads and stores.
+FASTFORMER_INLINE void memory_barrier() { asm volatile("" ::: "memory"); }
+
+// ldtilecfg's 64 bytes: palette 1, each tile register's bytes a row and rows.
+struct alignas(64) AmxConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// The blocks' rows the calling thread's tile registers are configured for (first * 64 + second), -1 for none: a
+// configuration holds until the thread's next call ends (amx_end), and other code (oneDNN's AMX kernels) may
+// configure them between calls.
+thread_local int amx_configured = -1;
+
+void amx_configure(int first_rows, int second_rows) {
+  const int key = first_rows * 64 + second_rows;
+  if (key == amx_configured) return;
+  AmxConfig config;
+  for (int block = 0; block < 2; ++block) {
+    const int rows = block ? second_rows : first_rows;
+    for (int tile : {2 * block, 2 * block + 1, 4 + block}) {
+      config.rows[tile] = static_cast<uint8_t>(rows);
+      config.bytes_per_row[tile] = rows ? 64 : 0;
+    }
+  }
+  for (int tile : {6, 7}) {
+    config.rows[tile] = kAmxStepGroups;
+    config.bytes_per_row[tile] = 64;
+  }
+  memory_barrier();
+  _tile_loadconfig(&config);
+  amx_configured = key;
+}
+
+void amx_begin() { amx_configured = -1; }
+
+// Leaves the tile registers in their initial state, so that the kernel saves no tile data at a context switch.
+void amx_end() {
+  if (amx_configured != -1) _tile_release();
+  amx_configured = -1;
+}
+
+template <int kPanels>
+void run_amx_tile(const Tile& t) {
+  const int rows = t.n_rows, first_rows = std::min(rows, kAmxBlockRows), second_rows = rows - first_rows;
+  if (rows <= kTileRows) {  // a call's last few rows: AVX512-VNNI's tile of their size
+    tile_function(rows, kPanels)(t);
+    return;
+  }
+  amx_configure(first_rows, second_rows);
+  memory_barrier();
+  if (t.y) {
+    for (int r = 0; r < rows; ++r) {
+      for (int p = 0; p < kPanels; ++p) __builtin_prefetch(t.y + r * t.out + p * 16, /*rw=*/1, /*locality=*/3);
+    }
+  }
+  alignas(64) int32_t sums[kAmxTileRows][kTilePanels * 16];
+  constexpr int64_t kSumsStride = sizeof sums[0];
+  constexpr int64_t kGroupBytes = kTilePanels * 64;  // a block's panels' vectors of one input group
+  const int64_t steps = t.input_groups / kAmxStepGroups, second_offset = kAmxBlockRows * t.row_bytes;
+  // The tile's share of the next block as run_tile asks for it: group j by loop group j * prefetch_span /
+  // prefetch_groups, here a step's groups at a time over the first pair's steps.
+  int64_t next_group = 0;
+  auto prefetch_through = [&](int64_t loop_group) {
+    for (; next_group < t.prefetch_groups && next_group * t.prefetch_span <= loop_group * t.prefetch_groups;
+         ++next_group) {
+      for (int p = 0; p < kTilePanels; ++p) {
+        _mm_prefetch(reinterpret_cast<const char*>(t.next_panels + (next_group * kTilePanels + p) * 64),
+                     _MM_HINT_T1);
+      }
+    }
+  };
+  for (int pair = 0; pair < kPanels; pair += 2) {
+    const bool two = pair + 1 < kPanels;
+    _tile_zero(0);
+    if (two) _tile_zero(1);
+    if (second_rows) {
+      _tile_zero(2);
+      if (two) _tile_zero(3);
+    }
+    for (int64_t step = 0; step < steps; ++step) {
+      const uint8_t* x = t.x_q + step * 64;
+      const int8_t* w = t.panels + (step * kAmxStepGroups * kTilePanels + pair) * 64;
+      _tile_loadd(4, x, t.row_bytes);
+      _tile_loadd(6, w, kGroupBytes);
+      _tile_dpbusd(0, 4, 6);
+      if (two) {
+        _tile_loadd(7, w + 64, kGroupBytes);
+        _tile_dpbusd(1, 4, 7);
+      }
+      if (second_rows) {
+        _tile_loadd(5, x + second_offset, t.row_bytes);
+        _tile_dpbusd(2, 5, 6);
+        if (two) _tile_dpbusd(3, 5, 7);
+      }
+      if (pair == 0) prefetch_through((step + 1) * kAmxStepGroups - 1);
+    }
+    _tile_stored(0, &sums[0][pair * 16], kSumsStride);
+    if (two) _tile_stored(1, &sums[0][(pair + 1) * 16], kSumsStride);
+    if (second_rows) {
+      _tile_stored(2, &sums[kAmxBlockRows][pair * 16], kSumsStride);
+      if (two) _tile_stored(3, &sums[kAmxBlockRows][(pair + 1) * 16], kSumsStride);
+    }
+  }
+  memory_barrier();
+  prefetch_through(t.input_groups);
+  for (int r = 0; r < rows && steps * kAmxStepGroups < t.input_groups; ++r) {
+    for (int p = 0; p < kPanels; ++p) {
+      __m512i sum = _mm512_load_si512(&sums[r][p * 16]);
+      for (int64_t g = steps * kAmxStepGroups; g < t.input_groups; ++g) {
+        int32_t four;
+        std::memcpy(&four, t.x_q + r * t.row_bytes + g * 4, sizeof four);
+        sum = dot_add(sum, _mm512_set1_epi32(four), _mm512_loadu_si512(t.panels + (g * kTilePanels + p) * 64));
+      }
+      _mm512_store_si512(&sums[r][p * 16], sum);
+    }
+  }
+  if (t.y) {
+    for (int r = 0; r < rows; ++r) {
+      for (int p = 0; p < kPanels; ++p) {
+        _mm512_mask_storeu_ps(t.y + r * t.out + p * 16, panel_lanes(t.first_panel + p, t.out),
+                              output_of(t, r, p, _mm512_load_si512(&sums[r][p * 16])));
+      }
+    }
+    return;
+  }
+  for (int r = 0; r < rows; ++r) {
+    summarize_tile<1, kPanels>(t.rows + r, *t.summary, t.first_panel, t.out, t.picked_ids ? t.picked_ids + r : nullptr,
+                               [&](int, int p) { return output_of(t, r, p, _mm512_load_si512(&sums[r][p * 16])); });
+  }
+}
+
+TileFunction amx_tile_function(int /*rows: the tile's n_rows*/, int panels) {
+  switch (panels) {
+    case 1: return run_amx_tile<1>;
+    case 2: return run_amx_tile<2>;
+    case 3: return run_amx_tile<3>;
+    default: return run_amx_tile<4>;
+  }
+}
+
+#pragma GCC pop_options
+
+constexpr Int8Gemm kAmxGemm{"amx", "amx-int8", 128, 127, kAmxTileRows, kTilePanels, amx_tile_function,
+                            quantize_row, &kVnniGemm, kAmxMinRows, amx_begin, amx_end};
+
+// Whether the CPU has AMX-TILE and AMX-INT8 (CPUID leaf 7, EDX bits 24 and 25) and Linux gives this process the
+// tile registers' state, which it does only once asked (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA, feature 18).
+bool amx_runs() {
+#ifdef __linux__
+  unsigned int eax, ebx, ecx, edx;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) || !((edx >> 24) & 1) || !((edx >> 25) & 1)) return false;
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
+
 }  // namespace
 
 #pragma GCC pop_options
@@ -136,9 +319,15 @@ const Int8Gemm* vnni_int8_gemm() {
   return runs ? &kVnniGemm : nullptr;
 }
 
+const Int8Gemm* amx_int8_gemm() {
+  static const bool runs = vnni_int8_gemm() && amx_runs();
+  return runs ? &kAmxGemm : nullptr;
+}
+
 #else  // no x86-64 GCC build: the int8 compute type runs FBGEMM's or oneDNN's GEMM (linear.cpp)
 
 const Int8Gemm* vnni_int8_gemm() { return nullptr; }
+const Int8Gemm* amx_int8_gemm() { return nullptr; }
 
 #endif
 

@@ -78,12 +78,14 @@ def int8_route(name: str) -> dict:
 
 
 def int8_route_name(name: str) -> str:
-    """PackedLinear.route of an int8 route: the own one is named by its instruction set (8-bit rows: VNNI's, on
-    512-bit vectors in the AVX-512 loops, else on 256-bit ones)."""
+    """PackedLinear.route of an int8 route: the own one is named by its instruction set (8-bit rows: in the AVX-512
+    loops AMX's where it runs, else VNNI's on 512-bit vectors; else VNNI's on 256-bit ones)."""
     if name == "own":
         if extension().int8_activation_max() < 127:
             return "avx2-int8"
-        return "vnni-int8" if extension().cpu_isa() == "avx512" else "avxvnni-int8"
+        if extension().cpu_isa() == "avx512":
+            return "amx-int8" if extension().cpu_has_amx() else "vnni-int8"
+        return "avxvnni-int8"
     return f"{name}-int8"
 
 

@@ -4,6 +4,7 @@ widest one that the rest of the suite runs. (ctest runs each set's loops against
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import re
@@ -34,10 +35,20 @@ ROUTES_CODE = ("import torch\n"
                "print(extension().cpu_isa(), extension().int8_activation_max(), *routes)")
 
 
-def run_python(code: str, isa: str, vnni: str = "") -> subprocess.CompletedProcess:
+def run_python(code: str, isa: str, vnni: str = "", amx: str = "") -> subprocess.CompletedProcess:
     # From tests/, so that the installed package is imported, not the source tree (which has no extension).
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=TESTS,
-                          env={**os.environ, "FASTFORMER_CPU_ISA": isa, "FASTFORMER_CPU_VNNI": vnni})
+                          env={**os.environ, "FASTFORMER_CPU_ISA": isa, "FASTFORMER_CPU_VNNI": vnni,
+                               "FASTFORMER_CPU_AMX": amx})
+
+
+@functools.cache
+def amx_runs() -> bool:
+    """Whether the AMX int8 GEMM runs here with FASTFORMER_CPU_AMX on: the CPU has AMX-INT8 and Linux grants the
+    tile registers (asked in a process of its own, whatever this one's FASTFORMER_CPU_AMX says)."""
+    done = run_python("from fastformer.decoding.compiled import extension\nprint(extension().cpu_has_amx())", ISAS[0])
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip() == "True"
 
 
 def test_the_widest_instruction_set_is_chosen_and_the_baseline_is_always_there():
@@ -61,12 +72,12 @@ def test_fastformer_cpu_isa_picks_the_loops_caps_vnni_and_picks_the_gemms(isa):
     # fastformer's own float32 GEMMs in the AVX-512 and AVX2 loops, oneDNN's (or at::linear) in the baseline's
     assert float32_route == OWN_FLOAT32_ROUTES[isa] if isa in OWN_FLOAT32_ROUTES else float32_route in ("onednn",
                                                                                                         "aten")
-    # Its own int8 GEMMs: with 8-bit rows AVX512-VNNI's in the AVX-512 loops and AVX-VNNI's in the AVX2 ones (a CPU
-    # with AVX-VNNI under an avx2 cap), with 7-bit ones AVX2's; FBGEMM's in the baseline's loops.
+    # Its own int8 GEMMs: with 8-bit rows AMX's or AVX512-VNNI's in the AVX-512 loops and AVX-VNNI's in the AVX2
+    # ones (a CPU with AVX-VNNI under an avx2 cap), with 7-bit ones AVX2's; FBGEMM's in the baseline's loops.
     if isa == "baseline":
         assert int8_route == "fbgemm-int8"
     elif float(activation_max) == 127.0:
-        assert int8_route == ("vnni-int8" if isa == "avx512" else "avxvnni-int8")
+        assert int8_route == (("amx-int8" if amx_runs() else "vnni-int8") if isa == "avx512" else "avxvnni-int8")
     else:
         assert int8_route == "avx2-int8"
 
@@ -86,6 +97,34 @@ def test_a_fastformer_cpu_vnni_other_than_0_or_1_is_a_one_line_error_naming_it()
     assert "FASTFORMER_CPU_VNNI=off is neither 0 (VNNI off) nor 1" in done.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.skipif("avx512" not in ISAS or not amx_runs(), reason="AMX's int8 GEMM does not run on this CPU")
+def test_fastformer_cpu_amx_0_runs_the_avx512_vnni_int8_gemm_and_the_same_translations():
+    done = run_python(ROUTES_CODE, "avx512", amx="0")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "vnni-int8"
+    # AMX's tdpbusd sums exactly as vpdpbusd does, and the outputs leave through the same code: the same searches,
+    # scores and all, at rows of both GEMMs (8 sentences, beam 4: 32 a step; greedy: 8, under AMX's min_rows)
+    code = ("import torch, fastformer\n"
+            "torch.manual_seed(0)\n"
+            "config = fastformer.TransformerConfig(vocab_size=300, d_model=128, n_heads=4, d_ff=256, "
+            "n_encoder_layers=2, n_decoder_layers=2)\n"
+            "model = fastformer.Transformer(config).eval()\n"
+            "src = torch.randint(4, 300, (8, 40))\n"
+            "for beam in (4, 1):\n"
+            "    for h in model.translate(src, beam_size=beam, compute_type='int8', max_len_a=0.0, max_len_b=30):\n"
+            "        print(h[0].tokens, h[0].score)\n"
+            "print([t.tolist() for t in model.score(src, [s[:20].tolist() for s in src], compute_type='int8')])")
+    with_amx, without = run_python(code, "avx512", amx="1"), run_python(code, "avx512", amx="0")
+    assert with_amx.returncode == 0 and without.returncode == 0, with_amx.stderr + without.stderr
+    assert with_amx.stdout == without.stdout and len(with_amx.stdout.splitlines()) == 17
+
+
+def test_a_fastformer_cpu_amx_other_than_0_or_1_is_a_one_line_error_naming_it():
+    done = run_python(ROUTES_CODE, ISAS[0], amx="yes")
+    assert done.returncode != 0
+    assert "FASTFORMER_CPU_AMX=yes is neither 0 (AMX off) nor 1" in done.stderr.strip().splitlines()[-1]
+
+
 def test_an_unknown_or_unrunnable_instruction_set_is_a_one_line_error_naming_the_valid_ones():
     code = ("import torch, fastformer\n"
             "model = fastformer.Transformer(fastformer.TransformerConfig.tiny(vocab_size=50)).eval()\n"
@@ -99,13 +138,16 @@ def test_an_unknown_or_unrunnable_instruction_set_is_a_one_line_error_naming_the
 
 
 # The widest is the one every other test runs; the AVX2 loops without AVX-VNNI also where the CPU has it (an AVX2
-# CPU's int8 path: 7-bit rows and the AVX2 int8 GEMM).
-@pytest.mark.parametrize("isa, vnni", [(isa, "") for isa in ISAS[1:]] +
-                         [("avx2", "0")] * ("avx2" in ISAS and HAS_AVX_VNNI))
-def test_the_oracle_tests_pass_in_the_loops_of(isa, vnni):
+# CPU's int8 path: 7-bit rows and the AVX2 int8 GEMM), and the AVX-512 ones without AMX where it runs (the
+# AVX512-VNNI int8 GEMM at every row count).
+@pytest.mark.parametrize("isa, vnni, amx", [(isa, "", "") for isa in ISAS[1:]] +
+                         [("avx2", "0", "")] * ("avx2" in ISAS and HAS_AVX_VNNI) +
+                         [("avx512", "", "0")] * ("avx512" in ISAS and amx_runs()))
+def test_the_oracle_tests_pass_in_the_loops_of(isa, vnni, amx):
     done = subprocess.run([sys.executable, "-m", "pytest", *ORACLE_TESTS, "-q", "-x", "-p", "no:cacheprovider"],
                           capture_output=True, text=True, timeout=900, cwd=TESTS,
-                          env={**os.environ, "FASTFORMER_CPU_ISA": isa, "FASTFORMER_CPU_VNNI": vnni})
+                          env={**os.environ, "FASTFORMER_CPU_ISA": isa, "FASTFORMER_CPU_VNNI": vnni,
+                               "FASTFORMER_CPU_AMX": amx})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert " passed" in done.stdout.strip().splitlines()[-1]
 

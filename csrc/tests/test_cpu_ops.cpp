@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <random>
@@ -919,6 +920,15 @@ void test_int8_gemm(const fastformer::Int8Gemm& gemm, int rows, int out, int in,
                           padded_scales.data(), with_bias ? padded_bias.data() : nullptr, relu, out, first, end,
                           y.data());
   }
+  if (gemm.fewer_rows) {  // the GEMM of fewer rows (AMX's: AVX512-VNNI's) gives the same outputs, bit for bit
+    std::vector<float> y_fewer(rows * out, -1.0f);
+    for (auto [first, end] : {std::pair{int64_t{0}, half}, std::pair{half, n_panels}}) {
+      fastformer::int8_gemm(*gemm.fewer_rows, x_q.data(), x_scales.data(), rows, in, panels.data(), offsets.data(),
+                            padded_scales.data(), with_bias ? padded_bias.data() : nullptr, relu, out, first, end,
+                            y_fewer.data());
+    }
+    EXPECT(std::memcmp(y.data(), y_fewer.data(), y.size() * sizeof(float)) == 0);
+  }
   for (int r = 0; r < rows; ++r) {
     const float* row = x.data() + r * in;
     const float absmax = absmaxes[r];
@@ -983,7 +993,14 @@ int main() {
         }
       }
     }
+    // AMX's tiles (from its min_rows on): one block of rows and two, whole steps of 64 inputs and groups past them
+    for (int rows : {16, 17, 31, 33, 45}) {
+      for (int out : {9, 64, 70, 130}) {
+        for (int in : {20, 64, 100, 192}) test_int8_gemm(*gemm, rows, out, in, out % 2 == 0, /*relu=*/out == 70);
+      }
+    }
     for (int in : {8, 20, 512}) test_int8_gemm(*gemm, 5, 33, in, true, false, /*extreme=*/true);
+    test_int8_gemm(*gemm, 40, 33, 512, true, false, /*extreme=*/true);
     int8_checked += std::string(int8_checked.empty() ? "" : ", ") + gemm->isa;
   }
   std::printf("int8 GEMMs checked: %s\n",
