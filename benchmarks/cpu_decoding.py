@@ -18,7 +18,10 @@ AVX2 unless told otherwise, each mode runs again with them forced to AVX-512 (CT
 ctranslate2_isa), which ran its int8 search up to 12% faster on the Zen 4 EPYC (baselines.ctranslate2_modes); runs
 before 2026-11-30's fourth took its AVX2 kernels alone. fastformer has one mode: each thread searches its own group of
 sentences, or, where the groups would be too few rows for their GEMMs, one group's GEMMs split over the threads
-(csrc/search.cpp's cpu_sentence_groups).
+(csrc/search.cpp's cpu_sentence_groups). On an Intel CPU CTranslate2 runs its GEMMs through Intel MKL, its best
+backend there (oneDNN's, CT2_USE_MKL=0, and MKL's int16 were slower on the 2-core Intel Xeon:
+results/2026-12-01-cpu-intel-xeon-2core); on a CPU with AMX fastformer's int8 runs its AMX GEMM, which
+FASTFORMER_CPU_AMX=0 turns off (the JSON's fastformer_cpu_switches names such a switch).
 
 Each (system, mode, point) runs in a process of its own, as it would be deployed: CTranslate2 brings its own OpenMP
 runtime, and once it has run in a process, the short parallel regions of fastformer's one-sentence search there
