@@ -142,7 +142,9 @@ constexpr Int8Gemm kVnniGemm{"avx512-vnni", "vnni-int8", 128, 127, kTileRows, kT
 constexpr int kAmxTileRows = 32;
 constexpr int kAmxBlockRows = 16;
 constexpr int kAmxStepGroups = 16;  // a tdpbusd's inputs: 64 bytes of each row
-// Fewer rows run AVX512-VNNI's tiles: a tdpbusd takes as long for 1 row as for 16. (from the measurement below)
+// Calls of fewer rows run AVX512-VNNI's tiles: a tdpbusd takes as long for 1 row as for 16, and at 8 to 16 rows of
+// the 37k-vocabulary projection AMX read 0.90-1.04x AVX512-VNNI's speed
+// (benchmarks/results/2026-12-01-cpu-intel-xeon-2core/amx_gemm_bench.log).
 constexpr int64_t kAmxMinRows = 16;
 
 // GCC 12's tile intrinsics are asm statements that do not say they read or write memory: this orders them with the
