@@ -52,9 +52,8 @@ struct Int8Gemm {
   // A call of fewer than min_rows rows runs fewer_rows's tiles (the same packing and rows) instead; null: none.
   const Int8Gemm* fewer_rows = nullptr;
   int64_t min_rows = 0;
-  // Called by a thread before and after it runs the GEMM's tiles in a call, where not null (AMX's configuration of
-  // its tile registers, and their release).
-  void (*begin)() = nullptr;
+  // Called by a thread after it has run the GEMM's tiles in a call, where not null (AMX's release of its tile
+  // registers and of their configuration, so that the next call configures them again).
   void (*end)() = nullptr;
 };
 

@@ -86,7 +86,6 @@ constexpr int64_t kBurstFromRowTiles = 8;
 // its tiles of gemm.tile_rows rows in turn.
 void run_tiles(const Int8Gemm& chosen, Tile tile, int64_t rows, int64_t first_panel, int64_t end_panel) {
   const Int8Gemm& gemm = chosen.fewer_rows && rows < chosen.min_rows ? *chosen.fewer_rows : chosen;
-  if (gemm.begin) gemm.begin();
   const Tile whole = tile;
   const int64_t row_bytes = tile.row_bytes, panel_bytes = tile.input_groups * 64;
   const int64_t tile_rows = gemm.tile_rows;

@@ -185,8 +185,6 @@ void amx_configure(int first_rows, int second_rows) {
   amx_configured = key;
 }
 
-void amx_begin() { amx_configured = -1; }
-
 // Leaves the tile registers in their initial state, so that the kernel saves no tile data at a context switch.
 void amx_end() {
   if (amx_configured != -1) _tile_release();
@@ -257,15 +255,17 @@ void run_amx_tile(const Tile& t) {
   }
   memory_barrier();
   prefetch_through(t.input_groups);
-  for (int r = 0; r < rows && steps * kAmxStepGroups < t.input_groups; ++r) {
-    for (int p = 0; p < kPanels; ++p) {
-      __m512i sum = _mm512_load_si512(&sums[r][p * 16]);
-      for (int64_t g = steps * kAmxStepGroups; g < t.input_groups; ++g) {
-        int32_t four;
-        std::memcpy(&four, t.x_q + r * t.row_bytes + g * 4, sizeof four);
-        sum = dot_add(sum, _mm512_set1_epi32(four), _mm512_loadu_si512(t.panels + (g * kTilePanels + p) * 64));
+  if (steps * kAmxStepGroups < t.input_groups) {
+    for (int r = 0; r < rows; ++r) {
+      for (int p = 0; p < kPanels; ++p) {
+        __m512i sum = _mm512_load_si512(&sums[r][p * 16]);
+        for (int64_t g = steps * kAmxStepGroups; g < t.input_groups; ++g) {
+          int32_t four;
+          std::memcpy(&four, t.x_q + r * t.row_bytes + g * 4, sizeof four);
+          sum = dot_add(sum, _mm512_set1_epi32(four), _mm512_loadu_si512(t.panels + (g * kTilePanels + p) * 64));
+        }
+        _mm512_store_si512(&sums[r][p * 16], sum);
       }
-      _mm512_store_si512(&sums[r][p * 16], sum);
     }
   }
   if (t.y) {
@@ -295,7 +295,7 @@ TileFunction amx_tile_function(int /*rows: the tile's n_rows*/, int panels) {
 #pragma GCC pop_options
 
 constexpr Int8Gemm kAmxGemm{"amx", "amx-int8", 128, 127, kAmxTileRows, kTilePanels, amx_tile_function,
-                            quantize_row, &kVnniGemm, kAmxMinRows, amx_begin, amx_end};
+                            quantize_row, &kVnniGemm, kAmxMinRows, amx_end};
 
 // Whether the CPU has AMX-TILE and AMX-INT8 (CPUID leaf 7, EDX bits 24 and 25) and Linux gives this process the
 // tile registers' state, which it does only once asked (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA, feature 18).
