@@ -137,45 +137,62 @@ FASTFORMER_INLINE void add_to_totals(RowSummary& row, const __m512 (&value)[kPan
   _mm512_storeu_ps(row.lane_totals, total);
 }
 
+// The lanes of a tile's panels (from first_panel on) that hold outputs, and those of them a summary may keep (not
+// barred): the same for every row of the tile.
+template <int kPanels>
+struct PanelLanes {
+  __mmask16 lanes[kPanels], allowed[kPanels];
+  PanelLanes(const GemmSummary& s, int64_t first_panel, int64_t out) {
+    for (int p = 0; p < kPanels; ++p) {
+      lanes[p] = panel_lanes(first_panel + p, out);
+      allowed[p] = static_cast<__mmask16>(summary_tiles::allowed_lanes(s, first_panel + p, out));
+    }
+  }
+};
+
+// One row's outputs of a tile (value[p]: its 16 outputs of panel p, the tile's first panel first_panel) into the row's
+// running summary: a panel's outputs cost one comparison with the row's bar unless one of them beats it, and their
+// exponentials where the summary takes log_totals. picked_id: the row's, or null.
+template <int kPanels>
+FASTFORMER_INLINE void summarize_row(RowSummary& row, const GemmSummary& s, int64_t first_panel,
+                                     const PanelLanes<kPanels>& panels, const __m512 (&value)[kPanels],
+                                     const int64_t* picked_id) {
+  __m512 poison = _mm512_setzero_ps();
+  uint64_t candidates = 0;  // the tile's outputs that beat the row's bar: one branch a row
+  for (int p = 0; p < kPanels; ++p) {
+    poison = _mm512_mask_add_ps(poison, panels.lanes[p], poison, _mm512_mul_ps(value[p], _mm512_setzero_ps()));
+    if (s.k == 0) continue;
+    const __mmask16 above =
+        _mm512_mask_cmp_ps_mask(panels.allowed[p], value[p], _mm512_set1_ps(row.bar), _CMP_GT_OQ);
+    candidates |= static_cast<uint64_t>(above) << (16 * p);
+  }
+  if (candidates) {
+    alignas(64) float values[kPanels * 16];
+    for (int p = 0; p < kPanels; ++p) _mm512_store_ps(values + 16 * p, value[p]);
+    offer_tile(row, s.k, first_panel, values, candidates, kPanels);
+  }
+  _mm512_storeu_ps(row.poison, _mm512_add_ps(_mm512_loadu_ps(row.poison), poison));
+  if (s.log_totals) add_to_totals(row, value, panels.lanes);
+  if (picked_id) {
+    const int64_t p = *picked_id / 16 - first_panel;
+    if (p >= 0 && p < kPanels) {
+      alignas(64) float values[16];
+      _mm512_store_ps(values, value[p]);
+      row.picked = values[*picked_id % 16];
+    }
+  }
+}
+
 // A tile's outputs (value_of(r, p): row r's 16 outputs of panel p, the tile's first panel first_panel) into each row's
-// running summary (rows: the tile's first row's): a panel's outputs cost one comparison with the row's bar unless one
-// of them beats it, and their exponentials where the summary takes log_totals. picked_ids: the tile's first row's,
-// or null.
+// running summary (summarize_row; rows: the tile's first row's). picked_ids: the tile's first row's, or null.
 template <int kRows, int kPanels, typename ValueOf>
 FASTFORMER_INLINE void summarize_tile(RowSummary* rows, const GemmSummary& s, int64_t first_panel,
                                       int64_t out, const int64_t* picked_ids, ValueOf&& value_of) {
-  __mmask16 lanes[kPanels], allowed[kPanels];
-  for (int p = 0; p < kPanels; ++p) {
-    lanes[p] = panel_lanes(first_panel + p, out);
-    allowed[p] = static_cast<__mmask16>(summary_tiles::allowed_lanes(s, first_panel + p, out));
-  }
+  const PanelLanes<kPanels> panels(s, first_panel, out);
   for (int r = 0; r < kRows; ++r) {
-    RowSummary& row = rows[r];
     __m512 value[kPanels];
-    __m512 poison = _mm512_setzero_ps();
-    uint64_t candidates = 0;  // the tile's outputs that beat the row's bar: one branch a row
-    for (int p = 0; p < kPanels; ++p) {
-      value[p] = value_of(r, p);
-      poison = _mm512_mask_add_ps(poison, lanes[p], poison, _mm512_mul_ps(value[p], _mm512_setzero_ps()));
-      if (s.k == 0) continue;
-      const __mmask16 above = _mm512_mask_cmp_ps_mask(allowed[p], value[p], _mm512_set1_ps(row.bar), _CMP_GT_OQ);
-      candidates |= static_cast<uint64_t>(above) << (16 * p);
-    }
-    if (candidates) {
-      alignas(64) float values[kPanels * 16];
-      for (int p = 0; p < kPanels; ++p) _mm512_store_ps(values + 16 * p, value[p]);
-      offer_tile(row, s.k, first_panel, values, candidates, kPanels);
-    }
-    _mm512_storeu_ps(row.poison, _mm512_add_ps(_mm512_loadu_ps(row.poison), poison));
-    if (s.log_totals) add_to_totals(row, value, lanes);
-    if (picked_ids) {
-      const int64_t p = picked_ids[r] / 16 - first_panel;
-      if (p >= 0 && p < kPanels) {
-        alignas(64) float values[16];
-        _mm512_store_ps(values, value[p]);
-        row.picked = values[picked_ids[r] % 16];
-      }
-    }
+    for (int p = 0; p < kPanels; ++p) value[p] = value_of(r, p);
+    summarize_row(rows[r], s, first_panel, panels, value, picked_ids ? picked_ids + r : nullptr);
   }
 }
 

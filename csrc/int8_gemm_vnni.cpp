@@ -50,15 +50,23 @@ FASTFORMER_INLINE __m512i dot_add(__m512i sum, __m512i row, __m512i weights) {
   return sum;
 }
 
+// sum [16] int32 of a row and panel -> their 16 outputs, from the panel's offsets, weight scales and bias (has_bias)
+// and the row's scale. In linear.cpp's order for its other int8 routes: the weights' scales first, then the row's and
+// the bias.
+FASTFORMER_INLINE __m512 output_from(__m512i sum, __m512i offsets, __m512 w_scales, __m512 x_scale, bool has_bias,
+                                     __m512 bias, bool relu) {
+  const __m512 product = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sum, offsets)), w_scales);
+  __m512 value = _mm512_mul_ps(product, x_scale);
+  if (has_bias) value = _mm512_add_ps(value, bias);
+  // max(0, NaN) is NaN here (the second operand wins a comparison with NaN): a NaN reaches the finite check.
+  return relu ? _mm512_max_ps(_mm512_setzero_ps(), value) : value;
+}
+
 // One output vector of a tile: sum [16] int32 -> the row's 16 outputs of panel p.
 FASTFORMER_INLINE __m512 output_of(const Tile& t, int r, int p, __m512i sum) {
-  // In linear.cpp's order for its other int8 routes: the weights' scales first, then the row's and the bias.
-  const __m512i centered = _mm512_sub_epi32(sum, _mm512_loadu_si512(t.offsets + p * 16));
-  const __m512 product = _mm512_mul_ps(_mm512_cvtepi32_ps(centered), _mm512_loadu_ps(t.w_scales + p * 16));
-  __m512 value = _mm512_mul_ps(product, _mm512_set1_ps(t.x_scales[r]));
-  if (t.bias) value = _mm512_add_ps(value, _mm512_loadu_ps(t.bias + p * 16));
-  // max(0, NaN) is NaN here (the second operand wins a comparison with NaN): a NaN reaches the finite check.
-  return t.relu ? _mm512_max_ps(_mm512_setzero_ps(), value) : value;
+  return output_from(sum, _mm512_loadu_si512(t.offsets + p * 16), _mm512_loadu_ps(t.w_scales + p * 16),
+                     _mm512_set1_ps(t.x_scales[r]), t.bias != nullptr,
+                     t.bias ? _mm512_loadu_ps(t.bias + p * 16) : _mm512_setzero_ps(), t.relu);
 }
 
 // The tile's outputs into y, or (y null) into each row's summary.
@@ -268,18 +276,43 @@ void run_amx_tile(const Tile& t) {
       }
     }
   }
+  // The outputs leave as the AVX512-VNNI tile's do (output_from), the panels' offsets, scales and bias held in
+  // registers and the tile's fields in locals: read through t, they were loaded again for every output (its stores
+  // may alias them), and the outputs took up to 30% of the tile's time at 512 inputs. Called in turn with the tile
+  // as it was, from C++ on the Intel Xeon, one thread: 0.92-0.98 of its time writing outputs at 512 inputs (0.97-0.99
+  // at 2048), 0.73-0.90 summarizing the 37k output projection (benchmarks/results/2026-12-01-cpu-intel-xeon-2core-b).
+  __m512i offsets[kPanels];
+  __m512 w_scales[kPanels], bias[kPanels];
+  for (int p = 0; p < kPanels; ++p) {
+    offsets[p] = _mm512_loadu_si512(t.offsets + p * 16);
+    w_scales[p] = _mm512_loadu_ps(t.w_scales + p * 16);
+    bias[p] = t.bias ? _mm512_loadu_ps(t.bias + p * 16) : _mm512_setzero_ps();
+  }
+  const float* const x_scales = t.x_scales;
+  const bool has_bias = t.bias != nullptr, relu = t.relu;
+  auto row_outputs = [&](int r, __m512 (&value)[kPanels]) {
+    const __m512 x_scale = _mm512_set1_ps(x_scales[r]);
+    for (int p = 0; p < kPanels; ++p) {
+      value[p] = output_from(_mm512_load_si512(&sums[r][p * 16]), offsets[p], w_scales[p], x_scale, has_bias, bias[p],
+                             relu);
+    }
+  };
+  __m512 value[kPanels];
   if (t.y) {
+    float* const y = t.y;
+    const int64_t out = t.out;
+    __mmask16 lanes[kPanels];
+    for (int p = 0; p < kPanels; ++p) lanes[p] = panel_lanes(t.first_panel + p, out);
     for (int r = 0; r < rows; ++r) {
-      for (int p = 0; p < kPanels; ++p) {
-        _mm512_mask_storeu_ps(t.y + r * t.out + p * 16, panel_lanes(t.first_panel + p, t.out),
-                              output_of(t, r, p, _mm512_load_si512(&sums[r][p * 16])));
-      }
+      row_outputs(r, value);
+      for (int p = 0; p < kPanels; ++p) _mm512_mask_storeu_ps(y + r * out + p * 16, lanes[p], value[p]);
     }
     return;
   }
+  const PanelLanes<kPanels> panels(*t.summary, t.first_panel, t.out);
   for (int r = 0; r < rows; ++r) {
-    summarize_tile<1, kPanels>(t.rows + r, *t.summary, t.first_panel, t.out, t.picked_ids ? t.picked_ids + r : nullptr,
-                               [&](int, int p) { return output_of(t, r, p, _mm512_load_si512(&sums[r][p * 16])); });
+    row_outputs(r, value);
+    summarize_row(t.rows[r], *t.summary, t.first_panel, panels, value, t.picked_ids ? t.picked_ids + r : nullptr);
   }
 }
 
