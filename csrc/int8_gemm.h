@@ -52,9 +52,9 @@ struct Int8Gemm {
   // A call of fewer than min_rows rows runs fewer_rows's tiles (the same packing and rows) instead; null: none.
   const Int8Gemm* fewer_rows = nullptr;
   int64_t min_rows = 0;
-  // Called by a thread after it has run the GEMM's tiles in a call, where not null (AMX's release of its tile
-  // registers and of their configuration, so that the next call configures them again).
-  void (*end)() = nullptr;
+  // Called by a thread after it has run the GEMM's tiles in a call, where not null, with the state its tiles left
+  // in Tile::call_state (AMX's release of its tile registers, so that the next call configures them again).
+  void (*end)(int call_state) = nullptr;
 };
 
 // The int8 GEMMs this build has and this CPU runs, widest first, whatever FASTFORMER_CPU_ISA and FASTFORMER_CPU_AMX

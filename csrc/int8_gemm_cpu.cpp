@@ -86,6 +86,8 @@ constexpr int64_t kBurstFromRowTiles = 8;
 // its tiles of gemm.tile_rows rows in turn.
 void run_tiles(const Int8Gemm& chosen, Tile tile, int64_t rows, int64_t first_panel, int64_t end_panel) {
   const Int8Gemm& gemm = chosen.fewer_rows && rows < chosen.min_rows ? *chosen.fewer_rows : chosen;
+  int call_state = -1;
+  tile.call_state = &call_state;
   const Tile whole = tile;
   const int64_t row_bytes = tile.row_bytes, panel_bytes = tile.input_groups * 64;
   const int64_t tile_rows = gemm.tile_rows;
@@ -122,7 +124,7 @@ void run_tiles(const Int8Gemm& chosen, Tile tile, int64_t rows, int64_t first_pa
       }
     }
   }
-  if (gemm.end) gemm.end();
+  if (gemm.end) gemm.end(call_state);
 }
 
 }  // namespace
@@ -134,7 +136,7 @@ void int8_gemm(const Int8Gemm& gemm, const uint8_t* x_q, const float* x_scales, 
                int64_t out, int64_t first_panel, int64_t end_panel, float* y) {
   const int64_t groups = int8_input_groups(in);
   const int8_tiles::Tile tile{x_q, groups * 4, x_scales, panels, groups, offsets, w_scales, bias, nullptr, 0, 0,
-                              relu, first_panel, out, y, nullptr, nullptr, nullptr, 0};
+                              relu, first_panel, out, y, nullptr, nullptr, nullptr, 0, nullptr};
   int8_tiles::run_tiles(gemm, tile, rows, first_panel, end_panel);
 }
 
@@ -144,7 +146,8 @@ void int8_gemm_summary(const Int8Gemm& gemm, const uint8_t* x_q, const float* x_
   const int64_t groups = int8_input_groups(in);
   std::vector<summary_tiles::RowSummary> summaries = summary_tiles::start_rows(rows, summary);
   const int8_tiles::Tile tile{x_q, groups * 4, x_scales, panels, groups, offsets, w_scales, bias, nullptr, 0, 0,
-                              false, first_panel, out, nullptr, summaries.data(), &summary, summary.picked_ids, 0};
+                              false, first_panel, out, nullptr, summaries.data(), &summary, summary.picked_ids, 0,
+                              nullptr};
   int8_tiles::run_tiles(gemm, tile, rows, first_panel, end_panel);
   summary_tiles::end_rows(summaries, summary);
 }

@@ -34,6 +34,9 @@ struct Tile {
   const GemmSummary* summary;        // gemm_summary: what is kept
   const int64_t* picked_ids;  // gemm_summary: the tile's first row's, or null
   int n_rows;  // the tile's rows: the AMX tile reads it, the others are built for theirs
+  // What a GEMM's tiles keep from tile to tile of a thread's call, -1 at its start (the AMX tile's configuration of
+  // the tile registers), for Int8Gemm::end.
+  int* call_state;
 };
 
 using TileFunction = void (*)(const Tile&);

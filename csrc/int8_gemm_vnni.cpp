@@ -186,14 +186,13 @@ struct alignas(64) AmxConfig {
   uint8_t rows[16] = {};
 };
 
-// The blocks' rows the calling thread's tile registers are configured for (first * 64 + second), -1 for none: a
-// configuration holds until the thread's next call ends (amx_end), and other code (oneDNN's AMX kernels) may
-// configure them between calls.
-thread_local int amx_configured = -1;
-
-void amx_configure(int first_rows, int second_rows) {
+// The tile registers configured for blocks of first_rows and second_rows rows. A call's tiles keep the rows they are
+// configured for in Tile::call_state (first * 64 + second, -1 for none), from the call's first tile to its end
+// (amx_end): other code (oneDNN's AMX kernels) may configure them between calls. A thread_local in its place cost
+// each tile a call of __tls_get_addr (1-2% of scoring's perf samples with amx_configure).
+void amx_configure(int* configured, int first_rows, int second_rows) {
   const int key = first_rows * 64 + second_rows;
-  if (key == amx_configured) return;
+  if (key == *configured) return;
   AmxConfig config;
   for (int block = 0; block < 2; ++block) {
     const int rows = block ? second_rows : first_rows;
@@ -208,13 +207,12 @@ void amx_configure(int first_rows, int second_rows) {
   }
   memory_barrier();
   _tile_loadconfig(&config);
-  amx_configured = key;
+  *configured = key;
 }
 
 // Leaves the tile registers in their initial state, so that the kernel saves no tile data at a context switch.
-void amx_end() {
-  if (amx_configured != -1) _tile_release();
-  amx_configured = -1;
+void amx_end(int configured) {
+  if (configured != -1) _tile_release();
 }
 
 template <int kPanels>
@@ -224,7 +222,7 @@ void run_amx_tile(const Tile& t) {
     tile_function(rows, kPanels)(t);
     return;
   }
-  amx_configure(first_rows, second_rows);
+  amx_configure(t.call_state, first_rows, second_rows);
   memory_barrier();
   if (t.y) {
     for (int r = 0; r < rows; ++r) {
