@@ -125,7 +125,7 @@ TileFunction tile_function(int rows, int panels) {
 
 // Int8Gemm::quantize_row with zero point 128. 64 inputs at a time are packed into one 64-byte store (the packs
 // work within 128-bit lanes, so a permutation puts their 4-byte groups in order), and the last ones 16 at a time:
-// a masked narrowing store for each 16 read 0.4-0.5x the speed of a row in L2 on the Intel Xeon
+// a masked narrowing store for each 16 ran at 0.39-0.72x the speed on rows in L2 on the Intel Xeon
 // (benchmarks/results/2026-12-01-cpu-intel-xeon-2core-c). |x| * 127 / absmax <= 127: no pack saturates.
 void quantize_row(const float* row, int64_t in, float inverse, uint8_t* x_q) {
   const int64_t bytes = int8_input_groups(in) * 4;
