@@ -245,6 +245,7 @@ struct CpuLoops {
                          const float* beta, float eps, float* out);
   void (*clamped_scale)(const float* x, int64_t width, float factor, float* out);
   void (*scale_and_add)(float* y, int64_t width, float scale, const float* bias);
+  void (*round_to_float16)(float* x, int64_t n_rows, int64_t width, int64_t row_stride);
   void (*target_log_probs)(const float* logits, int64_t n_rows, int64_t width, const int64_t* targets, float* out);
   void (*top_k_row)(const float* row, int64_t width, int64_t k, const int64_t* excluded, int64_t n_excluded,
                     int64_t fill_id, float* values, int64_t* ids, float* top, float* log_total);
@@ -282,6 +283,9 @@ void add_layer_norm_cpu(const float* x, const float* residual, int64_t n_rows, i
 void clamped_scale_cpu(const float* x, int64_t width, float factor, float* out);
 // y[i] <- y[i] * scale + bias[i] over width floats, in place; bias may be null (an int8 GEMM's output row, linear.cpp).
 void scale_and_add_cpu(float* y, int64_t width, float scale, const float* bias);
+// x[r, :width] <- x[r, :width] rounded to float16 (to nearest, ties to even) and widened back, in place, over n_rows
+// rows row_stride floats apart (the scorer's keys and values rounded as the search's float16 caches hold them).
+void round_to_float16_cpu(float* x, int64_t n_rows, int64_t width, int64_t row_stride);
 // out[r] <- log_softmax(logits[r])[targets[r]], or NaN where the row holds NaN or inf (the scorer's log-probabilities,
 // scorer.cpp: one read of the row for its max and one for its sum of exponentials, nothing written but out).
 // logits: [n_rows, width], targets: [n_rows] in [0, width)

@@ -159,5 +159,8 @@ void top_k_row_cpu(const float* row, int64_t width, int64_t k, const int64_t* ex
 void scale_and_add_cpu(float* y, int64_t width, float scale, const float* bias) {
   cpu_loops().scale_and_add(y, width, scale, bias);
 }
+void round_to_float16_cpu(float* x, int64_t n_rows, int64_t width, int64_t row_stride) {
+  cpu_loops().round_to_float16(x, n_rows, width, row_stride);
+}
 
 }  // namespace fastformer

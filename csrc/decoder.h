@@ -136,7 +136,7 @@ struct DecoderLinears {
   // bfloat16, whose linear layers round their inputs more than float16 does, where the loops widen float16 a vector at
   // a time. The scorer rounds its keys and values alike (round_as_caches), so that a score is the search's.
   bool float16_caches(const at::Device& device) const;
-  // rows' values rounded in place as float16_caches keeps them; rows: float32.
+  // rows' values rounded in place as float16_caches keeps them; rows: [n, width] float32, each row contiguous.
   void round_as_caches(const at::Tensor& rows) const;
 
   // These linears, the output projection restricted to ids ([n_ids] int64 sorted vocabulary ids of weights).

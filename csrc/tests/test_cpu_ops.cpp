@@ -585,6 +585,50 @@ void test_row_absmax() {
   }
 }
 
+// The float16 nearest to x (ties to the even significand), widened back: worked out from x's exponent, not by a
+// conversion instruction. Float16 holds 11 significant bits down to 2^-14, then steps of 2^-24; |x| past 65504
+// rounds to infinity from 65520 on (the midpoint to the next step, 65536, which is out of range).
+float nearest_float16(float x) {
+  if (!std::isfinite(x) || x == 0.0f) return x;
+  int exponent = 0;
+  std::frexp(x, &exponent);  // |x| in [2^(exponent - 1), 2^exponent)
+  const double step = std::ldexp(1.0, std::max(exponent - 1, -14) - 10);
+  const double rounded = std::nearbyint(double(x) / step) * step;  // the default rounding: to nearest, ties to even
+  if (std::abs(rounded) > 65504.0) return std::copysign(std::numeric_limits<float>::infinity(), x);
+  return static_cast<float>(rounded);
+}
+
+// round_to_float16_cpu against nearest_float16: widths around the vector width, rows with a stride (the floats
+// between them stay as they were), values at several scales (subnormal float16s, ones near the largest), exact ties,
+// overflow, NaN and infinities.
+void test_round_to_float16() {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> special = {1.0f + 0x1p-11f,  1.0f + 3 * 0x1p-11f, -(2.0f + 0x1p-10f), 0x1p-25f,
+                                      3 * 0x1p-26f,     65504.0f,            65519.0f,           65520.0f,
+                                      -70000.0f,        nan,                 inf,                -inf,
+                                      -0.0f,            0x1p-15f + 0x1p-25f};
+  for (int width : {1, 7, 8, 9, 16, 17, 37, 64, 100}) {
+    const int rows = 4, stride = width + 3;
+    for (float scale : {1.0f, 1e-5f, 3e4f}) {
+      std::vector<float> x = random_floats(static_cast<size_t>(rows) * stride, scale);
+      for (size_t i = 0; i < special.size() && i < static_cast<size_t>(width); ++i) x[stride + i] = special[i];
+      const std::vector<float> before = x;
+      loops->round_to_float16(x.data(), rows, width, stride);
+      for (int r = 0; r < rows; ++r) {
+        for (int i = 0; i < stride; ++i) {
+          const float was = before[r * stride + i], now = x[r * stride + i];
+          const float expected = i < width ? nearest_float16(was) : was;
+          EXPECT((std::isnan(expected) && std::isnan(now)) ||
+                 (now == expected && std::signbit(now) == std::signbit(expected)));
+        }
+      }
+    }
+  }
+  EXPECT(nearest_float16(1.0f + 0x1p-11f) == 1.0f && nearest_float16(1.0f + 3 * 0x1p-11f) == 1.0f + 0x1p-9f);
+  EXPECT(nearest_float16(65519.0f) == 65504.0f && nearest_float16(65520.0f) == inf);
+  EXPECT(nearest_float16(0x1p-25f) == 0.0f && nearest_float16(3 * 0x1p-26f) == 0x1p-24f);
+}
+
 // add_layer_norm_cpu against LayerNorm in double precision: widths around the vector width and four of them, with
 // and without the residual, written elsewhere and in place; a row far from zero (mean 1000, deviations ~1: where a
 // one-pass variance would cancel), a constant row (variance 0: the bias alone) and a row holding NaN (NaN out).
@@ -1010,6 +1054,7 @@ int main() {
     loops = isa;
     const int failures_before = failures;
     test_row_absmax();
+    test_round_to_float16();
     test_add_layer_norm();
     test_row_scaling();
     test_target_log_probs();
