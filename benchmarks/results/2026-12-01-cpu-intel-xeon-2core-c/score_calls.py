@@ -1,6 +1,6 @@
-"""python score_calls.py SYSTEMS CALLS: cpu_options.py's systems (base model, 37k vocabulary, 64 sentences, int8, two
-threads), each called 3 times, then CALLS times in turn; prints each call's seconds and tokens/s. Run under
-`perf record` for the profiles here."""
+"""python score_calls.py SYSTEMS CALLS [THREADS]: cpu_options.py's systems (base model, 37k vocabulary, 64 sentences,
+int8, THREADS threads: 2 unless given), each called 3 times, then CALLS times in turn; prints each call's seconds and
+tokens/s. Run under `perf record` for the profiles here."""
 
 import argparse
 import sys
@@ -10,7 +10,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/
 from cpu_options import fastformer_run, model_and_sources  # noqa: E402
 
-model, src = model_and_sources(argparse.Namespace(threads=2, seed=0, shape="b", vocab=37000))
+threads = int(sys.argv[3]) if len(sys.argv) > 3 else 2
+model, src = model_and_sources(argparse.Namespace(threads=threads, seed=0, shape="b", vocab=37000))
 runs = {system: fastformer_run(system, model, src, "int8") for system in sys.argv[1].split(",")}
 for run in runs.values():
     for _ in range(3):
