@@ -9,6 +9,10 @@
 #include <cstring>
 #include <string>
 
+#ifdef __SSE2__
+#include <xmmintrin.h>
+#endif
+
 #if __has_include(<unistd.h>)
 #include <unistd.h>  // sysconf: the L2's size
 #endif
@@ -71,9 +75,36 @@ void float32_pack_rows(const float* x, int64_t rows, int64_t in, float* packed_r
     const int64_t first = float32_tile_start(tile, rows), n_rows = float32_tile_start(tile + 1, rows) - first;
     const float* tile_x = x + first * in;
     float* packed = packed_rows + tile * in * 6;
+    int64_t i = 0;
+#ifdef __SSE2__
+    // 4 inputs of the tile's rows at a time, transposed in registers: a value at a time, the packing took 2.1% of a
+    // float32 beam search's perf samples capped to AVX2 on the Intel Xeon. A tile of 4 or 5 rows repeats its last
+    // row in the lanes past it, which no tile reads.
+    if (n_rows >= 4) {
+      const float* row[6];
+      for (int r = 0; r < 6; ++r) row[r] = tile_x + std::min<int64_t>(r, n_rows - 1) * in;
+      for (; i + 4 <= in; i += 4) {
+        __m128 r0 = _mm_loadu_ps(row[0] + i), r1 = _mm_loadu_ps(row[1] + i), r2 = _mm_loadu_ps(row[2] + i),
+               r3 = _mm_loadu_ps(row[3] + i);
+        _MM_TRANSPOSE4_PS(r0, r1, r2, r3);  // r_j: rows 0-3 of input i + j
+        const __m128 r4 = _mm_loadu_ps(row[4] + i), r5 = _mm_loadu_ps(row[5] + i);
+        // rows 4 and 5 of inputs i and i + 1 (low), of i + 2 and i + 3 (high)
+        const __m128 low = _mm_unpacklo_ps(r4, r5), high = _mm_unpackhi_ps(r4, r5);
+        float* at = packed + i * 6;
+        _mm_storeu_ps(at, r0);
+        _mm_storel_pi(reinterpret_cast<__m64*>(at + 4), low);
+        _mm_storeu_ps(at + 6, r1);
+        _mm_storeh_pi(reinterpret_cast<__m64*>(at + 10), low);
+        _mm_storeu_ps(at + 12, r2);
+        _mm_storel_pi(reinterpret_cast<__m64*>(at + 16), high);
+        _mm_storeu_ps(at + 18, r3);
+        _mm_storeh_pi(reinterpret_cast<__m64*>(at + 22), high);
+      }
+    }
+#endif
     // Lanes past the tile's rows are left as they are: no tile reads them.
     for (int64_t lane = 0; lane < n_rows; ++lane) {
-      for (int64_t i = 0; i < in; ++i) packed[i * 6 + lane] = tile_x[lane * in + i];
+      for (int64_t j = i; j < in; ++j) packed[j * 6 + lane] = tile_x[lane * in + j];
     }
   }
 }
