@@ -1030,7 +1030,7 @@ int main() {
   // Every int8 GEMM this CPU runs, whatever FASTFORMER_CPU_ISA says (it picks the one linear layers take).
   std::string int8_checked;
   for (const fastformer::Int8Gemm* gemm : fastformer::int8_gemms()) {
-    for (int rows : {1, 3, 4, 5, 6, 7, 13}) {
+    for (int rows : {1, 2, 3, 4, 5, 6, 7, 8, 13}) {  // tiles of every size from 1 to 6 rows
       for (int out : {1, 8, 9, 16, 17, 64, 70, 130}) {
         for (int in : {1, 4, 20, 37, 64}) {
           test_int8_gemm(*gemm, rows, out, in, /*with_bias=*/out % 2 == 0, /*relu=*/in == 37);
