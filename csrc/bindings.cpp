@@ -115,6 +115,8 @@ void bind_compiled(pybind11::module_& m) {
         "the int8 activations' steps a side: 127 on CPUs with VNNI, else 63 (linear.h)");
   m.def("logits_rows_per_block", &logits_rows_per_block, py::arg("vocab"),
         "the rows of logits a CPU search or scoring makes and reads at a time for a vocabulary's width (decoder.h)");
+  m.def("scoring_summary_rows", &scoring_summary_rows,
+        "the target positions CPU scoring summarizes in one call of its output projection's summary (decoder.h)");
   m.def("cpu_sentence_groups", [=](int64_t n_sentences, int64_t rows, const std::string& type, int64_t threads) {
         return cpu_sentence_groups(n_sentences, rows, compute_type(type), threads);
       }, py::arg("n_sentences"), py::arg("rows"), py::arg("compute_type"), py::arg("threads"),

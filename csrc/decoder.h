@@ -341,6 +341,10 @@ int64_t cpu_sentence_groups(int64_t n_sentences, int64_t rows, ComputeType compu
 // the search 1.035x faster; on two threads at 256 sentences, 1.12x.
 int64_t logits_rows_per_block(int64_t vocab);
 
+// The target positions CPU scoring takes through its output projection's summary (the own int8 and AVX-512 float32
+// GEMMs, which never write the logits) in one call; without a summary, logits_rows_per_block at a time.
+int64_t scoring_summary_rows();
+
 // (tokens without BOS/EOS, score, attention) of a sentence's hypotheses, best first; attention (with
 // SearchOptions::return_attention, else none): [len(tokens) + 1, the sentence's src_length] float32 on the CPU, one
 // row per output token, EOS last.

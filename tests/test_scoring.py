@@ -99,16 +99,41 @@ def test_score_takes_a_right_padded_tensor_of_targets_without_scoring_its_paddin
         model.score(src[:2], torch.stack([padded[0], torch.full_like(padded[0], model.config.pad_id)]))
 
 
-def test_score_projects_a_chunk_of_rows_at_a_time():
-    """At a 262k vocabulary the CPU scorer takes the output projection 30 rows at a time (logits_rows_per_block): 8
-    targets of 9 tokens and EOS are 80 rows, three chunks."""
+@pytest.mark.parametrize("compute_type", ["float32", "bfloat16"])
+@pytest.mark.filterwarnings("ignore:compute_type='bfloat16' on a CPU without")
+def test_score_projects_a_chunk_of_rows_at_a_time(compute_type):
+    """Where the output projection has no summary (bfloat16's oneDNN GEMM everywhere, float32 on CPUs without
+    AVX-512), the CPU scorer makes a chunk of rows' logits at a time (logits_rows_per_block): at a 262k vocabulary 30
+    rows, so 8 targets of 9 tokens and EOS (80 rows) are three chunks, and each sentence scores as it does alone."""
     vocab = 1 << 18
     assert 2 * extension().logits_rows_per_block(vocab) < 80
     model = make_model(vocab=vocab)
     src = padded_sources(model, [4, 6, 2, 9, 5, 3, 7, 1], seed=3)
     targets = random_targets(model, [9] * 8)
-    assert_scores_close(model.score(src, targets), teacher_forced_log_probs(model, src, targets), atol=2e-5,
-                        rtol=1e-5)
+    batch = model.score(src, targets, compute_type=compute_type)
+    for i in range(len(targets)):
+        assert_scores_close(model.score(src[i:i + 1], targets[i:i + 1], compute_type=compute_type), batch[i:i + 1],
+                            atol=1e-5)
+    atol, rtol = (2e-5, 1e-5) if compute_type == "float32" else (LOW_PRECISION_ATOL[compute_type], 0.0)
+    assert_scores_close(batch, teacher_forced_log_probs(model, src, targets), atol=atol, rtol=rtol)
+
+
+def test_score_summarizes_the_output_projection_a_bounded_number_of_rows_at_a_time():
+    """The own int8 GEMMs summarize the output projection without writing its logits, at most
+    scoring_summary_rows() target positions a call: n sentences of 23 tokens and EOS are two calls, and score as their
+    halves do, each half one call."""
+    rows_per_call = extension().scoring_summary_rows()
+    n = rows_per_call // 24 + 20
+    assert 24 * n > rows_per_call >= 24 * (n - n // 2)
+    model = make_model(vocab=37)
+    src = padded_sources(model, [1 + i % 9 for i in range(n)], seed=3)
+    targets = random_targets(model, [23] * n)
+    whole = model.score(src, targets, compute_type="int8")
+    half = n // 2
+    halves = (model.score(src[:half], targets[:half], compute_type="int8")
+              + model.score(src[half:], targets[half:], compute_type="int8"))
+    assert_scores_close(whole, halves, atol=1e-5)
+    assert_scores_close(whole, teacher_forced_log_probs(model, src, targets), atol=LOW_PRECISION_ATOL["int8"])
 
 
 def test_score_splits_sentences_across_threads_without_changing_results():
